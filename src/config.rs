@@ -1,0 +1,468 @@
+//! Plugin configuration: JSON (the Wasm `configuration` StringValue) parsed with
+//! serde into [`RawConfig`], then validated into the typed [`Config`].
+//!
+//! Invariants of a [`Config`] (checked once, at load, never on the request path):
+//! - `endpoints` is non-empty, free of duplicates, each entry an `IP:port` string
+//!   in the exact form Envoy's `override_host` matches (`1.2.3.4:80`, `[::1]:80`);
+//! - every numeric field lies in its documented range;
+//! - header names are lowercase (Envoy stores header keys lowercase).
+//!
+//! Every error names the offending field and, for ranges, the allowed range, so
+//! `on_configure` can log one line and return `false`.
+
+use serde::Deserialize;
+use std::fmt;
+use std::net::SocketAddr;
+
+/// Allowed range of `prefix_length` (SageMaker's `PrefixLength`).
+pub const PREFIX_LENGTH_RANGE: (usize, usize) = (1024, 65536);
+/// Allowed range of `concurrency_threshold` (SageMaker's `ConcurrencyThreshold`).
+pub const CONCURRENCY_THRESHOLD_RANGE: (u32, u32) = (1, 1024);
+/// Allowed range of `load_factor`.
+pub const LOAD_FACTOR_RANGE: (f64, f64) = (1.0, 100.0);
+/// Allowed range of `virtual_nodes` per endpoint on the hash ring.
+pub const VIRTUAL_NODES_RANGE: (u32, u32) = (1, 4096);
+/// Allowed range of `max_body_bytes`.
+pub const MAX_BODY_BYTES_RANGE: (usize, usize) = (1024, 64 << 20);
+/// Longest accepted routing id (affinity header or `prompt_cache_key`).
+pub const MAX_ROUTING_ID_LEN: usize = 64;
+
+/// Default `prefix_length`: 2048 characters (about 512 tokens), enough to cover a
+/// typical system prompt plus the start of the conversation.
+pub const DEFAULT_PREFIX_LENGTH: usize = 2048;
+/// Default `concurrency_threshold`.
+pub const DEFAULT_CONCURRENCY_THRESHOLD: u32 = 64;
+/// Default `load_factor` (CHWBL / KubeAI / SGLang `prefix_hash` use 1.25).
+pub const DEFAULT_LOAD_FACTOR: f64 = 1.25;
+/// Default number of ring points per endpoint.
+pub const DEFAULT_VIRTUAL_NODES: u32 = 256;
+/// Default `max_body_bytes`: 768 KiB, below Envoy's default 1 MiB buffer limit,
+/// so the filter stops buffering and routes on the raw prefix before Envoy would
+/// answer 413.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 768 * 1024;
+/// Default `target_header` (the Gateway API Inference Extension contract).
+pub const DEFAULT_TARGET_HEADER: &str = "x-gateway-destination-endpoint";
+/// Default `decision_header`, added to the upstream request.
+pub const DEFAULT_DECISION_HEADER: &str = "x-prefix-router-decision";
+
+/// How the replica is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// Uniformly random replica (SageMaker `RANDOM`).
+    Random,
+    /// Rotating replica order.
+    RoundRobin,
+    /// Fewest in-flight requests (SageMaker `LEAST_OUTSTANDING_REQUESTS`).
+    LeastRequest,
+    /// Prefix hash on the ring with a load bound (SageMaker `PREFIX_AWARE`).
+    Prefix,
+    /// The routing id alone is the key (session affinity); no id → least request.
+    Session,
+}
+
+impl Strategy {
+    /// Name as written in the configuration.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Random => "random",
+            Strategy::RoundRobin => "round_robin",
+            Strategy::LeastRequest => "least_request",
+            Strategy::Prefix => "prefix",
+            Strategy::Session => "session",
+        }
+    }
+}
+
+/// The configuration as written by the user (serde form, unknown fields refused).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// See [`Config::strategy`].
+    pub strategy: Option<Strategy>,
+    /// See [`Config::endpoints`].
+    pub endpoints: Option<Vec<String>>,
+    /// See [`Config::prefix_length`].
+    pub prefix_length: Option<i64>,
+    /// See [`Config::affinity_header`].
+    pub affinity_header: Option<String>,
+    /// See [`Config::concurrency_threshold`].
+    pub concurrency_threshold: Option<i64>,
+    /// See [`Config::load_factor`].
+    pub load_factor: Option<f64>,
+    /// See [`Config::target_header`].
+    pub target_header: Option<String>,
+    /// See [`Config::decision_header`].
+    pub decision_header: Option<String>,
+    /// See [`Config::max_body_bytes`].
+    pub max_body_bytes: Option<i64>,
+    /// See [`Config::virtual_nodes`].
+    pub virtual_nodes: Option<i64>,
+}
+
+/// Validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Selection strategy. Default `prefix`.
+    pub strategy: Strategy,
+    /// Replica addresses, `IP:port`, in canonical (sorted) order. The order the
+    /// user wrote them in never changes the mapping.
+    pub endpoints: Vec<String>,
+    /// Characters of extracted message text (JSON APIs) or bytes of the body
+    /// (other bodies) that form the prefix key.
+    pub prefix_length: usize,
+    /// Lowercase name of the request header carrying a routing id, if any.
+    pub affinity_header: Option<String>,
+    /// In-flight count at which the preferred replica is skipped.
+    pub concurrency_threshold: u32,
+    /// Bounded-load cap relative to the mean in-flight count.
+    pub load_factor: f64,
+    /// Lowercase name of the header `override_host` reads.
+    pub target_header: String,
+    /// Lowercase name of the header telling the upstream which branch decided.
+    pub decision_header: String,
+    /// Largest body the filter buffers and parses; larger bodies are routed on
+    /// their first `prefix_length` raw bytes as soon as this many bytes arrived.
+    pub max_body_bytes: usize,
+    /// Ring points per endpoint.
+    pub virtual_nodes: u32,
+}
+
+/// A configuration error naming the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The JSON field at fault (`"(json)"` for a syntax error).
+    pub field: String,
+    /// What is wrong and what is allowed.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid configuration: field `{}`: {}",
+            self.field, self.message
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err(field: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+fn int_in_range<T: TryFrom<i64> + Copy>(
+    field: &str,
+    value: Option<i64>,
+    range: (T, T),
+    default: T,
+) -> Result<T, ConfigError>
+where
+    i64: From<T>,
+{
+    let Some(v) = value else { return Ok(default) };
+    let (lo, hi) = (i64::from(range.0), i64::from(range.1));
+    if v < lo || v > hi {
+        return Err(err(
+            field,
+            format!("must be between {lo} and {hi}, got {v}"),
+        ));
+    }
+    T::try_from(v).map_err(|_| err(field, format!("must be between {lo} and {hi}, got {v}")))
+}
+
+/// Is `name` a valid HTTP header name (RFC 9110 token), returned lowercase?
+fn header_name(field: &str, name: &str) -> Result<String, ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if !ok {
+        return Err(err(
+            field,
+            format!("must be an HTTP header name (1-128 token characters), got {name:?}"),
+        ));
+    }
+    Ok(name.to_ascii_lowercase())
+}
+
+/// Canonical `IP:port` form of one endpoint, or why it is not one.
+fn endpoint(index: usize, raw: &str) -> Result<String, ConfigError> {
+    let field = format!("endpoints[{index}]");
+    let addr: SocketAddr = raw.trim().parse().map_err(|_| {
+        ConfigError {
+            field: field.clone(),
+            message: format!(
+                "must be an \"IP:port\" string exactly as Envoy holds the host (for example \"10.0.0.5:8000\" or \"[fd00::5]:8000\"; hostnames are not resolved), got {raw:?}"
+            ),
+        }
+    })?;
+    if addr.port() == 0 {
+        return Err(ConfigError {
+            field,
+            message: format!("port must be 1-65535, got {raw:?}"),
+        });
+    }
+    // SocketAddr's Display is exactly Envoy's `Address::asString()` form.
+    Ok(addr.to_string())
+}
+
+/// serde_json reports type errors by line and column only; find the field by
+/// re-checking each top-level member on its own (config load only, never per request).
+fn field_at_fault(bytes: &[u8]) -> Option<String> {
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(bytes).ok()?;
+    map.into_iter().find_map(|(key, value)| {
+        let mut single = serde_json::Map::new();
+        single.insert(key.clone(), value);
+        serde_json::from_value::<RawConfig>(serde_json::Value::Object(single))
+            .err()
+            .map(|_| key)
+    })
+}
+
+impl Config {
+    /// Parse and validate the plugin configuration bytes. An empty configuration is
+    /// refused: at least `endpoints` is required.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the first field at fault.
+    pub fn from_json(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let raw: RawConfig = serde_json::from_slice(bytes).map_err(|e| {
+            let field = field_at_fault(bytes).unwrap_or_else(|| "(json)".to_string());
+            ConfigError {
+                field,
+                message: e.to_string(),
+            }
+        })?;
+        Config::validate(raw)
+    }
+
+    /// Validate a [`RawConfig`] into a [`Config`].
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the first field at fault.
+    pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+        let endpoints_raw = raw.endpoints.ok_or_else(|| {
+            err(
+                "endpoints",
+                "is required: the replicas as \"IP:port\" strings",
+            )
+        })?;
+        if endpoints_raw.is_empty() {
+            return Err(err(
+                "endpoints",
+                "must list at least one \"IP:port\" replica",
+            ));
+        }
+        if endpoints_raw.len() > 4096 {
+            return Err(err(
+                "endpoints",
+                format!("at most 4096 replicas, got {}", endpoints_raw.len()),
+            ));
+        }
+        let mut endpoints = Vec::with_capacity(endpoints_raw.len());
+        for (i, e) in endpoints_raw.iter().enumerate() {
+            endpoints.push(endpoint(i, e)?);
+        }
+        endpoints.sort();
+        if let Some(w) = endpoints.windows(2).find(|w| w[0] == w[1]) {
+            return Err(err("endpoints", format!("duplicate replica {}", w[0])));
+        }
+
+        let prefix_length = int_in_range(
+            "prefix_length",
+            raw.prefix_length,
+            PREFIX_LENGTH_RANGE_I,
+            DEFAULT_PREFIX_LENGTH_I,
+        )?;
+        let concurrency_threshold = int_in_range(
+            "concurrency_threshold",
+            raw.concurrency_threshold,
+            CONCURRENCY_THRESHOLD_RANGE,
+            DEFAULT_CONCURRENCY_THRESHOLD,
+        )?;
+        let max_body_bytes = int_in_range(
+            "max_body_bytes",
+            raw.max_body_bytes,
+            MAX_BODY_BYTES_RANGE_I,
+            DEFAULT_MAX_BODY_BYTES_I,
+        )?;
+        let virtual_nodes = int_in_range(
+            "virtual_nodes",
+            raw.virtual_nodes,
+            VIRTUAL_NODES_RANGE,
+            DEFAULT_VIRTUAL_NODES,
+        )?;
+
+        let load_factor = raw.load_factor.unwrap_or(DEFAULT_LOAD_FACTOR);
+        if !(LOAD_FACTOR_RANGE.0..=LOAD_FACTOR_RANGE.1).contains(&load_factor) {
+            return Err(err(
+                "load_factor",
+                format!(
+                    "must be between {} and {}, got {load_factor}",
+                    LOAD_FACTOR_RANGE.0, LOAD_FACTOR_RANGE.1
+                ),
+            ));
+        }
+
+        let affinity_header = raw
+            .affinity_header
+            .map(|h| header_name("affinity_header", &h))
+            .transpose()?;
+        let target_header = header_name(
+            "target_header",
+            raw.target_header
+                .as_deref()
+                .unwrap_or(DEFAULT_TARGET_HEADER),
+        )?;
+        let decision_header = header_name(
+            "decision_header",
+            raw.decision_header
+                .as_deref()
+                .unwrap_or(DEFAULT_DECISION_HEADER),
+        )?;
+        if decision_header == target_header {
+            return Err(err("decision_header", "must differ from target_header"));
+        }
+        if affinity_header.as_deref() == Some(target_header.as_str()) {
+            return Err(err(
+                "affinity_header",
+                "must differ from target_header (a client must never pick the host)",
+            ));
+        }
+
+        Ok(Config {
+            strategy: raw.strategy.unwrap_or(Strategy::Prefix),
+            endpoints,
+            prefix_length: prefix_length as usize,
+            affinity_header,
+            concurrency_threshold,
+            load_factor,
+            target_header,
+            decision_header,
+            max_body_bytes: max_body_bytes as usize,
+            virtual_nodes,
+        })
+    }
+}
+
+// `int_in_range` works on types that widen losslessly into i64; usize does not,
+// so the usize fields go through u32 (all their ranges fit).
+const PREFIX_LENGTH_RANGE_I: (u32, u32) =
+    (PREFIX_LENGTH_RANGE.0 as u32, PREFIX_LENGTH_RANGE.1 as u32);
+const DEFAULT_PREFIX_LENGTH_I: u32 = DEFAULT_PREFIX_LENGTH as u32;
+const MAX_BODY_BYTES_RANGE_I: (u32, u32) =
+    (MAX_BODY_BYTES_RANGE.0 as u32, MAX_BODY_BYTES_RANGE.1 as u32);
+const DEFAULT_MAX_BODY_BYTES_I: u32 = DEFAULT_MAX_BODY_BYTES as u32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<Config, ConfigError> {
+        Config::from_json(json.as_bytes())
+    }
+
+    const EPS: &str = r#""endpoints":["127.0.0.1:8001","127.0.0.1:8000"]"#;
+
+    #[test]
+    fn defaults_and_canonical_order() {
+        let c = parse(&format!("{{{EPS}}}")).unwrap();
+        assert_eq!(c.strategy, Strategy::Prefix);
+        assert_eq!(c.endpoints, vec!["127.0.0.1:8000", "127.0.0.1:8001"]);
+        assert_eq!(c.prefix_length, DEFAULT_PREFIX_LENGTH);
+        assert_eq!(c.concurrency_threshold, DEFAULT_CONCURRENCY_THRESHOLD);
+        assert_eq!(c.load_factor, DEFAULT_LOAD_FACTOR);
+        assert_eq!(c.target_header, DEFAULT_TARGET_HEADER);
+        assert_eq!(c.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+        assert!(c.affinity_header.is_none());
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let e = parse(&format!("{{{EPS},\"prefix_lenght\":2000}}")).unwrap_err();
+        assert_eq!(e.field, "prefix_lenght");
+        assert!(e.to_string().contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn ranges_are_named_with_bounds() {
+        for (json, field, range) in [
+            (
+                "\"prefix_length\":1023",
+                "prefix_length",
+                "between 1024 and 65536",
+            ),
+            (
+                "\"prefix_length\":65537",
+                "prefix_length",
+                "between 1024 and 65536",
+            ),
+            (
+                "\"concurrency_threshold\":0",
+                "concurrency_threshold",
+                "between 1 and 1024",
+            ),
+            (
+                "\"concurrency_threshold\":1025",
+                "concurrency_threshold",
+                "between 1 and 1024",
+            ),
+            ("\"load_factor\":0.9", "load_factor", "between 1 and 100"),
+            (
+                "\"max_body_bytes\":10",
+                "max_body_bytes",
+                "between 1024 and",
+            ),
+            ("\"virtual_nodes\":0", "virtual_nodes", "between 1 and 4096"),
+        ] {
+            let e = parse(&format!("{{{EPS},{json}}}")).unwrap_err();
+            assert_eq!(e.field, field, "{json}");
+            assert!(e.message.contains(range), "{json}: {e}");
+        }
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = parse(r#"{"endpoints":["localhost:80"]}"#).unwrap_err();
+        assert_eq!(e.field, "endpoints[0]");
+        let e = parse(r#"{"endpoints":["127.0.0.1:80","127.0.0.1:80"]}"#).unwrap_err();
+        assert_eq!(e.field, "endpoints");
+        assert!(e.message.contains("duplicate"));
+        let e = parse(r#"{"endpoints":[]}"#).unwrap_err();
+        assert_eq!(e.field, "endpoints");
+        let e = parse(r#"{}"#).unwrap_err();
+        assert_eq!(e.field, "endpoints");
+        let e = parse(&format!("{{{EPS},\"strategy\":\"fastest\"}}")).unwrap_err();
+        assert_eq!(e.field, "strategy");
+        assert!(e.message.contains("round_robin"), "{e}");
+        let e = parse(&format!("{{{EPS},\"prefix_length\":\"long\"}}")).unwrap_err();
+        assert_eq!(e.field, "prefix_length");
+        let e = parse(&format!("{{{EPS},\"affinity_header\":\"bad header\"}}")).unwrap_err();
+        assert_eq!(e.field, "affinity_header");
+        let e = parse(&format!(
+            "{{{EPS},\"affinity_header\":\"X-Gateway-Destination-Endpoint\"}}"
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "affinity_header");
+        let e = parse("not json").unwrap_err();
+        assert_eq!(e.field, "(json)");
+    }
+
+    #[test]
+    fn ipv6_and_header_case() {
+        let c = parse(
+            r#"{"endpoints":["[::1]:9000"],"affinity_header":"X-Session-ID","strategy":"session"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.endpoints, vec!["[::1]:9000"]);
+        assert_eq!(c.affinity_header.as_deref(), Some("x-session-id"));
+        assert_eq!(c.strategy, Strategy::Session);
+    }
+}

@@ -1,0 +1,372 @@
+//! Prefix extraction from a request body.
+//!
+//! What is hashed:
+//! - **Chat completions** (`messages`): the text of each message's `content`,
+//!   whether a string or an array of parts (`{"type":"text","text":…}`); the
+//!   parts of one message are concatenated, so `"content":"ab"` and
+//!   `"content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]` give
+//!   the same text. A separator marker ends each message. Roles, names and tool
+//!   calls are not part of the key. Non-text parts (`image_url`, `input_audio`,
+//!   `file`, …) contribute their raw JSON as an uncounted marker.
+//! - **Completions** (`prompt`): the string, or each element of an array of
+//!   strings or token ids.
+//! - **Responses** (`instructions`, then `input`): `input` as a string or an
+//!   array of items whose `content` / `text` / `output` are walked as above.
+//! - **Raw**: a body that is not a JSON object (first non-blank byte not `{`),
+//!   or a JSON object with none of the fields above: its first bytes.
+//!
+//! Characters are counted for JSON APIs (Unicode scalar values of the text),
+//! bytes for raw bodies. The key never depends on JSON whitespace or on the
+//! order of object fields. `model` and `cache_salt` are returned for the seed,
+//! `prompt_cache_key` as a routing id candidate.
+//!
+//! Cost: serde_json reads the body once to find the top-level fields (borrowed,
+//! no copy), then walks the chosen field once, feeding strings straight into
+//! the [`PrefixHasher`]; linear in the body size, no copy of the body. Escaped
+//! strings are unescaped into serde_json's reused scratch buffer.
+
+use crate::hash::{PrefixHasher, PrefixHashes};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+use std::fmt;
+
+/// Which API shape the prefix came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyKind {
+    /// OpenAI chat completions (`messages`).
+    Chat,
+    /// OpenAI completions (`prompt`).
+    Completions,
+    /// OpenAI Responses (`instructions` + `input`).
+    Responses,
+    /// Raw body bytes.
+    Raw,
+}
+
+impl BodyKind {
+    /// Stat / log label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BodyKind::Chat => "chat",
+            BodyKind::Completions => "completions",
+            BodyKind::Responses => "responses",
+            BodyKind::Raw => "raw",
+        }
+    }
+}
+
+/// The extracted prefix of one body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extracted<'a> {
+    /// API shape.
+    pub kind: BodyKind,
+    /// Chained block hashes of the prefix (unseeded).
+    pub prefix: PrefixHashes,
+    /// The `model` field, if any (seed).
+    pub model: Option<Cow<'a, str>>,
+    /// The `cache_salt` field (vLLM tenant isolation), if any (seed).
+    pub cache_salt: Option<Cow<'a, str>>,
+    /// The `prompt_cache_key` field (OpenAI routing id), if any.
+    pub prompt_cache_key: Option<Cow<'a, str>>,
+}
+
+/// The body looked like JSON (`{` first) but did not parse as an object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed(pub String);
+
+const MESSAGE_END: &[u8] = b"\x1e";
+const ELEMENT_END: &[u8] = b"\x1f";
+const FIELD_END: &[u8] = b"\x1d";
+
+#[derive(Deserialize)]
+struct Top<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    prompt_cache_key: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+}
+
+/// Hash the raw first bytes of `body` (raw APIs and oversize bodies).
+pub fn raw_prefix(body: &[u8], limit: usize, block_units: usize) -> PrefixHashes {
+    let mut h = PrefixHasher::new(limit, block_units);
+    h.push_bytes(&body[..body.len().min(limit)]);
+    h.finish()
+}
+
+/// Extract and hash the prefix of a complete body.
+///
+/// # Errors
+/// [`Malformed`] when the body starts with `{` but is not a valid JSON object
+/// (or a known field has an impossible shape).
+pub fn extract(body: &[u8], limit: usize, block_units: usize) -> Result<Extracted<'_>, Malformed> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Ok(Extracted {
+            kind: BodyKind::Raw,
+            prefix: raw_prefix(body, limit, block_units),
+            model: None,
+            cache_salt: None,
+            prompt_cache_key: None,
+        });
+    }
+    let top: Top<'_> = serde_json::from_slice(body).map_err(|e| Malformed(e.to_string()))?;
+    let mut h = PrefixHasher::new(limit, block_units);
+    let kind = if let Some(m) = top.messages {
+        walk(m, &mut h)?;
+        BodyKind::Chat
+    } else if top.instructions.is_some() || top.input.is_some() {
+        if let Some(i) = top.instructions {
+            walk(i, &mut h)?;
+        }
+        h.push_marker(FIELD_END);
+        if let Some(i) = top.input {
+            walk(i, &mut h)?;
+        }
+        BodyKind::Responses
+    } else if let Some(p) = top.prompt {
+        walk(p, &mut h)?;
+        BodyKind::Completions
+    } else {
+        return Ok(Extracted {
+            kind: BodyKind::Raw,
+            prefix: raw_prefix(body, limit, block_units),
+            model: top.model,
+            cache_salt: top.cache_salt,
+            prompt_cache_key: top.prompt_cache_key,
+        });
+    };
+    Ok(Extracted {
+        kind,
+        prefix: h.finish(),
+        model: top.model,
+        cache_salt: top.cache_salt,
+        prompt_cache_key: top.prompt_cache_key,
+    })
+}
+
+fn walk(raw: &RawValue, h: &mut PrefixHasher) -> Result<(), Malformed> {
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    Walk {
+        h,
+        element_end: MESSAGE_END,
+    }
+    .deserialize(&mut de)
+    .map_err(|e| Malformed(e.to_string()))
+}
+
+/// Walks a JSON value, feeding its text into the hasher.
+/// - string → text; number → its decimal text (token ids); bool / null → nothing;
+/// - array → each element, then `element_end`;
+/// - object → `content`, `text`, `output`, `input` walked (nested arrays use the
+///   element separator); media fields hashed raw as markers; everything else skipped.
+struct Walk<'h> {
+    h: &'h mut PrefixHasher,
+    element_end: &'static [u8],
+}
+
+impl<'de> DeserializeSeed<'de> for Walk<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+const MEDIA_FIELDS: &[&str] = &[
+    "image_url",
+    "input_audio",
+    "file",
+    "image",
+    "audio",
+    "video_url",
+    "file_id",
+];
+
+impl<'de> Visitor<'de> for Walk<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("prompt text")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.h.push_str(v);
+        Ok(())
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.h.push_str(&v.to_string());
+        self.h.push_marker(b" ");
+        Ok(())
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.h.push_str(&v.to_string());
+        self.h.push_marker(b" ");
+        Ok(())
+    }
+    fn visit_f64<E: de::Error>(self, _v: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, _v: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let end = self.element_end;
+        // Elements of an element (content parts) are glued without separators.
+        while seq
+            .next_element_seed(Walk {
+                h: &mut *self.h,
+                element_end: b"",
+            })?
+            .is_some()
+        {
+            self.h.push_marker(end);
+        }
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match key.as_ref() {
+                "content" | "text" | "output" | "input" => {
+                    map.next_value_seed(Walk {
+                        h: &mut *self.h,
+                        element_end: b"",
+                    })?;
+                }
+                k if MEDIA_FIELDS.contains(&k) => {
+                    let raw: &RawValue = map.next_value()?;
+                    self.h.push_marker(raw.get().as_bytes());
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(body: &str) -> (BodyKind, Option<u64>, usize) {
+        let e = extract(body.as_bytes(), 2048, 256).unwrap();
+        (e.kind, e.prefix.last(), e.prefix.units)
+    }
+
+    #[test]
+    fn whitespace_and_field_order_do_not_matter() {
+        let a = r#"{"model":"m","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"Hi"}]}"#;
+        let b = "{ \"messages\" : [ { \"content\" : \"You are helpful.\" ,\n \"role\":\"system\"},\n\t{\"content\":\"Hi\",\"role\":\"user\"} ],\n \"model\" : \"m\" }";
+        assert_eq!(key(a), key(b));
+        assert_eq!(key(a).0, BodyKind::Chat);
+        assert_eq!(key(a).2, "You are helpful.Hi".chars().count());
+    }
+
+    #[test]
+    fn content_string_equals_text_parts() {
+        let s = r#"{"messages":[{"role":"user","content":"hello world"}]}"#;
+        let p = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"hello "},{"type":"text","text":"world"}]}]}"#;
+        let one =
+            r#"{"messages":[{"role":"user","content":[{"text":"hello world","type":"text"}]}]}"#;
+        assert_eq!(key(s), key(p));
+        assert_eq!(key(s), key(one));
+    }
+
+    #[test]
+    fn message_boundaries_matter() {
+        let a = r#"{"messages":[{"role":"user","content":"ab"},{"role":"user","content":"c"}]}"#;
+        let b = r#"{"messages":[{"role":"user","content":"a"},{"role":"user","content":"bc"}]}"#;
+        assert_ne!(key(a).1, key(b).1);
+    }
+
+    #[test]
+    fn escapes_are_text() {
+        let a = r#"{"messages":[{"role":"user","content":"line\nnext \u00e9"}]}"#;
+        let b = "{\"messages\":[{\"role\":\"user\",\"content\":\"line\\nnext é\"}]}";
+        assert_eq!(key(a), key(b));
+        assert_eq!(key(a).2, 11);
+    }
+
+    #[test]
+    fn images_change_the_key_but_not_the_count() {
+        let a = r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"A"}},{"type":"text","text":"x"}]}]}"#;
+        let b = r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"B"}},{"type":"text","text":"x"}]}]}"#;
+        assert_ne!(key(a).1, key(b).1);
+        assert_eq!(key(a).2, 1);
+    }
+
+    #[test]
+    fn completions_and_responses() {
+        let c = r#"{"model":"m","prompt":"Once upon a time"}"#;
+        assert_eq!(key(c).0, BodyKind::Completions);
+        assert_eq!(key(c).2, 16);
+        let batch = r#"{"prompt":["a","b"]}"#;
+        assert_eq!(key(batch).2, 2);
+        let tokens = r#"{"prompt":[1,22,333]}"#;
+        assert_eq!(key(tokens).2, 6);
+        let r1 = r#"{"instructions":"Be brief.","input":"What is Rust?"}"#;
+        let r2 = r#"{"input":[{"role":"user","content":[{"type":"input_text","text":"What is Rust?"}]}],"instructions":"Be brief."}"#;
+        assert_eq!(key(r1).0, BodyKind::Responses);
+        assert_eq!(key(r1).2, key(r2).2);
+        assert_eq!(key(r1).2, 22);
+    }
+
+    #[test]
+    fn raw_bodies() {
+        let (kind, k, units) = key("plain text body");
+        assert_eq!(kind, BodyKind::Raw);
+        assert!(k.is_some());
+        assert_eq!(units, 15);
+        // JSON object without a known field: raw bytes.
+        assert_eq!(key(r#"{"inputs":"hello"}"#).0, BodyKind::Raw);
+        assert_eq!(key("").1, None);
+    }
+
+    #[test]
+    fn malformed_json_is_reported() {
+        for bad in [
+            r#"{"messages":[{"content":"x"}"#,
+            "{not json",
+            r#"{"messages":"#,
+            r#"{"model":1}"#,
+        ] {
+            assert!(extract(bad.as_bytes(), 2048, 256).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn scoping_fields() {
+        let e = extract(
+            br#"{"model":"llama","cache_salt":"t1","prompt_cache_key":"k","prompt":"x"}"#,
+            2048,
+            256,
+        )
+        .unwrap();
+        assert_eq!(e.model.as_deref(), Some("llama"));
+        assert_eq!(e.cache_salt.as_deref(), Some("t1"));
+        assert_eq!(e.prompt_cache_key.as_deref(), Some("k"));
+    }
+
+    #[test]
+    fn prefix_is_bounded_in_characters() {
+        let long = "é".repeat(5000);
+        let a = format!(r#"{{"messages":[{{"role":"user","content":"{long}A"}}]}}"#);
+        let b = format!(r#"{{"messages":[{{"role":"user","content":"{long}B"}}]}}"#);
+        assert_eq!(key(&a), key(&b));
+        assert_eq!(key(&a).2, 2048);
+    }
+}

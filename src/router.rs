@@ -1,0 +1,288 @@
+//! The routing facade: configuration + ring, from request to [`Decision`].
+//!
+//! [`Router::key`] turns what the host saw (body, routing-id header) into a
+//! [`RoutingKey`]; [`Router::select`] turns a key and a load picture into a
+//! [`Decision`]. Both are pure: the wasm adapter and the simulator call the
+//! same two functions and differ only in where loads and tickets come from.
+
+use crate::config::{Config, Strategy, MAX_ROUTING_ID_LEN};
+use crate::decision::{Branch, Decision, KeySource};
+use crate::extract::{extract, raw_prefix, BodyKind};
+use crate::hash::{mix, seed, BLOCK_UNITS};
+use crate::ring::HashRing;
+use crate::select::{bounded, by_ticket, least_request, Bounds, Loads};
+
+/// What the host knows about the request body.
+#[derive(Debug, Clone, Copy)]
+pub enum Body<'a> {
+    /// No body (GET, empty POST).
+    None,
+    /// The whole body.
+    Complete(&'a [u8]),
+    /// The body is larger than `max_body_bytes`; its first bytes.
+    Oversize(&'a [u8]),
+}
+
+/// Outcome of checking a routing id (header or `prompt_cache_key`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoutingId {
+    /// None was supplied.
+    Absent,
+    /// A valid id (≤ 64 printable ASCII characters) was used.
+    Used,
+    /// An id was supplied but ignored (too long, empty, or not printable ASCII).
+    Rejected,
+}
+
+/// The key of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingKey {
+    /// Ring key; `None` when the request has nothing to hash.
+    pub key: Option<u64>,
+    /// Seeded chained block keys of the prefix (longest-prefix matching).
+    pub blocks: Vec<u64>,
+    /// Units (characters or bytes) of prefix text hashed.
+    pub units: usize,
+    /// Where the key came from.
+    pub source: KeySource,
+    /// What happened to the routing id.
+    pub routing_id: RoutingId,
+}
+
+/// A routing id is used only if it is 1–64 printable ASCII characters.
+pub fn valid_routing_id(id: &[u8]) -> bool {
+    !id.is_empty() && id.len() <= MAX_ROUTING_ID_LEN && id.iter().all(|b| (0x20..0x7f).contains(b))
+}
+
+/// Configuration plus the ring built from it.
+#[derive(Debug, Clone)]
+pub struct Router {
+    config: Config,
+    ring: HashRing,
+}
+
+impl Router {
+    /// Build the ring for a validated configuration.
+    pub fn new(config: Config) -> Router {
+        let ring = HashRing::build(&config.endpoints, config.virtual_nodes);
+        Router { config, ring }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The ring.
+    pub fn ring(&self) -> &HashRing {
+        &self.ring
+    }
+
+    /// Does this strategy need the body? (`random`, `round_robin` and
+    /// `least_request` route at once on headers.)
+    pub fn needs_body(&self) -> bool {
+        matches!(self.config.strategy, Strategy::Prefix | Strategy::Session)
+    }
+
+    /// Compute the key. `header_id` is the affinity header's value, if the
+    /// header is configured and present; it wins over `prompt_cache_key`.
+    pub fn key(&self, body: Body<'_>, header_id: Option<&[u8]>) -> RoutingKey {
+        let limit = self.config.prefix_length;
+        let (source, prefix, model, salt, body_id) = match body {
+            Body::None => (KeySource::None, Default::default(), None, None, None),
+            Body::Oversize(b) => (
+                KeySource::Oversize,
+                raw_prefix(b, limit, BLOCK_UNITS),
+                None,
+                None,
+                None,
+            ),
+            Body::Complete(b) => match extract(b, limit, BLOCK_UNITS) {
+                Ok(e) => {
+                    let source = match e.kind {
+                        BodyKind::Chat => KeySource::Chat,
+                        BodyKind::Completions => KeySource::Completions,
+                        BodyKind::Responses => KeySource::Responses,
+                        BodyKind::Raw => KeySource::Raw,
+                    };
+                    (source, e.prefix, e.model, e.cache_salt, e.prompt_cache_key)
+                }
+                Err(_) => (KeySource::Malformed, Default::default(), None, None, None),
+            },
+        };
+
+        let supplied = header_id.or(body_id.as_deref().map(str::as_bytes));
+        let (id, routing_id) = match supplied {
+            None => (None, RoutingId::Absent),
+            Some(id) if valid_routing_id(id) => (Some(id), RoutingId::Used),
+            Some(_) => (None, RoutingId::Rejected),
+        };
+        let s = seed(&[
+            model.as_deref().unwrap_or("").as_bytes(),
+            salt.as_deref().unwrap_or("").as_bytes(),
+            id.unwrap_or(b""),
+        ]);
+
+        if self.config.strategy == Strategy::Session {
+            let key = id.map(|i| mix(crate::hash::hash_id(i), s));
+            let source = if key.is_some() {
+                KeySource::RoutingId
+            } else {
+                source
+            };
+            return RoutingKey {
+                key,
+                blocks: Vec::new(),
+                units: 0,
+                source,
+                routing_id,
+            };
+        }
+        let key = prefix.last().map(|h| mix(h, s));
+        let blocks = prefix.blocks.iter().map(|&h| mix(h, s)).collect();
+        RoutingKey {
+            key,
+            blocks,
+            units: prefix.units,
+            source,
+            routing_id,
+        }
+    }
+
+    /// Choose the replica. `ticket` is a random number (`random`) or a rotating
+    /// counter (`round_robin`, least-request tie-breaks).
+    pub fn select(&self, key: &RoutingKey, loads: Loads<'_>, ticket: u64) -> Decision {
+        let n = self.ring.len();
+        let bounds = Bounds {
+            concurrency_threshold: self.config.concurrency_threshold,
+            load_factor: self.config.load_factor,
+        };
+        match self.config.strategy {
+            Strategy::Random => by_ticket(n, loads, ticket, Branch::Random),
+            Strategy::RoundRobin => by_ticket(n, loads, ticket, Branch::RoundRobin),
+            Strategy::LeastRequest => least_request(n, loads, ticket, Branch::LeastRequest),
+            Strategy::Prefix | Strategy::Session => match key.key {
+                Some(k) => bounded(&self.ring, k, loads, bounds),
+                None if key.source == KeySource::Malformed => {
+                    least_request(n, loads, ticket, Branch::BadInput)
+                }
+                None => least_request(n, loads, ticket, Branch::NoKey),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router(extra: &str) -> Router {
+        let json = format!(
+            r#"{{"endpoints":["127.0.0.1:9001","127.0.0.1:9002","127.0.0.1:9003"],"affinity_header":"x-session-id"{extra}}}"#
+        );
+        Router::new(Config::from_json(json.as_bytes()).unwrap())
+    }
+
+    fn chat(system: &str, user: &str, model: &str) -> String {
+        format!(
+            r#"{{"model":"{model}","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{user}"}}]}}"#
+        )
+    }
+
+    #[test]
+    fn model_and_routing_id_separate_groups() {
+        let r = router("");
+        let body = chat("sys", "hello", "a");
+        let k1 = r.key(Body::Complete(body.as_bytes()), None);
+        let k2 = r.key(Body::Complete(chat("sys", "hello", "b").as_bytes()), None);
+        let k3 = r.key(Body::Complete(body.as_bytes()), Some(b"tenant-1"));
+        let k4 = r.key(Body::Complete(body.as_bytes()), Some(b"tenant-2"));
+        assert_ne!(k1.key, k2.key);
+        assert_ne!(k3.key, k4.key);
+        assert_ne!(k1.key, k3.key);
+        assert_eq!(k3.routing_id, RoutingId::Used);
+    }
+
+    #[test]
+    fn prompt_cache_key_equals_header() {
+        let r = router("");
+        let with_field = r#"{"prompt_cache_key":"t1","messages":[{"role":"user","content":"x"}]}"#;
+        let plain = r#"{"messages":[{"role":"user","content":"x"}]}"#;
+        let a = r.key(Body::Complete(with_field.as_bytes()), None);
+        let b = r.key(Body::Complete(plain.as_bytes()), Some(b"t1"));
+        assert_eq!(a.key, b.key);
+    }
+
+    #[test]
+    fn bad_routing_ids_are_ignored_and_reported() {
+        let r = router("");
+        let body = chat("s", "u", "m");
+        let base = r.key(Body::Complete(body.as_bytes()), None);
+        for bad in [&b"x".repeat(65)[..], b"", b"caf\xc3\xa9", b"tab\there"] {
+            let k = r.key(Body::Complete(body.as_bytes()), Some(bad));
+            assert_eq!(k.routing_id, RoutingId::Rejected);
+            assert_eq!(k.key, base.key);
+        }
+        assert!(valid_routing_id(&b"x".repeat(64)));
+    }
+
+    #[test]
+    fn session_strategy_keys_on_the_id_only() {
+        let r = router(r#","strategy":"session""#);
+        let a = r.key(
+            Body::Complete(chat("s", "one", "m").as_bytes()),
+            Some(b"sess-9"),
+        );
+        let b = r.key(
+            Body::Complete(chat("other", "two", "m").as_bytes()),
+            Some(b"sess-9"),
+        );
+        assert_eq!(a.key, b.key);
+        assert_eq!(a.source, KeySource::RoutingId);
+        let none = r.key(Body::Complete(chat("s", "one", "m").as_bytes()), None);
+        assert_eq!(none.key, None);
+        let d = r.select(&none, Loads::new(&[0, 0, 0]), 0);
+        assert_eq!(d.branch, Branch::NoKey);
+    }
+
+    #[test]
+    fn fallbacks_are_labelled() {
+        let r = router("");
+        let bad = r.key(Body::Complete(b"{\"messages\": [oops"), None);
+        assert_eq!(bad.source, KeySource::Malformed);
+        assert_eq!(
+            r.select(&bad, Loads::new(&[2, 0, 1]), 0),
+            Decision {
+                primary: 1,
+                secondary: Some(2),
+                branch: Branch::BadInput
+            }
+        );
+        let none = r.key(Body::None, None);
+        assert_eq!(
+            r.select(&none, Loads::new(&[0, 0, 0]), 0).branch,
+            Branch::NoKey
+        );
+        let big = r.key(Body::Oversize(&[b'a'; 5000]), None);
+        assert_eq!(big.source, KeySource::Oversize);
+        assert_eq!(big.units, 2048);
+        assert_eq!(
+            r.select(&big, Loads::new(&[0, 0, 0]), 0).branch,
+            Branch::Hit
+        );
+    }
+
+    #[test]
+    fn strategies_without_key() {
+        for (s, b) in [
+            ("random", Branch::Random),
+            ("round_robin", Branch::RoundRobin),
+            ("least_request", Branch::LeastRequest),
+        ] {
+            let r = router(&format!(r#","strategy":"{s}""#));
+            assert!(!r.needs_body());
+            let d = r.select(&r.key(Body::None, None), Loads::new(&[0, 0, 0]), 7);
+            assert_eq!(d.branch, b);
+        }
+    }
+}
