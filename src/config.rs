@@ -364,6 +364,8 @@ const DEFAULT_MAX_BODY_BYTES_I: u32 = DEFAULT_MAX_BODY_BYTES as u32;
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn parse(json: &str) -> Result<Config, ConfigError> {
         Config::from_json(json.as_bytes())

@@ -261,6 +261,8 @@ impl<'de> Visitor<'de> for Walk<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn key(body: &str) -> (BodyKind, Option<u64>, usize) {
         let e = extract(body.as_bytes(), 2048, 256).unwrap();

@@ -165,6 +165,8 @@ pub fn hash_id(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn hash_str(parts: &[&str], limit: usize, block: usize) -> PrefixHashes {
         let mut h = PrefixHasher::new(limit, block);

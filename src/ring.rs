@@ -111,6 +111,8 @@ impl Iterator for Candidates<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
     use crate::hash::hash_id;
 
     fn names(n: usize) -> Vec<String> {

@@ -175,6 +175,8 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn router(extra: &str) -> Router {
         let json = format!(

@@ -189,6 +189,8 @@ pub fn by_ticket(n: usize, loads: Loads<'_>, ticket: u64, branch: Branch) -> Dec
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
     use crate::hash::hash_id;
 
     fn ring(n: usize) -> HashRing {
