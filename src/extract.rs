@@ -77,7 +77,6 @@ pub struct Extracted<'a> {
 pub struct Malformed(pub String);
 
 const MESSAGE_END: &[u8] = b"\x1e";
-const ELEMENT_END: &[u8] = b"\x1f";
 const FIELD_END: &[u8] = b"\x1d";
 
 #[derive(Deserialize)]

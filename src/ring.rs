@@ -111,9 +111,9 @@ impl Iterator for Candidates<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::hash_id;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use crate::hash::hash_id;
 
     fn names(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("10.0.0.{}:8000", i + 1)).collect()

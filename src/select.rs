@@ -189,9 +189,9 @@ pub fn by_ticket(n: usize, loads: Loads<'_>, ticket: u64, branch: Branch) -> Dec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::hash_id;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use crate::hash::hash_id;
 
     fn ring(n: usize) -> HashRing {
         let eps: Vec<String> = (0..n).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();

@@ -1,0 +1,264 @@
+//! Per-request context.
+//!
+//! Lifecycle: `on_http_request_headers` removes any client-supplied target
+//! header, then routes at once when no body follows (or the strategy does not
+//! read bodies), else pauses; `on_http_request_body` keeps buffering until end
+//! of stream (or until `max_body_bytes` is exceeded: then it routes on the raw
+//! first bytes and lets the rest stream) and reads the buffered body once;
+//! `on_http_request_trailers` routes if the body never signalled end of stream;
+//! `on_log` releases the in-flight count exactly once, whatever happened.
+
+use super::host::{self, BUFFER_REQUEST_BODY};
+use super::root::Plugin;
+use super::stats::HostFailure;
+use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
+use crate::decision::Decision;
+use crate::hash::hash_id;
+use crate::router::{Body, RoutingId};
+use crate::select::Loads;
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::Action;
+use std::cell::Cell;
+use std::rc::Rc;
+
+thread_local! {
+    /// Per-VM rotating ticket for least-request tie-breaks.
+    static TICKET: Cell<u64> = const { Cell::new(0) };
+}
+
+/// One request.
+pub struct RouterHttp {
+    plugin: Option<Rc<Plugin>>,
+    context_id: u32,
+    /// Endpoint whose in-flight count this request holds.
+    holding: Option<usize>,
+    /// The request has been routed (headers set).
+    routed: bool,
+}
+
+impl RouterHttp {
+    /// A context; `plugin` is `None` only if configuration failed (pass-through).
+    pub fn new(plugin: Option<Rc<Plugin>>, context_id: u32) -> RouterHttp {
+        RouterHttp {
+            plugin,
+            context_id,
+            holding: None,
+            routed: false,
+        }
+    }
+
+    fn ticket(&self, p: &Plugin) -> u64 {
+        match p.router.config().strategy {
+            Strategy::Random => {
+                hash_id(&(host::now_nanos() ^ u64::from(self.context_id) << 32).to_le_bytes())
+            }
+            Strategy::RoundRobin => self.shared_ticket(p),
+            _ => TICKET.with(|t| {
+                let v = t.get().wrapping_add(1);
+                t.set(v);
+                v
+            }),
+        }
+    }
+
+    /// A cluster-wide rotating counter (CAS increment in shared data).
+    fn shared_ticket(&self, p: &Plugin) -> u64 {
+        for _ in 0..super::inflight::MAX_CAS_ATTEMPTS {
+            let (value, cas) = match host::shared_get(&p.rr_key) {
+                Ok(v) => v,
+                Err(_) => break,
+            };
+            let cur = value
+                .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+                .map_or(0, u64::from_le_bytes);
+            if host::shared_set(&p.rr_key, &cur.wrapping_add(1).to_le_bytes(), cas).is_ok() {
+                return cur;
+            }
+        }
+        p.stats.failure(HostFailure::SharedData);
+        TICKET.with(|t| {
+            t.set(t.get().wrapping_add(1));
+            t.get()
+        })
+    }
+
+    /// Route with what is known of the body; sets the headers and takes an
+    /// in-flight slot. Called at most once per request.
+    fn route(&mut self, body: Body<'_>) {
+        let Some(p) = self.plugin.clone() else { return };
+        self.routed = true;
+        let cfg = p.router.config();
+        let header_id = match &cfg.affinity_header {
+            Some(h) => match host::request_header(h) {
+                Ok(v) => v,
+                Err(e) => {
+                    log::warn!("#{} cannot read {h}: {e}", self.context_id);
+                    p.stats.failure(HostFailure::Header);
+                    None
+                }
+            },
+            None => None,
+        };
+        let key = p.router.key(body, header_id.as_deref());
+        let snapshot = match p.in_flight.read() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                log::warn!("#{} cannot read in-flight counts: {e}", self.context_id);
+                p.stats.failure(HostFailure::SharedData);
+                None
+            }
+        };
+        let zeros = vec![0u32; cfg.endpoints.len()];
+        let loads = snapshot
+            .as_ref()
+            .map_or(zeros.as_slice(), |s| s.0.as_slice());
+        let decision = p.router.select(&key, Loads::new(loads), self.ticket(&p));
+
+        match p.in_flight.add(decision.primary, 1, snapshot) {
+            Ok(now) => {
+                self.holding = Some(decision.primary);
+                p.stats.in_flight(decision.primary, now);
+            }
+            Err(e) => {
+                log::warn!("#{} cannot count in-flight request: {e}", self.context_id);
+                p.stats.failure(HostFailure::SharedData);
+            }
+        }
+        self.set_headers(&p, decision);
+        p.stats
+            .decision(decision.branch, key.source, decision.primary);
+        if key.routing_id == RoutingId::Rejected {
+            p.stats.routing_id_rejected();
+        }
+        log::debug!(
+            "#{} key={:016x} source={} units={} branch={} primary={} secondary={}",
+            self.context_id,
+            key.key.unwrap_or(0),
+            key.source.as_str(),
+            key.units,
+            decision.branch.as_str(),
+            cfg.endpoints
+                .get(decision.primary)
+                .map_or("-", String::as_str),
+            decision
+                .secondary
+                .and_then(|s| cfg.endpoints.get(s))
+                .map_or("-", String::as_str),
+        );
+    }
+
+    fn set_headers(&self, p: &Plugin, d: Decision) {
+        let cfg = p.router.config();
+        let mut target = cfg.endpoints.get(d.primary).cloned().unwrap_or_default();
+        if let Some(s) = d.secondary.and_then(|s| cfg.endpoints.get(s)) {
+            target.push(',');
+            target.push_str(s);
+        }
+        for (name, value) in [
+            (cfg.target_header.as_str(), target.as_str()),
+            (cfg.decision_header.as_str(), d.branch.as_str()),
+        ] {
+            if let Err(e) = host::set_request_header(name, value) {
+                log::warn!("#{} cannot set {name}: {e}", self.context_id);
+                p.stats.failure(HostFailure::Header);
+            }
+        }
+    }
+
+    /// Read `len` bytes of the buffered body.
+    fn body(&self, len: usize) -> Option<Vec<u8>> {
+        match host::buffer(BUFFER_REQUEST_BODY, 0, len) {
+            Ok(b) => b,
+            Err(e) => {
+                log::warn!("#{} cannot read the request body: {e}", self.context_id);
+                if let Some(p) = &self.plugin {
+                    p.stats.failure(HostFailure::Body);
+                }
+                None
+            }
+        }
+    }
+
+    fn route_buffered(&mut self, size: usize) {
+        match self.body(size) {
+            Some(b) => self.route(Body::Complete(&b)),
+            None => self.route(Body::None),
+        }
+    }
+}
+
+impl Context for RouterHttp {}
+
+impl HttpContext for RouterHttp {
+    fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
+        // Never trust a client-supplied target: remove it before anything else,
+        // so even a request that ends up unrouted cannot pick its host.
+        let target = self.plugin.as_ref().map_or(DEFAULT_TARGET_HEADER, |p| {
+            p.router.config().target_header.as_str()
+        });
+        if let Err(e) = host::remove_request_header(target) {
+            log::warn!("#{} cannot remove {target}: {e}", self.context_id);
+        }
+        let needs_body = self.plugin.as_ref().is_some_and(|p| p.router.needs_body());
+        if end_of_stream || !needs_body {
+            self.route(Body::None);
+            return Action::Continue;
+        }
+        Action::Pause
+    }
+
+    fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if self.routed {
+            return Action::Continue;
+        }
+        let Some(p) = self.plugin.clone() else {
+            return Action::Continue;
+        };
+        let cfg = p.router.config();
+        if size > cfg.max_body_bytes {
+            // Too large to parse: route on the raw first bytes now and stream the rest.
+            match self.body(cfg.prefix_length.min(size)) {
+                Some(b) => self.route(Body::Oversize(&b)),
+                None => self.route(Body::None),
+            }
+            return Action::Continue;
+        }
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.route_buffered(size);
+        Action::Continue
+    }
+
+    fn on_http_request_trailers(&mut self, _trailers: usize) -> Action {
+        if !self.routed {
+            // The body never signalled end of stream; it is complete now.
+            let size = self
+                .plugin
+                .as_ref()
+                .map_or(0, |p| p.router.config().max_body_bytes);
+            self.route_buffered(size);
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        let (Some(p), Some(idx)) = (self.plugin.clone(), self.holding.take()) else {
+            return;
+        };
+        match p.in_flight.add(idx, -1, None) {
+            Ok(now) => p.stats.in_flight(idx, now),
+            Err(e) => {
+                log::warn!("#{} cannot release in-flight count: {e}", self.context_id);
+                p.stats.failure(HostFailure::SharedData);
+            }
+        }
+        // Which host served the request (retries, fallback)?
+        if let Ok(Some(addr)) = host::property(&["upstream", "address"]) {
+            let primary = p.router.config().endpoints.get(idx).map(String::as_bytes);
+            if primary != Some(addr.as_slice()) {
+                p.stats.upstream_mismatch();
+            }
+        }
+    }
+}
