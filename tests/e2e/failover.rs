@@ -1,0 +1,96 @@
+//! Failover: a dead or refusing replica costs a retry, never a failed request.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::harness::workload::{chat, placement, text};
+use crate::harness::World;
+
+/// Kill one of 3 replicas. Requests whose ring owner is the dead one are retried on
+/// their secondary (the ring successor, attempt 2) before Envoy's health check notices,
+/// and land on healthy replicas after it does: every request succeeds, and the filter
+/// counts each retried request in `prefix_router.upstream.mismatch`.
+#[test]
+fn killed_replica_every_request_still_succeeds() {
+    // Slow health checks, so the first burst runs while Envoy still thinks the replica is up.
+    let mut w = World::start("killed", &World::replicas(3), |mut c| {
+        c.hc_interval_ms = 5000;
+        c
+    });
+    let r = w.router();
+    let bodies: Vec<String> = (0..30)
+        .map(|i| chat(&text(&format!("failover-{i}"), 800), "hi"))
+        .collect();
+    let plan: Vec<(String, Option<String>)> =
+        bodies.iter().map(|b| placement(&r, b.as_bytes())).collect();
+    let mut owned: BTreeMap<String, usize> = BTreeMap::new();
+    for (p, _) in &plan {
+        *owned.entry(p.clone()).or_default() += 1;
+    }
+    let (victim, n_victim) = owned
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map(|(a, n)| (a.clone(), *n))
+        .expect("owners");
+    assert!(n_victim >= 5, "too few prefixes on one replica: {owned:?}");
+    let vi = w.fleet.replicas.iter().position(|x| x.addr() == victim).expect("victim");
+    w.fleet.replicas[vi].kill();
+
+    for (i, b) in bodies.iter().enumerate() {
+        let reply = w.chat(b);
+        assert_eq!(reply.status, 200, "request {i} failed after the kill: {}", reply.body);
+        let at = w.served_by(&reply);
+        assert_ne!(at, victim);
+        let (primary, secondary) = &plan[i];
+        if *primary == victim {
+            assert_eq!(Some(&at), secondary.as_ref(), "request {i} not retried on its secondary");
+        } else {
+            assert_eq!(at, *primary, "request {i} left its live owner");
+        }
+    }
+    let s = w.envoy.wait_idle();
+    assert_eq!(
+        s.get("prefix_router.upstream.mismatch"),
+        n_victim as u64,
+        "{}",
+        s.dump("prefix_router")
+    );
+    let retried = w
+        .envoy
+        .access_log()
+        .iter()
+        .filter(|l| l.contains("attempts=2"))
+        .count();
+    assert_eq!(retried, n_victim, "access log:\n{}", w.envoy.access_log().join("\n"));
+
+    // After the health check marks it down, requests keep succeeding.
+    w.envoy.wait_health(&[victim.clone()], false, Duration::from_secs(15));
+    for (i, b) in bodies.iter().enumerate() {
+        let reply = w.chat(b);
+        assert_eq!(reply.status, 200, "request {i} failed with the replica marked down");
+        assert_ne!(w.served_by(&reply), victim);
+    }
+    w.envoy.wait_idle();
+}
+
+/// A replica answering 503 ("overloaded / loading") is retried elsewhere: every request
+/// succeeds and none is answered by the refusing replica.
+#[test]
+fn replica_answering_503_is_retried_elsewhere() {
+    let w = World::start("503", &World::replicas(3), |c| c);
+    let sick = w.fleet.replicas[0].addr();
+    w.fleet.replicas[0].set_fail("503");
+    let mut owned_by_sick = 0;
+    let r = w.router();
+    for i in 0..30 {
+        let body = chat(&text(&format!("busy-{i}"), 700), "q");
+        if placement(&r, body.as_bytes()).0 == sick {
+            owned_by_sick += 1;
+        }
+        let reply = w.chat(&body);
+        assert_eq!(reply.status, 200, "request {i}: {} {}", reply.status, reply.body);
+        assert_ne!(w.served_by(&reply), sick);
+    }
+    assert!(owned_by_sick > 0, "no prefix was owned by the 503 replica: test proves nothing");
+    w.envoy.wait_idle();
+}

@@ -1,0 +1,365 @@
+//! A real Envoy process with the real filter, rendered from parameters.
+//!
+//! The rendered config has the structure of `envoy/envoy.yaml` (wasm filter with
+//! `allow_on_headers_stop_iteration`, override_host cluster with a least_request fallback,
+//! upstream header_mutation that strips the target header, retries to the secondary,
+//! active `/health` checks) with ports, endpoints and filter JSON as parameters and
+//! health-check intervals short enough for tests. Envoy runs with `--concurrency 2`
+//! (two worker VMs share the in-flight counts) and `--disable-hot-restart` (several
+//! Envoys run at once).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::procs::{free_port, port_open, wait_for, Proc};
+use super::{envoy_bin, wasm_path, write_file, Client, Stats};
+
+/// Parameters of one Envoy.
+#[derive(Debug, Clone)]
+pub struct EnvoyConfig {
+    /// Members of the `llm` cluster (`127.0.0.1:port`).
+    pub endpoints: Vec<String>,
+    /// Plugin configuration (JSON object) unless [`EnvoyConfig::filter_raw`] is set.
+    pub filter: Value,
+    /// Plugin configuration as raw text (to test invalid JSON).
+    pub filter_raw: Option<String>,
+    /// Route `retry_on`.
+    pub retry_on: String,
+    /// Health-check interval (ms); also the no-traffic interval.
+    pub hc_interval_ms: u64,
+    /// Listener `per_connection_buffer_limit_bytes`.
+    pub buffer_limit: u64,
+    /// Worker threads (`--concurrency`).
+    pub concurrency: u32,
+}
+
+impl EnvoyConfig {
+    /// Strategy `prefix` over `endpoints` (filter list = cluster list), defaults otherwise.
+    pub fn prefix(endpoints: &[String]) -> EnvoyConfig {
+        EnvoyConfig {
+            endpoints: endpoints.to_vec(),
+            filter: json!({"strategy": "prefix", "endpoints": endpoints}),
+            filter_raw: None,
+            retry_on: "connect-failure,refused-stream,reset,retriable-status-codes".into(),
+            hc_interval_ms: 500,
+            buffer_limit: 2 << 20,
+            concurrency: 2,
+        }
+    }
+
+    /// Set one field of the plugin configuration.
+    pub fn with(mut self, key: &str, value: Value) -> EnvoyConfig {
+        self.filter[key] = value;
+        self
+    }
+
+    /// The plugin configuration text.
+    pub fn filter_json(&self) -> String {
+        self.filter_raw
+            .clone()
+            .unwrap_or_else(|| self.filter.to_string())
+    }
+
+    /// Render the Envoy YAML.
+    pub fn render(&self, admin_port: u16, port: u16, wasm: &str) -> String {
+        let hosts: String = self
+            .endpoints
+            .iter()
+            .map(|e| {
+                let (ip, p) = e.rsplit_once(':').expect("IP:port");
+                format!(
+                    "        - endpoint: {{address: {{socket_address: {{address: {ip}, port_value: {p}}}}}}}\n"
+                )
+            })
+            .collect();
+        // A JSON string literal is a valid YAML double-quoted scalar.
+        let filter = serde_json::to_string(&self.filter_json()).expect("string");
+        let wasm = serde_json::to_string(wasm).expect("string");
+        let hc = self.hc_interval_ms;
+        let retry_on = &self.retry_on;
+        let buffer = self.buffer_limit;
+        format!(
+            r#"admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
+static_resources:
+  listeners:
+  - name: llm_ingress
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    per_connection_buffer_limit_bytes: {buffer}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: llm_ingress
+          stream_idle_timeout: 30s
+          access_log:
+          - name: envoy.access_loggers.stdout
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog
+              log_format:
+                text_format_source:
+                  inline_string: "ACCESS %REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% upstream=%UPSTREAM_HOST% decision=%REQ(x-prefix-router-decision)% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% replica=%RESP(x-replica-id)% dur=%DURATION%\n"
+          route_config:
+            name: llm_routes
+            virtual_hosts:
+            - name: llm
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route:
+                  cluster: llm
+                  timeout: 60s
+                  retry_policy:
+                    retry_on: {retry_on}
+                    retriable_status_codes: [503]
+                    num_retries: 2
+                    retry_host_predicate:
+                    - name: envoy.retry_host_predicates.previous_hosts
+                      typed_config:
+                        "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate
+                    host_selection_retry_max_attempts: 5
+          http_filters:
+          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: prefix_router
+                root_id: ""
+                allow_on_headers_stop_iteration: true
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: {filter}
+                vm_config:
+                  vm_id: prefix_router
+                  runtime: envoy.wasm.runtime.v8
+                  code: {{local: {{filename: {wasm}}}}}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+              upstream_http_filters:
+              - name: envoy.filters.http.header_mutation
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+                  mutations:
+                    request_mutations:
+                    - remove: x-gateway-destination-endpoint
+              - name: envoy.filters.http.upstream_codec
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec
+  clusters:
+  - name: llm
+    type: STATIC
+    connect_timeout: 0.5s
+    circuit_breakers:
+      thresholds:
+      - {{priority: DEFAULT, max_connections: 4096, max_pending_requests: 4096, max_requests: 4096, max_retries: 256}}
+    load_assignment:
+      cluster_name: llm
+      endpoints:
+      - lb_endpoints:
+{hosts}    health_checks:
+    - timeout: 0.5s
+      interval: {hc}ms
+      no_traffic_interval: {hc}ms
+      unhealthy_threshold: 1
+      healthy_threshold: 1
+      http_health_check: {{path: /health}}
+    load_balancing_policy:
+      policies:
+      - typed_extension_config:
+          name: envoy.load_balancing_policies.override_host
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
+            override_host_sources:
+            - header: x-gateway-destination-endpoint
+            fallback_policy:
+              policies:
+              - typed_extension_config:
+                  name: envoy.load_balancing_policies.least_request
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest
+"#
+        )
+    }
+}
+
+/// A running Envoy.
+pub struct Envoy {
+    proc: Proc,
+    /// Admin port.
+    pub admin_port: u16,
+    /// Listener port.
+    pub port: u16,
+    /// The YAML it runs.
+    pub config_path: PathBuf,
+    /// Cluster members (to wait for their health).
+    endpoints: Vec<String>,
+}
+
+impl Envoy {
+    /// Start Envoy on free ports without waiting for it.
+    pub fn spawn(dir: &std::path::Path, name: &str, cfg: &EnvoyConfig) -> Envoy {
+        let (admin_port, port) = (free_port(), free_port());
+        let wasm = wasm_path();
+        let yaml = cfg.render(admin_port, port, &wasm.to_string_lossy());
+        Envoy::spawn_yaml(dir, name, &yaml, (admin_port, port), &cfg.endpoints, cfg.concurrency)
+    }
+
+    /// Start Envoy with a ready-made YAML whose admin and listener ports are `ports`.
+    pub fn spawn_yaml(
+        dir: &std::path::Path,
+        name: &str,
+        yaml: &str,
+        (admin_port, port): (u16, u16),
+        endpoints: &[String],
+        concurrency: u32,
+    ) -> Envoy {
+        let config_path = write_file(dir, &format!("{name}.yaml"), yaml);
+        let mut cmd = Command::new(envoy_bin());
+        cmd.current_dir(dir)
+            .arg("-c")
+            .arg(&config_path)
+            .args(["--concurrency", &concurrency.to_string()])
+            .args(["--disable-hot-restart", "--log-level", "info"])
+            .args(["--file-flush-interval-msec", "100"]);
+        let proc = Proc::spawn(name, cmd, &dir.join(format!("{name}.log")));
+        Envoy {
+            proc,
+            admin_port,
+            port,
+            config_path,
+            endpoints: endpoints.to_vec(),
+        }
+    }
+
+    /// Start Envoy and wait until it is ready, its listener accepts and every cluster
+    /// member passed a health check. Panics with Envoy's log otherwise.
+    pub fn start(dir: &std::path::Path, name: &str, cfg: &EnvoyConfig) -> Envoy {
+        let mut e = Envoy::spawn(dir, name, cfg);
+        e.wait_ready();
+        e
+    }
+
+    /// Wait until ready (see [`Envoy::start`]).
+    pub fn wait_ready(&mut self) {
+        let admin = Client::new(Duration::from_secs(2));
+        let ready_url = format!("http://127.0.0.1:{}/ready", self.admin_port);
+        let ok = wait_for(Duration::from_secs(30), || {
+            if let Some(s) = self.proc.exited() {
+                panic!(
+                    "{} exited during start ({s}); log:\n{}",
+                    self.proc.name,
+                    self.proc.log_tail(6000)
+                );
+            }
+            let ready = admin.get(&ready_url).is_ok_and(|r| r.status == 200);
+            (ready && port_open(self.port)).then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "{} not ready in 30 s; log:\n{}",
+            self.proc.name,
+            self.proc.log_tail(6000)
+        );
+        self.wait_health(&self.endpoints.clone(), true, Duration::from_secs(15));
+    }
+
+    /// Wait until each of `endpoints` is healthy (`healthy = true`) or failing its
+    /// health check (`false`) in Envoy's `/clusters` view.
+    pub fn wait_health(&self, endpoints: &[String], healthy: bool, timeout: Duration) {
+        let ok = wait_for(timeout, || {
+            let text = self.admin("/clusters");
+            endpoints
+                .iter()
+                .all(|e| {
+                    let key = format!("llm::{e}::health_flags::");
+                    text.lines()
+                        .find_map(|l| l.strip_prefix(&key))
+                        .is_some_and(|flags| (flags.trim() == "healthy") == healthy)
+                })
+                .then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "{}: endpoints {endpoints:?} not {} in {timeout:?}; /clusters:\n{}",
+            self.proc.name,
+            if healthy { "healthy" } else { "unhealthy" },
+            self.admin("/clusters")
+                .lines()
+                .filter(|l| l.contains("health_flags"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+
+    /// `http://127.0.0.1:<listener><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// GET an admin path, body as text ("" on error).
+    pub fn admin(&self, path: &str) -> String {
+        Client::new(Duration::from_secs(5))
+            .get(&format!("http://127.0.0.1:{}{path}", self.admin_port))
+            .map(|r| r.body)
+            .unwrap_or_default()
+    }
+
+    /// Current stats.
+    pub fn stats(&self) -> Stats {
+        Stats::parse(&self.admin("/stats"))
+    }
+
+    /// Wait (≤ 5 s) until every endpoint's in-flight gauge is 0; return the stats then.
+    /// Panics with the gauges if they do not drain (a leaked count).
+    pub fn wait_idle(&self) -> Stats {
+        let mut last = Stats::default();
+        let idle = wait_for(Duration::from_secs(5), || {
+            last = self.stats();
+            self.endpoints
+                .iter()
+                .all(|e| last.in_flight(e) == 0)
+                .then_some(())
+        });
+        assert!(
+            idle.is_some(),
+            "{}: in-flight gauges did not return to 0:\n{}",
+            self.proc.name,
+            last.dump("in_flight")
+        );
+        last
+    }
+
+    /// Envoy's log (stdout access log lines start with `ACCESS`, then stderr).
+    pub fn log(&self) -> String {
+        self.proc.log_text()
+    }
+
+    /// The access-log lines.
+    pub fn access_log(&self) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|l| l.starts_with("ACCESS "))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Wait up to `timeout` for Envoy to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        self.proc.wait_exit(timeout)
+    }
+
+    /// Has it exited?
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.proc.exited()
+    }
+
+    /// Last `max` bytes of the log.
+    pub fn log_tail(&self, max: usize) -> String {
+        self.proc.log_tail(max)
+    }
+}
