@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# prefix-router benchmarks (kept out of the test suite). Run from anywhere:
+#   ./build.sh bench [overhead|routing|llama|all]     (default: all)
+# Parts:
+#   overhead  the filter's added latency and throughput cost: one real Envoy, a listener with
+#             the filter and one without, same upstream, bodies 1 KiB..256 KiB (wrk)
+#   routing   routing quality through Envoy: 7 emulated replicas, round_robin vs least_request
+#             vs prefix on the demo workloads at scale and a SageMaker-style 8k-token workload
+#   llama     real llama.cpp replicas (scripts/llama.sh bench; skips if llama-server is absent)
+# Each part prints a markdown table and writes JSON under .work/bench/; `all` ends with one
+# markdown block for the README (command, date, machine, every table).
+# Everything runs on 127.0.0.1 and everything started is stopped by PID, also on Ctrl-C.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+source scripts/bench/lib.sh
+source scripts/bench/overhead.sh
+source scripts/bench/routing.sh
+
+part="${1:-all}"
+case "$part" in
+  overhead|routing|llama|all) ;;
+  -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+  *) echo "usage: ./build.sh bench [overhead|routing|llama|all]" >&2; exit 2 ;;
+esac
+
+proc_install_trap
+mkdir -p .work/bench
+ensure_envoy
+started_at="$(date +%s)"
+
+bench_llama() {
+  if [ ! -f scripts/llama.sh ]; then
+    log "llama: scripts/llama.sh not found; skipped"
+    return 0
+  fi
+  log "llama: scripts/llama.sh bench"
+  run_tracked llama bash scripts/llama.sh bench
+}
+
+rc=0
+run_part() {
+  log "bench part: $1"
+  if ! "bench_$1"; then
+    echo "error: bench part '$1' failed" >&2
+    rc=1
+  fi
+}
+
+case "$part" in
+  all) run_part overhead; run_part routing; run_part llama ;;
+  *) run_part "$part" ;;
+esac
+
+if [ "$part" = all ]; then
+  echo
+  echo "----- paste into README (benchmark section) -----"
+  "$(bench_python)" scripts/bench/report.py combine .work/bench \
+    --command "./build.sh bench" --machine "$(machine_line)" --since "$started_at"
+  echo "----- end -----"
+fi
+exit "$rc"

@@ -1,0 +1,113 @@
+# Part (a) of scripts/bench.sh: the cost of the prefix-router filter inside a real Envoy.
+# Source it from bench.sh (needs common.sh and bench/lib.sh); entry point: bench_overhead.
+#
+# Set-up (all on 127.0.0.1; ports from BENCH_PORT_BASE, default 19400):
+#   upstream Envoy (+3, --concurrency 1): buffer filter + direct_response 200, i.e. a real
+#     HTTP/1.1 server that reads the whole request and answers at once, with no model work
+#   Envoy under test (--concurrency 1, admin +0): listener A (+1) = wasm filter + router,
+#     listener B (+2) = router only, both to the same cluster and connection pool
+#   wrk (Debian package): closed loop, keep-alive, 1 thread; 1 connection for latency and
+#     8 connections for throughput; bodies from bench/chat-post.lua
+# Why --concurrency 1 for the Envoy under test: the machine this was built on has 2 cores that
+# also run wrk and the upstream. One worker keeps the three from fighting over cores (which adds
+# scheduler noise to A and B alike), and the filter's cost is per request on the worker that
+# handles it, so one worker measures it exactly; with 8 connections that worker is the
+# bottleneck, so the throughput ratio A/B is the filter's CPU cost per request.
+# A and B run back to back and interleaved (A B, B A, A B ...) for every body size, so slow
+# drift (other jobs on the machine) hits both alike; each figure is the median over rounds.
+#
+# Knobs: OVERHEAD_SECONDS (per run, default 3), OVERHEAD_LAT_ROUNDS (default 3),
+# OVERHEAD_TPUT_ROUNDS (default 2), OVERHEAD_SIZES (bytes, default "1024 16384 65536 262144"),
+# OVERHEAD_TPUT_CONNS (default 8).
+
+BENCH_DIR_SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+ensure_wrk() {
+  command -v wrk >/dev/null 2>&1 && return 0
+  log "installing wrk (Debian package)"
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >&2
+  else
+    sudo apt-get update -qq >&2 && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >&2
+  fi
+  command -v wrk >/dev/null 2>&1 || { echo "error: wrk is required (apt-get install wrk)" >&2; return 1; }
+}
+
+# overhead_wrk LISTENER_PORT BODY_BYTES CONNS SECONDS OUT_JSON
+overhead_wrk() {
+  local port="$1" size="$2" conns="$3" secs="$4" out="$5"
+  BODY_BYTES="$size" BODY_KINDS=64 WRK_OUT="$out" \
+    run_tracked wrk wrk -t1 -c"$conns" -d"${secs}s" --timeout 10s \
+      -s "$BENCH_DIR_SELF/chat-post.lua" "http://127.0.0.1:$port/v1/chat/completions" >/dev/null
+  [ -s "$out" ] || { echo "error: wrk wrote no summary to $out" >&2; return 1; }
+}
+
+bench_overhead() {
+  local secs="${OVERHEAD_SECONDS:-3}" lat_rounds="${OVERHEAD_LAT_ROUNDS:-3}"
+  local tput_rounds="${OVERHEAD_TPUT_ROUNDS:-2}" conns="${OVERHEAD_TPUT_CONNS:-8}"
+  local sizes="${OVERHEAD_SIZES:-1024 16384 65536 262144}"
+  local base="${BENCH_PORT_BASE:-19400}"
+  local admin=$base a=$((base + 1)) b=$((base + 2)) up=$((base + 3))
+  local dir="$ROOT/.work/bench/overhead" started=$SECONDS
+  local py; py="$(bench_python)"
+
+  ensure_wrk
+  [ -f "$WASM" ] || build_wasm
+  rm -rf "$dir"; mkdir -p "$dir/runs"
+  require_free_ports "$admin" "$a" "$b" "$up"
+
+  log "overhead: starting upstream Envoy (direct_response) on :$up and Envoy under test (A :$a filter, B :$b plain)"
+  render "$BENCH_DIR_SELF/overhead-upstream.yaml.tmpl" "$dir/upstream.yaml" "UPSTREAM_PORT=$up"
+  render "$BENCH_DIR_SELF/overhead-proxy.yaml.tmpl" "$dir/proxy.yaml" \
+    "ADMIN_PORT=$admin" "PORT_A=$a" "PORT_B=$b" "UPSTREAM_PORT=$up" "WASM=$WASM"
+  start_envoy upstream "$dir/upstream.yaml" "$dir/upstream.log" --concurrency 1
+  local up_pid=$LAST_PID
+  start_envoy proxy "$dir/proxy.yaml" "$dir/proxy.log" --concurrency 1
+  local px_pid=$LAST_PID
+  wait_http "http://127.0.0.1:$up/" 30 "$up_pid" || { tail -20 "$dir/upstream.log" >&2; return 1; }
+  wait_http "http://127.0.0.1:$admin/ready" 30 "$px_pid" || { tail -20 "$dir/proxy.log" >&2; return 1; }
+  wait_http "http://127.0.0.1:$a/" 10 "$px_pid" || { tail -20 "$dir/proxy.log" >&2; return 1; }
+
+  # Sanity: both listeners answer 200 to a chat POST, and A really ran the filter.
+  local l code
+  for l in "$a" "$b"; do
+    code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'content-type: application/json' \
+      -d '{"model":"m","messages":[{"role":"user","content":"hello"}]}' "http://127.0.0.1:$l/v1/chat/completions")"
+    [ "$code" = 200 ] || { echo "error: listener :$l answered $code, expected 200" >&2; tail -20 "$dir/proxy.log" >&2; return 1; }
+  done
+  local before; before="$(envoy_stats "$admin" 'wasmcustom.prefix_router.branch' | awk -F': ' '{s+=$2} END{print s+0}')"
+  [ "$before" -ge 1 ] || { echo "error: the filter counted no decision on listener A (stats: $before)" >&2; return 1; }
+
+  log "overhead: warm-up (2 s on each listener)"
+  overhead_wrk "$a" 16384 1 2 "$dir/runs/warm-a.json"
+  overhead_wrk "$b" 16384 1 2 "$dir/runs/warm-b.json"
+
+  local total=0 n=0 size r mode c order lis
+  for size in $sizes; do total=$((total + 2 * (lat_rounds + tput_rounds))); done
+  for size in $sizes; do
+    for mode in latency throughput; do
+      if [ "$mode" = latency ]; then c=1; rounds=$lat_rounds; else c=$conns; rounds=$tput_rounds; fi
+      for ((r = 1; r <= rounds; r++)); do
+        if ((r % 2)); then order="A B"; else order="B A"; fi
+        for lis in $order; do
+          n=$((n + 1))
+          progress "$(printf '[%2d/%d] %6d B body, %-10s c=%d, round %d, listener %s' \
+            "$n" "$total" "$size" "$mode" "$c" "$r" "$lis")"
+          if [ "$lis" = A ]; then l=$a; else l=$b; fi
+          overhead_wrk "$l" "$size" "$c" "$secs" "$dir/runs/$size-$mode-$lis-$r.json"
+        done
+      done
+    done
+  done
+  progress_end
+
+  # Every request on A went through the filter: its decision counters grew by A's requests.
+  local after; after="$(envoy_stats "$admin" 'wasmcustom.prefix_router.branch' | awk -F': ' '{s+=$2} END{print s+0}')"
+  envoy_stats "$admin" 'prefix_router|with_filter.downstream_rq_[2-5]xx|without_filter.downstream_rq_[2-5]xx' \
+    >"$dir/envoy-stats.txt"
+  proc_stop "$px_pid"; proc_stop "$up_pid"; proc_untrack "$px_pid"; proc_untrack "$up_pid"
+
+  "$py" "$BENCH_DIR_SELF/report.py" overhead "$dir" "$ROOT/.work/bench/overhead.json" \
+    --decisions $((after - before)) --seconds "$secs" --conns "$conns" \
+    --machine "$(machine_line)" --elapsed $((SECONDS - started))
+}
