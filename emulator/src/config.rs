@@ -1,0 +1,128 @@
+//! Flags of the `replica-emulator` binary (every knob is a flag) and the failure modes.
+
+use std::fmt;
+use std::str::FromStr;
+
+use clap::Parser;
+
+/// How a replica misbehaves on purpose (flag `--fail`, or `POST /admin/fail?mode=MODE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailMode {
+    /// Behave normally.
+    None,
+    /// Answer every model request and `/health` with 503.
+    Unavailable,
+    /// Accept the request and never answer.
+    Hang,
+    /// Exit the process (status 1) on the next request, without answering.
+    Die,
+}
+
+impl FailMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailMode::None => "none",
+            FailMode::Unavailable => "503",
+            FailMode::Hang => "hang",
+            FailMode::Die => "die",
+        }
+    }
+
+    pub fn to_u8(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_u8(v: u8) -> FailMode {
+        match v {
+            1 => FailMode::Unavailable,
+            2 => FailMode::Hang,
+            3 => FailMode::Die,
+            _ => FailMode::None,
+        }
+    }
+}
+
+impl FromStr for FailMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" | "" => Ok(FailMode::None),
+            "503" => Ok(FailMode::Unavailable),
+            "hang" => Ok(FailMode::Hang),
+            "die" => Ok(FailMode::Die),
+            _ => Err(format!("unknown fail mode '{s}' (none|503|hang|die)")),
+        }
+    }
+}
+
+impl fmt::Display for FailMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A vLLM-like OpenAI-compatible model server without a model: prefix (KV) cache, queueing and
+/// prefill/decode timing are emulated; the generated text is deterministic filler.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "replica-emulator", version)]
+pub struct EmulatorArgs {
+    /// Address to listen on (use loopback addresses only in tests).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// TCP port; 0 picks a free one (the chosen address is printed on stdout).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Replica id, sent back in `x-replica-id` on every response. Default: the port.
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Served model name (`/v1/models`, metrics label `model_name`).
+    #[arg(long, default_value = "emulated-model")]
+    pub model: String,
+    /// Reject requests whose `model` is neither the served model nor a LoRA adapter (404, like vLLM).
+    #[arg(long)]
+    pub strict_model: bool,
+    /// Tokens per KV block (vLLM `--block-size`).
+    #[arg(long, default_value_t = 16)]
+    pub block_tokens: usize,
+    /// KV capacity in blocks (vLLM `num_gpu_blocks`).
+    #[arg(long, default_value_t = 4096)]
+    pub cache_blocks: usize,
+    /// Characters per token of the emulated tokenizer.
+    #[arg(long, default_value_t = 4)]
+    pub chars_per_token: usize,
+    /// Prefill cost per UNCACHED prompt token, in microseconds.
+    #[arg(long, default_value_t = 100.0)]
+    pub prefill_us_per_token: f64,
+    /// Fixed prefill cost per request, in milliseconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub prefill_overhead_ms: f64,
+    /// Inter-token latency during decode, in milliseconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub decode_ms_per_token: f64,
+    /// Maximum concurrently running sequences (vLLM `--max-num-seqs`); more wait in FIFO order.
+    #[arg(long, default_value_t = 64)]
+    pub max_running: usize,
+    /// Maximum concurrent prefills; 0 = unlimited (each sequence prefills on its own). With 1,
+    /// prefills are serialized like one compute-bound GPU: cache misses then delay everyone.
+    #[arg(long, default_value_t = 0)]
+    pub prefill_lanes: usize,
+    /// Maximum prompt + output tokens of one request (vLLM `--max-model-len`); more is a 400.
+    #[arg(long, default_value_t = 131072)]
+    pub max_model_len: usize,
+    /// LoRA adapters served besides the base model, comma separated (e.g. `a,b`).
+    #[arg(long, value_delimiter = ',')]
+    pub lora_adapters: Vec<String>,
+    /// Failure mode at start: none | 503 | hang | die.
+    #[arg(long, default_value = "none")]
+    pub fail: FailMode,
+    /// Runtime worker threads; 1 = a single-threaded runtime (cheapest, default).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+}
+
+impl EmulatorArgs {
+    /// Arguments with every default (for tests and embedding).
+    pub fn defaults() -> Self {
+        EmulatorArgs::parse_from(["replica-emulator"])
+    }
+}

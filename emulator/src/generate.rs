@@ -1,0 +1,304 @@
+//! One sequence's life: queue -> admission (cache lookup) -> prefill -> decode, and the OpenAI
+//! response bodies (JSON and SSE) it produces.
+//!
+//! Timing model: a request waits in FIFO order for one of `--max-running` slots (tokio's fair
+//! semaphore), then (with `--prefill-lanes N > 0`) for a prefill lane. Prefill is one timer of
+//! `overhead + uncached_tokens * per_token`; the first token is emitted when it ends (TTFT); each
+//! further token follows `--decode-ms-per-token` later, scheduled against absolute deadlines so
+//! timer slack does not accumulate. No thread is held while waiting: a sequence is one task.
+//!
+//! Every resource a sequence takes (slot, gauges, KV blocks) is owned by a guard whose `Drop`
+//! gives it back, so an abandoned request (client gone, task dropped) never leaks.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+
+use crate::cache::{block_hashes, root_hash, Allocation};
+use crate::lock;
+use crate::prompt::Api;
+use crate::server::Emulator;
+
+/// Deterministic filler: output token `i` is `WORDS[i % WORDS.len()]`.
+pub const WORDS: &[&str] = &[
+    " The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".", " Lorem",
+    " ipsum", " dolor", " sit", " amet", ",",
+];
+
+/// A validated generation request.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub api: Api,
+    pub seq: u64,
+    pub model: String,
+    pub lora: Option<String>,
+    pub cache_salt: Option<String>,
+    pub tokens: Vec<u64>,
+    pub max_tokens: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub arrived: Instant,
+}
+
+/// What the sequence reports when it ends.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    pub queued_ms: f64,
+    pub ttft_ms: Option<f64>,
+    pub total_ms: f64,
+    pub text: String,
+    pub aborted: bool,
+}
+
+/// Decrements a gauge (and a LoRA waiting count) on drop.
+struct GaugeGuard<'a> {
+    emu: &'a Emulator,
+    running: bool,
+    lora_waiting: Option<String>,
+}
+
+impl Drop for GaugeGuard<'_> {
+    fn drop(&mut self) {
+        let m = &self.emu.metrics;
+        if self.running {
+            m.running.fetch_sub(1, Relaxed);
+        } else {
+            m.waiting.fetch_sub(1, Relaxed);
+        }
+        if let Some(l) = self.lora_waiting.take() {
+            m.lora_add(&m.lora_waiting, &l, -1);
+        }
+    }
+}
+
+/// Releases a sequence's KV blocks on drop.
+struct BlocksGuard<'a> {
+    emu: &'a Emulator,
+    alloc: Allocation,
+}
+
+impl Drop for BlocksGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.emu.cache).release(&mut self.alloc);
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Formats OpenAI objects for one job.
+pub struct Format<'a> {
+    pub job: &'a Job,
+    pub created: u64,
+}
+
+impl Format<'_> {
+    fn id(&self) -> String {
+        match self.job.api {
+            Api::Chat => format!("chatcmpl-emu-{}", self.job.seq),
+            Api::Completions => format!("cmpl-emu-{}", self.job.seq),
+        }
+    }
+
+    pub fn usage(o: &Outcome) -> Value {
+        json!({
+            "prompt_tokens": o.prompt_tokens,
+            "total_tokens": o.prompt_tokens + o.completion_tokens,
+            "completion_tokens": o.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": o.cached_tokens},
+        })
+    }
+
+    /// The non-streaming response body.
+    pub fn full(&self, o: &Outcome) -> Value {
+        let j = self.job;
+        let choice = match j.api {
+            Api::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": o.text, "tool_calls": []},
+                "logprobs": null, "finish_reason": "length", "stop_reason": null,
+            }),
+            Api::Completions => json!({
+                "index": 0, "text": o.text, "logprobs": null,
+                "finish_reason": "length", "stop_reason": null,
+            }),
+        };
+        json!({
+            "id": self.id(),
+            "object": if j.api == Api::Chat { "chat.completion" } else { "text_completion" },
+            "created": self.created,
+            "model": j.model,
+            "choices": [choice],
+            "usage": Self::usage(o),
+        })
+    }
+
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
+        let j = self.job;
+        let mut v = json!({
+            "id": self.id(),
+            "object": if j.api == Api::Chat { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.created,
+            "model": j.model,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        Bytes::from(format!("data: {v}\n\n"))
+    }
+
+    /// SSE event(s) carrying output token `i` (the first one also carries the chat role).
+    pub fn token_event(&self, i: usize, text: &str, last: bool) -> Bytes {
+        let finish = if last { json!("length") } else { Value::Null };
+        match self.job.api {
+            Api::Chat => {
+                let delta = if i == 0 {
+                    json!({"role": "assistant", "content": text})
+                } else {
+                    json!({"content": text})
+                };
+                self.chunk(
+                    json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]),
+                    None,
+                )
+            }
+            Api::Completions => self.chunk(
+                json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]),
+                None,
+            ),
+        }
+    }
+
+    /// The final usage chunk (`stream_options.include_usage`), then `data: [DONE]`.
+    pub fn tail(&self, o: &Outcome) -> Bytes {
+        let mut out = Vec::new();
+        if self.job.include_usage {
+            out.extend_from_slice(&self.chunk(json!([]), Some(Self::usage(o))));
+        }
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        Bytes::from(out)
+    }
+}
+
+/// Runs `job` to completion. With `sink`, each token is sent as an SSE event as it is produced
+/// (and the final usage/[DONE] events); a failed send means the client left: the sequence stops.
+pub async fn run(emu: Arc<Emulator>, job: Job, sink: Option<mpsc::Sender<Bytes>>) -> Outcome {
+    let cfg = &emu.cfg;
+    let m = &emu.metrics;
+    let n = job.tokens.len();
+    let mut out = Outcome {
+        prompt_tokens: n,
+        ..Default::default()
+    };
+
+    // Queue (FIFO) for a running slot.
+    m.waiting.fetch_add(1, Relaxed);
+    if let Some(l) = &job.lora {
+        m.lora_add(&m.lora_waiting, l, 1);
+    }
+    let mut gauge = GaugeGuard {
+        emu: &emu,
+        running: false,
+        lora_waiting: job.lora.clone(),
+    };
+    let _slot: OwnedSemaphorePermit = match emu.slots.clone().acquire_owned().await {
+        Ok(p) => p,
+        Err(_) => {
+            out.aborted = true;
+            return out;
+        }
+    };
+    m.waiting.fetch_sub(1, Relaxed);
+    m.running.fetch_add(1, Relaxed);
+    gauge.running = true;
+    if let Some(l) = gauge.lora_waiting.take() {
+        m.lora_add(&m.lora_waiting, &l, -1);
+    }
+    let admitted_at = Instant::now();
+    out.queued_ms = ms(admitted_at - job.arrived);
+    m.queue_time.observe(out.queued_ms / 1e3);
+
+    // Admission: prefix-cache lookup and KV allocation.
+    let root = root_hash(job.lora.as_deref(), job.cache_salt.as_deref());
+    let hashes = block_hashes(&job.tokens, cfg.block_tokens, root);
+    let admitted = lock(&emu.cache).admit(hashes, n, job.max_tokens);
+    out.cached_tokens = admitted.cached_tokens;
+    let blocks = BlocksGuard {
+        emu: &emu,
+        alloc: admitted.allocation,
+    };
+    m.prompt_tokens.fetch_add(n as u64, Relaxed);
+
+    // Prefill.
+    {
+        let _lane = match &emu.prefill_lanes {
+            Some(lanes) => lanes.clone().acquire_owned().await.ok(),
+            None => None,
+        };
+        let uncached = n - out.cached_tokens;
+        let us = cfg.prefill_overhead_ms * 1e3 + uncached as f64 * cfg.prefill_us_per_token;
+        if us > 0.0 {
+            tokio::time::sleep(Duration::from_micros(us as u64)).await;
+        }
+    }
+    lock(&emu.cache).commit(&blocks.alloc);
+    let first = Instant::now();
+    let ttft = first - job.arrived;
+    out.ttft_ms = Some(ms(ttft));
+    m.ttft.observe(ttft.as_secs_f64());
+
+    // Decode.
+    let fmt = Format {
+        job: &job,
+        created: unix_now(),
+    };
+    let step = Duration::from_secs_f64(cfg.decode_ms_per_token.max(0.0) / 1e3);
+    for i in 0..job.max_tokens {
+        if i > 0 && !step.is_zero() {
+            tokio::time::sleep_until((first + step * i as u32).into()).await;
+        }
+        let word = WORDS[i % WORDS.len()];
+        out.text.push_str(word);
+        out.completion_tokens += 1;
+        m.generation_tokens.fetch_add(1, Relaxed);
+        if let Some(tx) = &sink {
+            if tx
+                .send(fmt.token_event(i, word, i + 1 == job.max_tokens))
+                .await
+                .is_err()
+            {
+                out.aborted = true;
+                break;
+            }
+        }
+    }
+    out.total_ms = ms(job.arrived.elapsed());
+    drop(blocks);
+    drop(gauge);
+    if out.aborted {
+        m.count_finished("abort");
+    } else {
+        m.count_finished("length");
+        m.e2e.observe(out.total_ms / 1e3);
+        if let Some(tx) = &sink {
+            let _ = tx.send(fmt.tail(&out)).await;
+        }
+    }
+    out
+}

@@ -1,0 +1,24 @@
+//! Dev tools for prefix-router (never part of the .wasm):
+//! - `replica-emulator`: a vLLM-like OpenAI-compatible server without a model (prefix cache,
+//!   queueing, prefill/decode timing, vLLM metrics), see [`server`].
+//! - `prefix-load`: the workload driver for demos and benchmarks, see [`load`].
+
+pub mod body;
+pub mod cache;
+pub mod client;
+pub mod config;
+pub mod debuglog;
+pub mod generate;
+pub mod load;
+pub mod metrics;
+pub mod prom;
+pub mod prompt;
+pub mod server;
+
+use std::sync::{Mutex, MutexGuard};
+
+/// Locks a mutex, ignoring poisoning (a panicked holder cannot leave these structures invalid
+/// in a way that matters more than stopping the server would).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

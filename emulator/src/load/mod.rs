@@ -1,0 +1,8 @@
+//! `prefix-load`: the workload driver (see `cli` for flags, `workload` for the workloads,
+//! `runner` for what is measured, `report` for the summary and the comparison table).
+
+pub mod cli;
+pub mod report;
+pub mod rng;
+pub mod runner;
+pub mod workload;

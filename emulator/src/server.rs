@@ -1,0 +1,560 @@
+//! The emulator's HTTP/1.1 server: accept loop, routing, and the non-model endpoints.
+//!
+//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+//! `GET /health`, `GET /metrics`, `GET /version`, `GET /debug/requests[?since=SEQ]`,
+//! `DELETE /debug/requests`, `POST /admin/fail?mode=none|503|hang|die`,
+//! `POST /admin/reset-cache`, `GET /admin/state`. Anything else: 404 JSON error (405 for a
+//! known path with the wrong method). Every response carries `x-replica-id`.
+//!
+//! Failure modes apply to every path except `/admin/*` and `/debug/*` (so a test can always
+//! observe and flip a replica): `503` answers 503, `hang` never answers, `die` exits the process.
+//!
+//! Concurrency: one tokio task per connection, one timer per waiting sequence; sockets get
+//! TCP_NODELAY. Request bodies are read completely, up to [`MAX_BODY`] (413 above).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::body::EmuBody;
+use crate::cache::PrefixCache;
+use crate::config::{EmulatorArgs, FailMode};
+use crate::debuglog::{DebugLog, Record};
+use crate::generate::{self, Format, Job, Outcome};
+use crate::lock;
+use crate::metrics::Snapshot;
+use crate::prompt::{self, Api};
+
+/// Largest request body read (the brief asks for no limit below 64 MiB).
+pub const MAX_BODY: usize = 256 << 20;
+
+/// Shared state of one emulated replica.
+pub struct Emulator {
+    pub cfg: EmulatorArgs,
+    pub id: String,
+    pub cache: Mutex<PrefixCache>,
+    pub metrics: crate::metrics::Metrics,
+    pub slots: Arc<Semaphore>,
+    pub prefill_lanes: Option<Arc<Semaphore>>,
+    fail: AtomicU8,
+    debug: Mutex<DebugLog>,
+    seq: AtomicU64,
+    started: Instant,
+}
+
+impl Emulator {
+    pub fn new(cfg: EmulatorArgs, id: String) -> Self {
+        Emulator {
+            id,
+            cache: Mutex::new(PrefixCache::new(cfg.cache_blocks, cfg.block_tokens)),
+            metrics: Default::default(),
+            slots: Arc::new(Semaphore::new(
+                cfg.max_running.clamp(1, Semaphore::MAX_PERMITS),
+            )),
+            prefill_lanes: (cfg.prefill_lanes > 0).then(|| {
+                Arc::new(Semaphore::new(
+                    cfg.prefill_lanes.min(Semaphore::MAX_PERMITS),
+                ))
+            }),
+            fail: AtomicU8::new(cfg.fail.to_u8()),
+            debug: Mutex::new(DebugLog::default()),
+            seq: AtomicU64::new(0),
+            started: Instant::now(),
+            cfg,
+        }
+    }
+
+    pub fn fail_mode(&self) -> FailMode {
+        FailMode::from_u8(self.fail.load(Relaxed))
+    }
+
+    fn snapshot_metrics(&self) -> String {
+        let (kv_usage, cached_blocks, stats) = {
+            let c = lock(&self.cache);
+            (c.usage(), c.cached_blocks(), c.stats())
+        };
+        self.metrics.render(&Snapshot {
+            model: &self.cfg.model,
+            id: &self.id,
+            block_tokens: self.cfg.block_tokens,
+            cache_blocks: self.cfg.cache_blocks,
+            max_running: self.cfg.max_running,
+            lora_adapters: &self.cfg.lora_adapters,
+            kv_usage,
+            cached_blocks,
+            cache: stats,
+            uptime_s: self.started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+type Resp = Response<EmuBody>;
+
+fn json_resp(status: StatusCode, v: &Value) -> Resp {
+    let mut r = Response::new(EmuBody::full(v.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// vLLM's error shape.
+fn error(status: StatusCode, kind: &str, msg: &str) -> Resp {
+    json_resp(
+        status,
+        &json!({"error": {"message": msg, "type": kind, "param": null, "code": status.as_u16()}}),
+    )
+}
+
+fn path_class(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "chat",
+        "/v1/completions" => "completions",
+        "/v1/models" => "models",
+        "/health" => "health",
+        "/metrics" => "metrics",
+        p if p.starts_with("/admin/") => "admin",
+        p if p.starts_with("/debug/") => "debug",
+        _ => "other",
+    }
+}
+
+fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
+    query?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (k == key).then_some(v)
+    })
+}
+
+/// Marks the request's debug record `aborted` if the handler is dropped before it finishes.
+struct RecordGuard {
+    emu: Arc<Emulator>,
+    seq: u64,
+    done: bool,
+}
+
+impl RecordGuard {
+    fn finish(&mut self, outcome: &'static str, status: u16, o: Option<&Outcome>) {
+        self.done = true;
+        let started = self.emu.started;
+        let mut log = lock(&self.emu.debug);
+        if let Some(r) = log.get_mut(self.seq) {
+            r.outcome = outcome;
+            r.status = Some(status);
+            if let Some(o) = o {
+                r.prompt_tokens = Some(o.prompt_tokens);
+                r.cached_tokens = Some(o.cached_tokens);
+                r.completion_tokens = Some(o.completion_tokens);
+                r.queued_ms = Some(o.queued_ms);
+                r.ttft_ms = o.ttft_ms;
+                r.total_ms = Some(o.total_ms);
+            } else {
+                r.total_ms = Some(started.elapsed().as_secs_f64() * 1e3 - r.t_ms);
+            }
+        }
+    }
+
+    fn set(&self, f: impl FnOnce(&mut Record)) {
+        if let Some(r) = lock(&self.emu.debug).get_mut(self.seq) {
+            f(r);
+        }
+    }
+}
+
+impl Drop for RecordGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Some(r) = lock(&self.emu.debug).get_mut(self.seq) {
+                r.outcome = "aborted";
+            }
+        }
+    }
+}
+
+async fn handle(emu: Arc<Emulator>, req: Request<Incoming>) -> Result<Resp, Infallible> {
+    let class = path_class(req.uri().path());
+    let mut resp = route(&emu, req).await;
+    emu.metrics.count_request(class, resp.status().as_u16());
+    if let Ok(v) = HeaderValue::from_str(&emu.id) {
+        resp.headers_mut().insert("x-replica-id", v);
+    }
+    Ok(resp)
+}
+
+async fn route(emu: &Arc<Emulator>, req: Request<Incoming>) -> Resp {
+    let seq = emu.seq.fetch_add(1, Relaxed);
+    let path = req.uri().path().to_string();
+    let mut headers: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in req.headers() {
+        let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+        headers
+            .entry(k.as_str().to_string())
+            .and_modify(|e| *e = format!("{e}, {v}"))
+            .or_insert(v);
+    }
+    let observer = path.starts_with("/admin/") || path.starts_with("/debug/");
+    if !observer {
+        lock(&emu.debug).push(Record {
+            seq,
+            t_ms: emu.started.elapsed().as_secs_f64() * 1e3,
+            method: req.method().to_string(),
+            path: req.uri().to_string(),
+            headers,
+            outcome: "pending",
+            ..Default::default()
+        });
+    }
+    let mut rec = RecordGuard {
+        emu: emu.clone(),
+        seq,
+        done: observer,
+    };
+
+    if !observer {
+        match emu.fail_mode() {
+            FailMode::None => {}
+            FailMode::Unavailable => {
+                rec.finish("error", 503, None);
+                return error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ServiceUnavailableError",
+                    "replica is failing on purpose (fail mode 503)",
+                );
+            }
+            FailMode::Hang => {
+                rec.set(|r| r.outcome = "hang");
+                rec.done = true;
+                std::future::pending::<()>().await;
+            }
+            FailMode::Die => {
+                eprintln!("replica-emulator {}: fail mode 'die': exiting", emu.id);
+                std::process::exit(1);
+            }
+        }
+    }
+
+    let (method, p) = (req.method().clone(), path.as_str());
+    let resp = match (&method, p) {
+        (&Method::POST, "/v1/chat/completions") => {
+            return completion(emu, Api::Chat, req, rec).await
+        }
+        (&Method::POST, "/v1/completions") => {
+            return completion(emu, Api::Completions, req, rec).await
+        }
+        (&Method::GET, "/health") => json_resp(StatusCode::OK, &json!({"status": "ok"})),
+        (&Method::GET, "/metrics") => {
+            let mut r = Response::new(EmuBody::full(emu.snapshot_metrics()));
+            r.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            r
+        }
+        (&Method::GET, "/v1/models") => json_resp(StatusCode::OK, &models(emu)),
+        (&Method::GET, "/version") => json_resp(
+            StatusCode::OK,
+            &json!({"version": env!("CARGO_PKG_VERSION")}),
+        ),
+        (&Method::GET, "/debug/requests") => {
+            let since = query_param(req.uri().query(), "since").and_then(|s| s.parse().ok());
+            let log = lock(&emu.debug);
+            json_resp(
+                StatusCode::OK,
+                &json!({"id": emu.id, "requests": log.since(since)}),
+            )
+        }
+        (&Method::DELETE, "/debug/requests") => {
+            lock(&emu.debug).clear();
+            json_resp(StatusCode::OK, &json!({"cleared": true}))
+        }
+        (&Method::POST, "/admin/fail") => {
+            match query_param(req.uri().query(), "mode")
+                .unwrap_or("")
+                .parse::<FailMode>()
+            {
+                Ok(mode) => {
+                    emu.fail.store(mode.to_u8(), Relaxed);
+                    json_resp(
+                        StatusCode::OK,
+                        &json!({"id": emu.id, "fail": mode.as_str()}),
+                    )
+                }
+                Err(e) => error(StatusCode::BAD_REQUEST, "BadRequestError", &e),
+            }
+        }
+        (&Method::POST, "/admin/reset-cache") => {
+            lock(&emu.cache).reset();
+            json_resp(StatusCode::OK, &json!({"id": emu.id, "reset": true}))
+        }
+        (&Method::GET, "/admin/state") => json_resp(StatusCode::OK, &state(emu)),
+        (
+            _,
+            "/v1/chat/completions"
+            | "/v1/completions"
+            | "/health"
+            | "/metrics"
+            | "/v1/models"
+            | "/version"
+            | "/debug/requests"
+            | "/admin/fail"
+            | "/admin/reset-cache"
+            | "/admin/state",
+        ) => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "Method Not Allowed",
+        ),
+        _ => error(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            &format!("no route for {method} {p}"),
+        ),
+    };
+    rec.finish(
+        if resp.status().is_success() {
+            "ok"
+        } else {
+            "error"
+        },
+        resp.status().as_u16(),
+        None,
+    );
+    resp
+}
+
+fn models(emu: &Emulator) -> Value {
+    let cfg = &emu.cfg;
+    let mut data = vec![json!({
+        "id": cfg.model, "object": "model", "created": 0, "owned_by": "vllm",
+        "root": cfg.model, "parent": null, "max_model_len": cfg.max_model_len,
+    })];
+    for a in &cfg.lora_adapters {
+        data.push(json!({
+            "id": a, "object": "model", "created": 0, "owned_by": "vllm",
+            "root": a, "parent": cfg.model,
+        }));
+    }
+    json!({"object": "list", "data": data})
+}
+
+fn state(emu: &Emulator) -> Value {
+    let c = lock(&emu.cache);
+    let cfg = &emu.cfg;
+    json!({
+        "id": emu.id,
+        "model": cfg.model,
+        "fail": emu.fail_mode().as_str(),
+        "block_tokens": cfg.block_tokens,
+        "cache_blocks": cfg.cache_blocks,
+        "chars_per_token": cfg.chars_per_token,
+        "prefill_us_per_token": cfg.prefill_us_per_token,
+        "prefill_overhead_ms": cfg.prefill_overhead_ms,
+        "decode_ms_per_token": cfg.decode_ms_per_token,
+        "max_running": cfg.max_running,
+        "prefill_lanes": cfg.prefill_lanes,
+        "lora_adapters": cfg.lora_adapters,
+        "used_blocks": c.used_blocks(),
+        "cached_blocks": c.cached_blocks(),
+        "kv_usage": c.usage(),
+        "prefix_cache_queries": c.stats().queries,
+        "prefix_cache_hits": c.stats().hits,
+        "running": emu.metrics.running.load(Relaxed),
+        "waiting": emu.metrics.waiting.load(Relaxed),
+    })
+}
+
+/// A request rejected before generation: status, error type, message.
+type Reject = (StatusCode, &'static str, String);
+
+/// Parses and validates a completion request into a [`Job`].
+fn parse_job(
+    emu: &Emulator,
+    api: Api,
+    seq: u64,
+    body: &[u8],
+    arrived: Instant,
+) -> Result<Job, Reject> {
+    let bad = |m: &str| (StatusCode::BAD_REQUEST, "BadRequestError", m.to_string());
+    let v: Value = serde_json::from_slice(body).map_err(|e| bad(&format!("invalid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(bad("the request body must be a JSON object"));
+    }
+    let cfg = &emu.cfg;
+    let model = match v.get("model") {
+        None | Some(Value::Null) => cfg.model.clone(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(bad("'model' must be a string")),
+    };
+    let lora = cfg.lora_adapters.iter().find(|a| **a == model).cloned();
+    if cfg.strict_model && lora.is_none() && model != cfg.model {
+        return Err((
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            format!("The model `{model}` does not exist."),
+        ));
+    }
+    let p = prompt::prompt_of(api, &v, cfg.chars_per_token).map_err(|e| bad(&e))?;
+    let max_tokens = match v
+        .get("max_completion_tokens")
+        .or_else(|| v.get("max_tokens"))
+    {
+        None | Some(Value::Null) => 16,
+        Some(x) => match x.as_u64() {
+            Some(n) if n >= 1 => n as usize,
+            _ => return Err(bad("'max_tokens' must be a positive integer")),
+        },
+    };
+    if p.tokens.is_empty() {
+        return Err(bad("the prompt is empty"));
+    }
+    if p.tokens.len().saturating_add(max_tokens) > cfg.max_model_len {
+        return Err(bad(&format!(
+            "This model's maximum context length is {} tokens. However, you requested {} tokens \
+             ({} in the messages, {} in the completion).",
+            cfg.max_model_len,
+            p.tokens.len() + max_tokens,
+            p.tokens.len(),
+            max_tokens
+        )));
+    }
+    let stream = match v.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad("'stream' must be a boolean")),
+    };
+    let include_usage = v
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let cache_salt = v
+        .get("cache_salt")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    Ok(Job {
+        api,
+        seq,
+        model,
+        lora,
+        cache_salt,
+        tokens: p.tokens,
+        max_tokens,
+        stream,
+        include_usage,
+        arrived,
+    })
+}
+
+async fn completion(
+    emu: &Arc<Emulator>,
+    api: Api,
+    req: Request<Incoming>,
+    mut rec: RecordGuard,
+) -> Resp {
+    let arrived = Instant::now();
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => {
+            let too_big = e
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some();
+            let (status, msg) = if too_big {
+                (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("body larger than {MAX_BODY} bytes"),
+                )
+            } else {
+                (
+                    StatusCode::BAD_REQUEST,
+                    format!("could not read the body: {e}"),
+                )
+            };
+            rec.finish("error", status.as_u16(), None);
+            return error(status, "BadRequestError", &msg);
+        }
+    };
+    let job = match parse_job(emu, api, rec.seq, &body, arrived) {
+        Ok(j) => j,
+        Err((status, kind, msg)) => {
+            rec.finish("error", status.as_u16(), None);
+            return error(status, kind, &msg);
+        }
+    };
+    rec.set(|r| {
+        r.model = Some(job.model.clone());
+        r.stream = Some(job.stream);
+        r.prompt_tokens = Some(job.tokens.len());
+    });
+    if !job.stream {
+        let o = generate::run(emu.clone(), job.clone(), None).await;
+        rec.finish("ok", 200, Some(&o));
+        return json_resp(
+            StatusCode::OK,
+            &Format {
+                job: &job,
+                created: generate::unix_now(),
+            }
+            .full(&o),
+        );
+    }
+    // Streaming: headers now, events as they are produced (like vLLM's StreamingResponse).
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let emu2 = emu.clone();
+    tokio::spawn(async move {
+        let o = generate::run(emu2, job, Some(tx)).await;
+        rec.finish(if o.aborted { "aborted" } else { "ok" }, 200, Some(&o));
+    });
+    let mut r = Response::new(EmuBody::Chan(rx));
+    let h = r.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    h.insert("cache-control", HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// Binds the listener (port 0 = any free port) and returns it with its local address.
+pub async fn bind(cfg: &EmulatorArgs) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let l = TcpListener::bind((cfg.host.as_str(), cfg.port)).await?;
+    let a = l.local_addr()?;
+    Ok((l, a))
+}
+
+/// Serves connections forever.
+pub async fn serve(emu: Arc<Emulator>, listener: TcpListener) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                eprintln!("replica-emulator {}: accept: {e}", emu.id);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let emu = emu.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| handle(emu.clone(), req));
+            let _ = http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
