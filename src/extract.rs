@@ -20,17 +20,14 @@
 //! order of object fields. `model` and `cache_salt` are returned for the seed,
 //! `prompt_cache_key` as a routing id candidate.
 //!
-//! Cost: serde_json reads the body once to find the top-level fields (borrowed,
-//! no copy), then walks the chosen field once, feeding strings straight into
-//! the [`PrefixHasher`]; linear in the body size, no copy of the body. Escaped
-//! strings are unescaped into serde_json's reused scratch buffer.
+//! Cost: one linear scan of the body by [`crate::json::Scanner`] (structure
+//! checked, nothing copied), then the chosen fields' text streamed into the
+//! [`PrefixHasher`] with escapes decoded on the fly, stopping once
+//! `prefix_length` characters are hashed. No copy of the body.
 
 use crate::hash::{PrefixHasher, PrefixHashes};
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
-use serde_json::value::RawValue;
+use crate::json::{unescape, walk_text, Scanner, ELEMENT_END};
 use std::borrow::Cow;
-use std::fmt;
 
 /// Which API shape the prefix came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,30 +69,12 @@ pub struct Extracted<'a> {
     pub prompt_cache_key: Option<Cow<'a, str>>,
 }
 
-/// The body looked like JSON (`{` first) but did not parse as an object.
+/// The body looked like JSON (`{` first) but is not a well-formed object, or
+/// a scoping field (`model`, `cache_salt`, `prompt_cache_key`) is not a string.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Malformed(pub String);
 
-const MESSAGE_END: &[u8] = b"\x1e";
 const FIELD_END: &[u8] = b"\x1d";
-
-#[derive(Deserialize)]
-struct Top<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    cache_salt: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    prompt_cache_key: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    messages: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    prompt: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    instructions: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    input: Option<&'a RawValue>,
-}
 
 /// Hash the raw first bytes of `body` (raw APIs and oversize bodies).
 pub fn raw_prefix(body: &[u8], limit: usize, block_units: usize) -> PrefixHashes {
@@ -104,11 +83,24 @@ pub fn raw_prefix(body: &[u8], limit: usize, block_units: usize) -> PrefixHashes
     h.finish()
 }
 
+/// A scoping field's value: a JSON string, borrowed when it has no escapes.
+fn string_field<'a>(name: &str, raw: Option<&'a [u8]>) -> Result<Option<Cow<'a, str>>, Malformed> {
+    let Some(raw) = raw else { return Ok(None) };
+    let inner = raw
+        .strip_prefix(b"\"")
+        .and_then(|r| r.strip_suffix(b"\""))
+        .ok_or_else(|| Malformed(format!("`{name}` must be a string")))?;
+    Ok(Some(match std::str::from_utf8(inner) {
+        Ok(s) if !inner.contains(&b'\\') => Cow::Borrowed(s),
+        _ => Cow::Owned(unescape(inner)),
+    }))
+}
+
 /// Extract and hash the prefix of a complete body.
 ///
 /// # Errors
-/// [`Malformed`] when the body starts with `{` but is not a valid JSON object
-/// (or a known field has an impossible shape).
+/// [`Malformed`] when the body starts with `{` but is not a well-formed JSON
+/// object, or a scoping field is not a string.
 pub fn extract(body: &[u8], limit: usize, block_units: usize) -> Result<Extracted<'_>, Malformed> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
@@ -120,141 +112,60 @@ pub fn extract(body: &[u8], limit: usize, block_units: usize) -> Result<Extracte
             prompt_cache_key: None,
         });
     }
-    let top: Top<'_> = serde_json::from_slice(body).map_err(|e| Malformed(e.to_string()))?;
+    let mut fields: [Option<&[u8]>; 7] = [None; 7];
+    const NAMES: [&[u8]; 7] = [
+        b"model",
+        b"cache_salt",
+        b"prompt_cache_key",
+        b"messages",
+        b"prompt",
+        b"instructions",
+        b"input",
+    ];
+    Scanner::new(body)
+        .object_members(|k, v| {
+            if let Some(i) = NAMES.iter().position(|n| *n == k) {
+                fields[i] = Some(v);
+            }
+        })
+        .map_err(|e| Malformed(e.to_string()))?;
+    let [model, salt, cache_key, messages, prompt, instructions, input] = fields;
+    let model = string_field("model", model)?;
+    let cache_salt = string_field("cache_salt", salt)?;
+    let prompt_cache_key = string_field("prompt_cache_key", cache_key)?;
+
     let mut h = PrefixHasher::new(limit, block_units);
-    let kind = if let Some(m) = top.messages {
-        walk(m, &mut h)?;
+    let kind = if let Some(m) = messages {
+        walk_text(m, &mut h, ELEMENT_END);
         BodyKind::Chat
-    } else if top.instructions.is_some() || top.input.is_some() {
-        if let Some(i) = top.instructions {
-            walk(i, &mut h)?;
+    } else if instructions.is_some() || input.is_some() {
+        if let Some(i) = instructions {
+            walk_text(i, &mut h, ELEMENT_END);
         }
         h.push_marker(FIELD_END);
-        if let Some(i) = top.input {
-            walk(i, &mut h)?;
+        if let Some(i) = input {
+            walk_text(i, &mut h, ELEMENT_END);
         }
         BodyKind::Responses
-    } else if let Some(p) = top.prompt {
-        walk(p, &mut h)?;
+    } else if let Some(p) = prompt {
+        walk_text(p, &mut h, ELEMENT_END);
         BodyKind::Completions
     } else {
         return Ok(Extracted {
             kind: BodyKind::Raw,
             prefix: raw_prefix(body, limit, block_units),
-            model: top.model,
-            cache_salt: top.cache_salt,
-            prompt_cache_key: top.prompt_cache_key,
+            model,
+            cache_salt,
+            prompt_cache_key,
         });
     };
     Ok(Extracted {
         kind,
         prefix: h.finish(),
-        model: top.model,
-        cache_salt: top.cache_salt,
-        prompt_cache_key: top.prompt_cache_key,
+        model,
+        cache_salt,
+        prompt_cache_key,
     })
-}
-
-fn walk(raw: &RawValue, h: &mut PrefixHasher) -> Result<(), Malformed> {
-    let mut de = serde_json::Deserializer::from_str(raw.get());
-    Walk {
-        h,
-        element_end: MESSAGE_END,
-    }
-    .deserialize(&mut de)
-    .map_err(|e| Malformed(e.to_string()))
-}
-
-/// Walks a JSON value, feeding its text into the hasher.
-/// - string → text; number → its decimal text (token ids); bool / null → nothing;
-/// - array → each element, then `element_end`;
-/// - object → `content`, `text`, `output`, `input` walked (nested arrays use the
-///   element separator); media fields hashed raw as markers; everything else skipped.
-struct Walk<'h> {
-    h: &'h mut PrefixHasher,
-    element_end: &'static [u8],
-}
-
-impl<'de> DeserializeSeed<'de> for Walk<'_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-const MEDIA_FIELDS: &[&str] = &[
-    "image_url",
-    "input_audio",
-    "file",
-    "image",
-    "audio",
-    "video_url",
-    "file_id",
-];
-
-impl<'de> Visitor<'de> for Walk<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("prompt text")
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        self.h.push_str(v);
-        Ok(())
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.h.push_str(&v.to_string());
-        self.h.push_marker(b" ");
-        Ok(())
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.h.push_str(&v.to_string());
-        self.h.push_marker(b" ");
-        Ok(())
-    }
-    fn visit_f64<E: de::Error>(self, _v: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_bool<E: de::Error>(self, _v: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let end = self.element_end;
-        // Elements of an element (content parts) are glued without separators.
-        while seq
-            .next_element_seed(Walk {
-                h: &mut *self.h,
-                element_end: b"",
-            })?
-            .is_some()
-        {
-            self.h.push_marker(end);
-        }
-        Ok(())
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            match key.as_ref() {
-                "content" | "text" | "output" | "input" => {
-                    map.next_value_seed(Walk {
-                        h: &mut *self.h,
-                        element_end: b"",
-                    })?;
-                }
-                k if MEDIA_FIELDS.contains(&k) => {
-                    let raw: &RawValue = map.next_value()?;
-                    self.h.push_marker(raw.get().as_bytes());
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //!
 //! Algorithm: the prefix text is cut into blocks of `block_units` units
 //! (characters for extracted text, bytes for raw bodies). Block `i` is hashed
-//! with xxh3 seeded by the hash of block `i-1` (`h_0` seeded with 0), so
+//! (one-shot, from a reused block buffer) with xxh3 seeded by the hash of block `i-1` (`h_0` seeded with 0), so
 //! `h_i` identifies the whole prefix up to the end of block `i`, as vLLM's
 //! chained block hashes do. The request seed (model, tenant salt, routing id)
 //! is mixed in at the end ([`mix`]), so text can be hashed in a single pass in
@@ -28,7 +28,9 @@ pub struct PrefixHasher {
     block_units: usize,
     in_block: usize,
     chain: u64,
-    cur: Xxh3,
+    /// Bytes of the open block (at most 4 × `block_units`), hashed one-shot
+    /// when the block closes: cheaper than streaming many small pieces.
+    cur: Vec<u8>,
     blocks: Vec<u64>,
     units: usize,
 }
@@ -62,7 +64,7 @@ impl PrefixHasher {
             block_units,
             in_block: 0,
             chain: 0,
-            cur: Xxh3::with_seed(0),
+            cur: Vec::with_capacity(block_units.min(limit.max(1)) * 2),
             blocks: Vec::with_capacity(limit / block_units + 1),
             units: 0,
         }
@@ -74,29 +76,27 @@ impl PrefixHasher {
     }
 
     fn close_block(&mut self) {
-        self.chain = self.cur.digest();
+        self.chain = xxh3_64_with_seed(&self.cur, self.chain);
         self.blocks.push(self.chain);
-        self.cur = Xxh3::with_seed(self.chain);
+        self.cur.clear();
         self.in_block = 0;
     }
 
     /// Feed text, counting Unicode scalar values.
-    pub fn push_str(&mut self, mut s: &str) {
-        while !s.is_empty() && self.remaining > 0 {
+    pub fn push_str(&mut self, s: &str) {
+        self.push_utf8(s.as_bytes());
+    }
+
+    /// Feed UTF-8 bytes, counting characters (bytes that start a character).
+    /// Pieces must not split a multi-byte character. Invalid UTF-8 is hashed
+    /// as it is.
+    pub fn push_utf8(&mut self, mut b: &[u8]) {
+        while !b.is_empty() && self.remaining > 0 {
             let room = (self.block_units - self.in_block).min(self.remaining);
-            // Fast path: `len()` bytes hold at most `len()` chars.
-            let (take_bytes, take_chars) = if s.len() <= room {
-                (s.len(), s.chars().count())
-            } else {
-                match s.char_indices().nth(room) {
-                    Some((idx, _)) => (idx, room),
-                    None => (s.len(), s.chars().count()),
-                }
-            };
-            let (head, tail) = s.split_at(take_bytes);
-            self.cur.update(head.as_bytes());
+            let (take_bytes, take_chars) = split_chars(b, room);
+            self.cur.extend_from_slice(&b[..take_bytes]);
             self.account(take_chars);
-            s = tail;
+            b = &b[take_bytes..];
         }
     }
 
@@ -105,7 +105,7 @@ impl PrefixHasher {
         while !b.is_empty() && self.remaining > 0 {
             let room = (self.block_units - self.in_block).min(self.remaining);
             let take = room.min(b.len());
-            self.cur.update(&b[..take]);
+            self.cur.extend_from_slice(&b[..take]);
             self.account(take);
             b = &b[take..];
         }
@@ -115,7 +115,7 @@ impl PrefixHasher {
     /// counting toward the budget. Ignored once the budget is spent.
     pub fn push_marker(&mut self, b: &[u8]) {
         if self.remaining > 0 {
-            self.cur.update(b);
+            self.cur.extend_from_slice(b);
         }
     }
 
@@ -131,14 +131,49 @@ impl PrefixHasher {
     /// Finish: the chained block hashes (a trailing partial block included).
     pub fn finish(mut self) -> PrefixHashes {
         if self.in_block > 0 {
-            self.chain = self.cur.digest();
-            self.blocks.push(self.chain);
+            self.close_block();
         }
         PrefixHashes {
             blocks: self.blocks,
             units: self.units,
         }
     }
+}
+
+/// Characters (bytes that are not UTF-8 continuation bytes `10xxxxxx`) in
+/// one little-endian word: eight minus the continuation bytes, found as
+/// "bit 7 set and bit 6 clear" in every byte at once.
+#[inline]
+fn chars_in_word(w: u64) -> usize {
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    8 - (w & !(w << 1) & HIGH).count_ones() as usize
+}
+
+/// Split `b` after at most `room` characters: (bytes, characters) taken.
+/// Whole words are counted eight bytes at a time while they fit; the split
+/// itself is found byte by byte.
+fn split_chars(b: &[u8], room: usize) -> (usize, usize) {
+    let mut i = 0;
+    let mut chars = 0;
+    for c in b.chunks_exact(8) {
+        let n = chars_in_word(u64::from_le_bytes([
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
+        ]));
+        if chars + n > room {
+            break;
+        }
+        chars += n;
+        i += 8;
+    }
+    for (j, &c) in b[i..].iter().enumerate() {
+        if c & 0xC0 != 0x80 {
+            if chars == room {
+                return (i + j, chars);
+            }
+            chars += 1;
+        }
+    }
+    (b.len(), chars)
 }
 
 /// Seed from the request's scoping fields: model name and tenant salt. Fields are

@@ -29,6 +29,7 @@ pub mod config;
 pub mod decision;
 pub mod extract;
 pub mod hash;
+pub mod json;
 pub mod ring;
 pub mod router;
 pub mod select;
