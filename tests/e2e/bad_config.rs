@@ -37,7 +37,10 @@ fn invalid_config_is_refused_with_the_field_named() {
         let status = e.wait_exit(Duration::from_secs(30));
         let log = e.log();
         let status = status.unwrap_or_else(|| {
-            panic!("{name}: Envoy accepted the bad config (still running); log:\n{}", e.log_tail(4000))
+            panic!(
+                "{name}: Envoy accepted the bad config (still running); log:\n{}",
+                e.log_tail(4000)
+            )
         });
         assert!(!status.success(), "{name}: Envoy exited 0; log:\n{log}");
         let line = log

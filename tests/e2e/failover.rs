@@ -33,17 +33,30 @@ fn killed_replica_every_request_still_succeeds() {
         .map(|(a, n)| (a.clone(), *n))
         .expect("owners");
     assert!(n_victim >= 5, "too few prefixes on one replica: {owned:?}");
-    let vi = w.fleet.replicas.iter().position(|x| x.addr() == victim).expect("victim");
+    let vi = w
+        .fleet
+        .replicas
+        .iter()
+        .position(|x| x.addr() == victim)
+        .expect("victim");
     w.fleet.replicas[vi].kill();
 
     for (i, b) in bodies.iter().enumerate() {
         let reply = w.chat(b);
-        assert_eq!(reply.status, 200, "request {i} failed after the kill: {}", reply.body);
+        assert_eq!(
+            reply.status, 200,
+            "request {i} failed after the kill: {}",
+            reply.body
+        );
         let at = w.served_by(&reply);
         assert_ne!(at, victim);
         let (primary, secondary) = &plan[i];
         if *primary == victim {
-            assert_eq!(Some(&at), secondary.as_ref(), "request {i} not retried on its secondary");
+            assert_eq!(
+                Some(&at),
+                secondary.as_ref(),
+                "request {i} not retried on its secondary"
+            );
         } else {
             assert_eq!(at, *primary, "request {i} left its live owner");
         }
@@ -55,19 +68,22 @@ fn killed_replica_every_request_still_succeeds() {
         "{}",
         s.dump("prefix_router")
     );
-    let retried = w
-        .envoy
-        .access_log()
-        .iter()
-        .filter(|l| l.contains("attempts=2"))
-        .count();
-    assert_eq!(retried, n_victim, "access log:\n{}", w.envoy.access_log().join("\n"));
+    let log = w.envoy.wait_access_log(bodies.len());
+    let retried = log.iter().filter(|l| l.contains("attempts=2")).count();
+    assert_eq!(retried, n_victim, "access log:\n{}", log.join("\n"));
 
     // After the health check marks it down, requests keep succeeding.
-    w.envoy.wait_health(&[victim.clone()], false, Duration::from_secs(15));
+    w.envoy.wait_health(
+        std::slice::from_ref(&victim),
+        false,
+        Duration::from_secs(15),
+    );
     for (i, b) in bodies.iter().enumerate() {
         let reply = w.chat(b);
-        assert_eq!(reply.status, 200, "request {i} failed with the replica marked down");
+        assert_eq!(
+            reply.status, 200,
+            "request {i} failed with the replica marked down"
+        );
         assert_ne!(w.served_by(&reply), victim);
     }
     w.envoy.wait_idle();
@@ -88,9 +104,16 @@ fn replica_answering_503_is_retried_elsewhere() {
             owned_by_sick += 1;
         }
         let reply = w.chat(&body);
-        assert_eq!(reply.status, 200, "request {i}: {} {}", reply.status, reply.body);
+        assert_eq!(
+            reply.status, 200,
+            "request {i}: {} {}",
+            reply.status, reply.body
+        );
         assert_ne!(w.served_by(&reply), sick);
     }
-    assert!(owned_by_sick > 0, "no prefix was owned by the 503 replica: test proves nothing");
+    assert!(
+        owned_by_sick > 0,
+        "no prefix was owned by the 503 replica: test proves nothing"
+    );
     w.envoy.wait_idle();
 }

@@ -60,6 +60,14 @@ fn busy_owner_at_its_concurrency_threshold_spills() {
         "owner never showed 2 in flight:\n{}",
         w.envoy.stats().dump("in_flight")
     );
+    // The replica's own count agrees with the filter's gauge.
+    let running = wait_for(Duration::from_secs(3), || {
+        (w.fleet.replicas[0].metric("vllm:num_requests_running") == Some(2.0)).then_some(())
+    });
+    assert!(
+        running.is_some(),
+        "owner replica does not report 2 running requests"
+    );
 
     for i in 0..6 {
         let reply = w.chat(&chat(&sys, &format!("while busy {i}")));
@@ -77,12 +85,20 @@ fn busy_owner_at_its_concurrency_threshold_spills() {
         .into_iter()
         .map(|r| r["headers"]["x-prefix-router-decision"].clone())
         .collect();
-    assert_eq!(spilled, vec![json!("spill"); 6], "decision header on the spill target");
+    assert_eq!(
+        spilled,
+        vec![json!("spill"); 6],
+        "decision header on the spill target"
+    );
 
     for h in holds {
         let (reply, first_chunk_after) = h.join().expect("hold thread");
         assert_eq!(reply.status, 200, "{}", reply.body);
-        assert_eq!(w.served_by(&reply), slow_addr, "held stream not on the owner");
+        assert_eq!(
+            w.served_by(&reply),
+            slow_addr,
+            "held stream not on the owner"
+        );
         assert!(
             reply.elapsed >= Duration::from_secs(2),
             "hold finished too early ({:?}): the owner was not slow",
@@ -93,12 +109,20 @@ fn busy_owner_at_its_concurrency_threshold_spills() {
             "first stream bytes after {first_chunk_after:?} of {:?}: response buffered?",
             reply.elapsed
         );
-        assert!(reply.body.contains("data:"), "not an SSE body: {}", reply.body);
+        assert!(
+            reply.body.contains("data:"),
+            "not an SSE body: {}",
+            reply.body
+        );
     }
 
     w.envoy.wait_idle();
     let back = w.chat(&chat(&sys, "after the hold"));
-    assert_eq!(w.served_by(&back), slow_addr, "prefix did not return to its owner");
+    assert_eq!(
+        w.served_by(&back),
+        slow_addr,
+        "prefix did not return to its owner"
+    );
 
     let s = w.envoy.wait_idle();
     assert_eq!(s.branch("spill"), 6, "{}", s.dump("prefix_router.branch"));
@@ -123,7 +147,10 @@ fn in_flight_counters_return_to_zero_and_stats_add_up() {
     let peak = Arc::new(AtomicU64::new(0));
     let sampler = {
         let (stop, peak) = (stop.clone(), peak.clone());
-        let admin = format!("http://127.0.0.1:{}/stats?filter=in_flight", w.envoy.admin_port);
+        let admin = format!(
+            "http://127.0.0.1:{}/stats?filter=in_flight",
+            w.envoy.admin_port
+        );
         let client = crate::harness::Client::new(Duration::from_secs(2));
         let eps = endpoints.clone();
         std::thread::spawn(move || {
@@ -148,15 +175,21 @@ fn in_flight_counters_return_to_zero_and_stats_add_up() {
                     let chat_url = format!("{base}/v1/chat/completions");
                     match j % 6 {
                         0 => {
-                            let r = client.post_json(&chat_url, &chat_with(&sys, &format!("{j}"), 20, false));
+                            let r = client
+                                .post_json(&chat_url, &chat_with(&sys, &format!("{j}"), 20, false));
                             assert_eq!(r.expect("chat").status, 200);
                         }
                         1 => {
-                            let r = client.post_json(&format!("{base}/v1/completions"), &completion(&sys));
+                            let r = client
+                                .post_json(&format!("{base}/v1/completions"), &completion(&sys));
                             assert_eq!(r.expect("completion").status, 200);
                         }
                         2 => {
-                            let r = client.post(&chat_url, sys.as_bytes(), &[("content-type", "text/plain")]);
+                            let r = client.post(
+                                &chat_url,
+                                sys.as_bytes(),
+                                &[("content-type", "text/plain")],
+                            );
                             assert!(r.expect("raw").replica().is_some());
                         }
                         3 => {
@@ -164,7 +197,8 @@ fn in_flight_counters_return_to_zero_and_stats_add_up() {
                             assert_eq!(r.expect("get").status, 200);
                         }
                         4 => {
-                            let r = client.post_json(&chat_url, r#"{"model":"m","messages":[{"role":"#);
+                            let r =
+                                client.post_json(&chat_url, r#"{"model":"m","messages":[{"role":"#);
                             assert!(r.expect("malformed").replica().is_some());
                         }
                         _ => {
@@ -187,9 +221,22 @@ fn in_flight_counters_return_to_zero_and_stats_add_up() {
 
     let s = w.envoy.wait_idle();
     let total = 6 * 20;
-    assert!(peak.load(Ordering::SeqCst) > 0, "in-flight gauges never rose above 0");
-    assert_eq!(s.branch_total(), total, "branches:\n{}", s.dump("prefix_router.branch"));
-    assert_eq!(s.source_total(), total, "sources:\n{}", s.dump("prefix_router.source"));
+    assert!(
+        peak.load(Ordering::SeqCst) > 0,
+        "in-flight gauges never rose above 0"
+    );
+    assert_eq!(
+        s.branch_total(),
+        total,
+        "branches:\n{}",
+        s.dump("prefix_router.branch")
+    );
+    assert_eq!(
+        s.source_total(),
+        total,
+        "sources:\n{}",
+        s.dump("prefix_router.source")
+    );
     let per_thread = |kinds: &[u64]| -> u64 {
         (0..20u64).filter(|j| kinds.contains(&(j % 6))).count() as u64 * 6
     };

@@ -25,9 +25,15 @@ fn same_prefix_always_lands_on_the_same_replica() {
     }
     let comp0 = completion(&format!("{shared} continue 0"));
     for i in 0..40 {
-        let reply = w.post("/v1/completions", &completion(&format!("{shared} continue {i}")));
+        let reply = w.post(
+            "/v1/completions",
+            &completion(&format!("{shared} continue {i}")),
+        );
         assert_eq!(reply.status, 200, "completion {i}: {}", reply.body);
-        groups.entry("completions").or_default().push(w.served_by(&reply));
+        groups
+            .entry("completions")
+            .or_default()
+            .push(w.served_by(&reply));
     }
     let raw_shared = text("raw-tenant", 2100);
     let raw0 = format!("{raw_shared} tail 0");
@@ -42,7 +48,12 @@ fn same_prefix_always_lands_on_the_same_replica() {
             )
             .expect("raw request");
         // The emulator may reject a non-JSON body; it must still have been routed to it.
-        assert!(reply.status < 500, "raw {i}: {} {}", reply.status, reply.body);
+        assert!(
+            reply.status < 500,
+            "raw {i}: {} {}",
+            reply.status,
+            reply.body
+        );
         groups.entry("raw").or_default().push(w.served_by(&reply));
     }
 
@@ -60,7 +71,12 @@ fn same_prefix_always_lands_on_the_same_replica() {
     }
 
     let s = w.envoy.wait_idle();
-    assert_eq!(s.branch("hit"), 120, "all sequential requests hit:\n{}", s.dump("prefix_router"));
+    assert_eq!(
+        s.branch("hit"),
+        120,
+        "all sequential requests hit:\n{}",
+        s.dump("prefix_router")
+    );
     assert_eq!(s.branch_total(), 120);
     assert_eq!(s.source("chat"), 50);
     assert_eq!(s.source("completions"), 40);
@@ -96,7 +112,14 @@ fn json_whitespace_and_field_order_do_not_change_the_replica() {
             ]
         })
         .to_string();
-        let spaced = format!("\n  {}\n", compact.replace(",\"", " ,\n\t \"").replace(':', " : "));
+        let spaced = {
+            let mut out = b"\n \t".to_vec();
+            let fmt = serde_json::ser::PrettyFormatter::with_indent(b"\t  \t");
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+            serde::Serialize::serialize(&value, &mut ser).expect("serialize");
+            out.extend_from_slice(b"\r\n\n");
+            String::from_utf8(out).expect("utf-8")
+        };
 
         let want = owner(&r, compact.as_bytes());
         owners.push(want.clone());
@@ -127,13 +150,18 @@ fn json_whitespace_and_field_order_do_not_change_the_replica() {
 fn different_prefixes_spread_over_the_replicas() {
     let w = World::start("spread", &World::replicas(4), |c| c);
     let r = w.router();
-    let mut count: BTreeMap<String, usize> = w.fleet.endpoints().into_iter().map(|e| (e, 0)).collect();
+    let mut count: BTreeMap<String, usize> =
+        w.fleet.endpoints().into_iter().map(|e| (e, 0)).collect();
     for i in 0..60 {
         let body = chat(&text(&format!("tenant-{i}"), 600), "hello");
         let reply = w.chat(&body);
         assert_eq!(reply.status, 200, "{}", reply.body);
         let at = w.served_by(&reply);
-        assert_eq!(at, owner(&r, body.as_bytes()), "prefix {i} not on its ring owner");
+        assert_eq!(
+            at,
+            owner(&r, body.as_bytes()),
+            "prefix {i} not on its ring owner"
+        );
         *count.get_mut(&at).expect("known replica") += 1;
     }
     for (ep, n) in &count {
@@ -144,7 +172,12 @@ fn different_prefixes_spread_over_the_replicas() {
     }
     // The emulators agree with the response headers.
     for rep in &w.fleet.replicas {
-        assert_eq!(rep.model_requests().len(), count[&rep.addr()], "replica {}", rep.id);
+        assert_eq!(
+            rep.model_requests().len(),
+            count[&rep.addr()],
+            "replica {}",
+            rep.id
+        );
     }
     let s = w.envoy.wait_idle();
     assert_eq!(s.branch_total(), 60);
@@ -163,7 +196,10 @@ fn shipped_envoy_yaml_routes_by_prefix() {
     let wasm = crate::harness::wasm_path();
     let mut yaml = shipped.clone();
     let mut subst = |from: &str, to: &str| {
-        assert!(yaml.contains(from), "envoy/envoy.yaml no longer contains {from:?}");
+        assert!(
+            yaml.contains(from),
+            "envoy/envoy.yaml no longer contains {from:?}"
+        );
         yaml = yaml.replace(from, to);
     };
     subst("port_value: 9901", &format!("port_value: {admin}"));
@@ -175,7 +211,10 @@ fn shipped_envoy_yaml_routes_by_prefix() {
     for (i, rep) in fleet.replicas.iter().enumerate() {
         let old = 18001 + i;
         subst(&format!("127.0.0.1:{old}"), &rep.addr());
-        subst(&format!("port_value: {old}}}"), &format!("port_value: {}}}", rep.port));
+        subst(
+            &format!("port_value: {old}}}"),
+            &format!("port_value: {}}}", rep.port),
+        );
     }
     let mut envoy = Envoy::spawn_yaml(&dir, "envoy", &yaml, (admin, port), &fleet.endpoints(), 2);
     envoy.wait_ready();
@@ -187,17 +226,25 @@ fn shipped_envoy_yaml_routes_by_prefix() {
         let sys = text(&format!("shipped-{t}"), 2500);
         let mut at = Vec::new();
         for q in 0..3 {
-            let reply = client.post_json(&url, &chat(&sys, &format!("q{q}"))).expect("request");
+            let reply = client
+                .post_json(&url, &chat(&sys, &format!("q{q}")))
+                .expect("request");
             assert_eq!(reply.status, 200, "{}", reply.body);
             at.push(reply.replica().expect("x-replica-id").to_string());
         }
-        assert!(at.iter().all(|a| *a == at[0]), "prefix {t} split over {at:?}");
+        assert!(
+            at.iter().all(|a| *a == at[0]),
+            "prefix {t} split over {at:?}"
+        );
         *used.entry(at[0].clone()).or_insert(0) += 1;
     }
     assert!(used.len() >= 3, "14 prefixes used only {used:?}");
     for (id, req) in fleet.all_model_requests() {
         let h = &req["headers"];
-        assert!(h.get("x-gateway-destination-endpoint").is_none(), "{id} saw the target header: {h}");
+        assert!(
+            h.get("x-gateway-destination-endpoint").is_none(),
+            "{id} saw the target header: {h}"
+        );
         assert_eq!(h["x-prefix-router-decision"], "hit", "{id}: {h}");
     }
     let s = envoy.wait_idle();

@@ -19,14 +19,33 @@ fn get_and_empty_post_route_at_once() {
     for path in ["/health", "/v1/models", "/metrics"] {
         let r = quick.get(&w.envoy.url(path)).expect("GET through Envoy");
         assert!(r.status < 500, "GET {path}: {}", r.status);
-        assert!(r.replica().is_some(), "GET {path} not answered by a replica");
-        assert!(r.elapsed < Duration::from_secs(2), "GET {path} took {:?}", r.elapsed);
+        assert!(
+            r.replica().is_some(),
+            "GET {path} not answered by a replica"
+        );
+        assert!(
+            r.elapsed < Duration::from_secs(2),
+            "GET {path} took {:?}",
+            r.elapsed
+        );
     }
     let r = quick
-        .post(&w.envoy.url("/v1/chat/completions"), b"", &[("content-type", "application/json")])
+        .post(
+            &w.envoy.url("/v1/chat/completions"),
+            b"",
+            &[("content-type", "application/json")],
+        )
         .expect("empty POST through Envoy");
-    assert!(r.replica().is_some(), "empty POST not answered by a replica: {}", r.status);
-    assert!(r.elapsed < Duration::from_secs(2), "empty POST took {:?}", r.elapsed);
+    assert!(
+        r.replica().is_some(),
+        "empty POST not answered by a replica: {}",
+        r.status
+    );
+    assert!(
+        r.elapsed < Duration::from_secs(2),
+        "empty POST took {:?}",
+        r.elapsed
+    );
 
     let s = w.envoy.wait_idle();
     assert_eq!(s.branch("no_key"), 4, "{}", s.dump("prefix_router.branch"));
@@ -42,24 +61,38 @@ fn get_and_empty_post_route_at_once() {
     assert_eq!(decisions, vec![Value::from("no_key"); 4]);
 }
 
-/// Malformed JSON bodies are routed (branch `bad_input`, source `malformed`) and answered
-/// by a replica within the client timeout, not hung or rejected by the filter.
+/// Malformed JSON bodies (truncated twice, not JSON after `{`, a trailing comma) are
+/// routed (branch `bad_input`, source `malformed`) and answered by a replica within the
+/// client timeout, not hung or rejected by the filter.
 #[test]
 fn malformed_json_is_routed_not_hung() {
     let w = World::start("malformed", &World::replicas(3), |c| c);
     let quick = Client::new(Duration::from_secs(5));
     let bodies: [&[u8]; 4] = [
         br#"{"model":"m","messages":[{"role":"user","content":"hi"#,
-        br#"{"model":"m","messages":5}"#,
+        br#"{"model":"m","messages":[{"role":"user","content":"hi"}],}"#,
         b"{not json at all",
-        b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}",
+        br#"{"model":"m""#,
     ];
     for (i, b) in bodies.iter().enumerate() {
         let r = quick
-            .post(&w.envoy.url("/v1/chat/completions"), b, &[("content-type", "application/json")])
+            .post(
+                &w.envoy.url("/v1/chat/completions"),
+                b,
+                &[("content-type", "application/json")],
+            )
             .unwrap_or_else(|e| panic!("malformed body {i}: {e}"));
-        assert!(r.replica().is_some(), "body {i} not answered by a replica: {} {}", r.status, r.body);
-        assert!(r.status != 413 && r.status < 500, "body {i}: status {}", r.status);
+        assert!(
+            r.replica().is_some(),
+            "body {i} not answered by a replica: {} {}",
+            r.status,
+            r.body
+        );
+        assert!(
+            r.status != 413 && r.status < 500,
+            "body {i}: status {}",
+            r.status
+        );
     }
     let s = w.envoy.wait_idle();
     assert_eq!(s.branch("bad_input"), 4, "{}", s.dump("prefix_router"));
@@ -106,7 +139,10 @@ fn client_supplied_target_header_is_ignored() {
     for (id, req) in w.fleet.all_model_requests() {
         let h = &req["headers"];
         assert_eq!(h["x-prefix-router-decision"], "hit", "{id}: {h}");
-        assert!(h.get("x-gateway-destination-endpoint").is_none(), "{id}: {h}");
+        assert!(
+            h.get("x-gateway-destination-endpoint").is_none(),
+            "{id}: {h}"
+        );
     }
     assert_eq!(w.envoy.wait_idle().branch("hit"), sent);
 }
@@ -123,11 +159,19 @@ fn upstreams_never_see_the_target_header() {
     let _ = w.client.get(&format!("{base}/v1/models")).expect("get");
     let _ = w
         .client
-        .post(&format!("{base}/v1/completions"), b"{broken", &[("content-type", "application/json")])
+        .post(
+            &format!("{base}/v1/completions"),
+            b"{broken",
+            &[("content-type", "application/json")],
+        )
         .expect("malformed");
     let _ = w
         .client
-        .post(&format!("{base}/v1/completions"), sys.as_bytes(), &[("content-type", "text/plain")])
+        .post(
+            &format!("{base}/v1/completions"),
+            sys.as_bytes(),
+            &[("content-type", "text/plain")],
+        )
         .expect("raw");
     let _ = w
         .client
@@ -153,7 +197,11 @@ fn upstreams_never_see_the_target_header() {
                 continue; // Envoy's own health check, not a proxied request
             }
             let d = h["x-prefix-router-decision"].as_str().unwrap_or("<none>");
-            assert!(BRANCHES.contains(&d), "replica {}: decision {d:?} in {req}", rep.id);
+            assert!(
+                BRANCHES.contains(&d),
+                "replica {}: decision {d:?} in {req}",
+                rep.id
+            );
             seen += 1;
         }
     }
@@ -177,11 +225,24 @@ fn huge_body_is_routed_on_its_raw_prefix() {
     let slow = Client::new(Duration::from_secs(30));
     for i in 0..2 {
         let reply = slow
-            .post(&w.envoy.url("/v1/chat/completions"), big.as_bytes(), &[("content-type", "application/json")])
+            .post(
+                &w.envoy.url("/v1/chat/completions"),
+                big.as_bytes(),
+                &[("content-type", "application/json")],
+            )
             .unwrap_or_else(|e| panic!("oversize request {i}: {e}"));
         assert_ne!(reply.status, 413, "Envoy refused the body: {}", reply.body);
-        assert!(reply.status < 500, "oversize {i}: {} {}", reply.status, reply.body);
-        assert_eq!(w.served_by(&reply), want, "oversize {i} not on the raw-prefix owner");
+        assert!(
+            reply.status < 500,
+            "oversize {i}: {} {}",
+            reply.status,
+            reply.body
+        );
+        assert_eq!(
+            w.served_by(&reply),
+            want,
+            "oversize {i} not on the raw-prefix owner"
+        );
     }
     let long = chat(&text("long", 200 << 10), "q");
     let reply = w.chat(&long);
@@ -189,7 +250,12 @@ fn huge_body_is_routed_on_its_raw_prefix() {
     assert_eq!(w.served_by(&reply), owner(&r, long.as_bytes()));
 
     let s = w.envoy.wait_idle();
-    assert_eq!(s.source("oversize"), 2, "{}", s.dump("prefix_router.source"));
+    assert_eq!(
+        s.source("oversize"),
+        2,
+        "{}",
+        s.dump("prefix_router.source")
+    );
     assert_eq!(s.source("chat"), 1, "{}", s.dump("prefix_router.source"));
     assert_eq!(s.branch_total(), 3);
 }

@@ -75,7 +75,11 @@ impl Client {
 
     /// `POST url` with a JSON body.
     pub fn post_json(&self, url: &str, body: &str) -> Result<Reply, String> {
-        self.post(url, body.as_bytes(), &[("content-type", "application/json")])
+        self.post(
+            url,
+            body.as_bytes(),
+            &[("content-type", "application/json")],
+        )
     }
 
     /// `POST url` (JSON) and return as soon as the response headers arrive; the body is
@@ -94,7 +98,6 @@ impl Client {
             headers: header_list(&parts.headers),
             reader: Box::new(body.into_reader()),
             started: t0,
-            headers_after: t0.elapsed(),
         })
     }
 }
@@ -107,8 +110,6 @@ pub struct Streaming {
     pub headers: Vec<(String, String)>,
     reader: Box<dyn Read + Send>,
     started: Instant,
-    /// Time until the response headers arrived.
-    pub headers_after: Duration,
 }
 
 impl Streaming {

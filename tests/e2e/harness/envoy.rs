@@ -78,7 +78,7 @@ impl EnvoyConfig {
         // A JSON string literal is a valid YAML double-quoted scalar.
         let filter = serde_json::to_string(&self.filter_json()).expect("string");
         let wasm = serde_json::to_string(wasm).expect("string");
-        let hc = self.hc_interval_ms;
+        let hc = format!("{:.3}s", self.hc_interval_ms as f64 / 1000.0);
         let retry_on = &self.retry_on;
         let buffer = self.buffer_limit;
         format!(
@@ -163,8 +163,8 @@ static_resources:
       - lb_endpoints:
 {hosts}    health_checks:
     - timeout: 0.5s
-      interval: {hc}ms
-      no_traffic_interval: {hc}ms
+      interval: {hc}
+      no_traffic_interval: {hc}
       unhealthy_threshold: 1
       healthy_threshold: 1
       http_health_check: {{path: /health}}
@@ -206,7 +206,14 @@ impl Envoy {
         let (admin_port, port) = (free_port(), free_port());
         let wasm = wasm_path();
         let yaml = cfg.render(admin_port, port, &wasm.to_string_lossy());
-        Envoy::spawn_yaml(dir, name, &yaml, (admin_port, port), &cfg.endpoints, cfg.concurrency)
+        Envoy::spawn_yaml(
+            dir,
+            name,
+            &yaml,
+            (admin_port, port),
+            &cfg.endpoints,
+            cfg.concurrency,
+        )
     }
 
     /// Start Envoy with a ready-made YAML whose admin and listener ports are `ports`.
@@ -261,8 +268,9 @@ impl Envoy {
         });
         assert!(
             ok.is_some(),
-            "{} not ready in 30 s; log:\n{}",
+            "{} not ready in 30 s (config {}); log:\n{}",
             self.proc.name,
+            self.config_path.display(),
             self.proc.log_tail(6000)
         );
         self.wait_health(&self.endpoints.clone(), true, Duration::from_secs(15));
@@ -348,14 +356,19 @@ impl Envoy {
             .collect()
     }
 
+    /// The access log once it has at least `n` lines (≤ 5 s: Envoy flushes it periodically).
+    pub fn wait_access_log(&self, n: usize) -> Vec<String> {
+        let mut lines = Vec::new();
+        let _ = wait_for(Duration::from_secs(5), || {
+            lines = self.access_log();
+            (lines.len() >= n).then_some(())
+        });
+        lines
+    }
+
     /// Wait up to `timeout` for Envoy to exit on its own.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         self.proc.wait_exit(timeout)
-    }
-
-    /// Has it exited?
-    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.proc.exited()
     }
 
     /// Last `max` bytes of the log.

@@ -106,8 +106,6 @@ pub struct World {
     pub fleet: Fleet,
     /// The Envoy parameters used.
     pub cfg: EnvoyConfig,
-    /// Configs and logs of this test.
-    pub dir: PathBuf,
     /// Client with a 15 s bound per call.
     pub client: Client,
 }
@@ -128,7 +126,6 @@ impl World {
             envoy,
             fleet,
             cfg,
-            dir,
             client: Client::new(std::time::Duration::from_secs(15)),
         }
     }

@@ -41,14 +41,11 @@ impl Proc {
         }
     }
 
-    /// Process id (0 once stopped).
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
-    }
-
     /// `Some(status)` if the process has exited.
     pub fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Wait up to `timeout` for the process to exit on its own.

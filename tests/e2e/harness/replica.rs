@@ -63,7 +63,12 @@ impl Replica {
         let r = Client::new(Duration::from_secs(5))
             .post(&self.url(&format!("/admin/fail?mode={mode}")), b"", &[])
             .unwrap_or_else(|e| panic!("replica {}: set fail mode: {e}", self.id));
-        assert!(r.status < 300, "replica {}: /admin/fail -> {}", self.id, r.status);
+        assert!(
+            r.status < 300,
+            "replica {}: /admin/fail -> {}",
+            self.id,
+            r.status
+        );
     }
 
     /// Recent requests as the emulator saw them (`/debug/requests`), oldest first.
@@ -77,7 +82,10 @@ impl Replica {
             Value::Array(a) => a,
             Value::Object(mut o) => match o.remove("requests") {
                 Some(Value::Array(a)) => a,
-                _ => panic!("replica {}: /debug/requests has no `requests` array", self.id),
+                _ => panic!(
+                    "replica {}: /debug/requests has no `requests` array",
+                    self.id
+                ),
             },
             _ => panic!("replica {}: /debug/requests is not a list", self.id),
         }
@@ -129,22 +137,38 @@ impl Fleet {
             let port = free_port();
             let mut cmd = Command::new(&bin);
             cmd.args(["--port", &port.to_string(), "--id", &id])
-                .args(["--prefill-us-per-token", &o.prefill_us_per_token.to_string()])
+                .args([
+                    "--prefill-us-per-token",
+                    &o.prefill_us_per_token.to_string(),
+                ])
                 .args(["--decode-ms-per-token", &o.decode_ms_per_token.to_string()])
                 .args(["--max-running", &o.max_running.to_string()])
                 .args(["--fail", o.fail]);
-            let proc = Proc::spawn(&format!("replica {id}"), cmd, &dir.join(format!("{id}.log")));
+            let proc = Proc::spawn(
+                &format!("replica {id}"),
+                cmd,
+                &dir.join(format!("{id}.log")),
+            );
             replicas.push(Replica { id, port, proc });
         }
         let client = Client::new(Duration::from_secs(2));
         for r in &mut replicas {
             let up = wait_for(Duration::from_secs(15), || {
                 if let Some(s) = r.proc.exited() {
-                    panic!("replica {} exited at start ({s}): {}", r.id, r.proc.log_tail(2000));
+                    panic!(
+                        "replica {} exited at start ({s}): {}",
+                        r.id,
+                        r.proc.log_tail(2000)
+                    );
                 }
                 (port_open(r.port) && client.get(&r.url("/health")).is_ok()).then_some(())
             });
-            assert!(up.is_some(), "replica {} not up: {}", r.id, r.proc.log_tail(2000));
+            assert!(
+                up.is_some(),
+                "replica {} not up: {}",
+                r.id,
+                r.proc.log_tail(2000)
+            );
         }
         Fleet { replicas }
     }

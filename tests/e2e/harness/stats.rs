@@ -58,15 +58,6 @@ impl Stats {
             .map(|(_, v)| *v)
     }
 
-    /// The full name Envoy shows for `name` (to report the real stat names).
-    pub fn full_name(&self, name: &str) -> Option<&str> {
-        let suffix = format!(".{name}");
-        self.values
-            .keys()
-            .find(|k| *k == name || k.ends_with(&suffix))
-            .map(String::as_str)
-    }
-
     /// The stat `name`; panics with the list of filter stats if it does not exist.
     pub fn get(&self, name: &str) -> u64 {
         self.find(name).unwrap_or_else(|| {
