@@ -8,6 +8,7 @@
 #   scripts/llama.sh smoke                 3 replicas + real Envoy + our .wasm: a shared ~1,000-token
 #                                          prefix must land on one replica that reports cached tokens
 #   scripts/llama.sh bench [--out FILE]    round_robin vs prefix on 3 replicas behind Envoy
+#                                          (JSON to FILE, default .work/bench/llama.json)
 #
 # Replica flags: -c 2048 -t 1 -np 1 --metrics --no-webui -cram 64 (the host-RAM prompt cache
 # defaults to 8 GiB: always set it). Everything listens on loopback only; every process started
@@ -354,7 +355,7 @@ cmd_smoke() {
 }
 
 cmd_bench() {
-  local out="$CACHE_DIR/llama-bench.json" dir rc=0 strategy runs=()
+  local out="$ROOT/.work/bench/llama.json" dir rc=0 strategy runs=()
   while [ $# -gt 0 ]; do
     case "$1" in
       --out) out="${2:?--out needs a file}"; shift 2 ;;
@@ -386,12 +387,15 @@ cmd_bench() {
   rm -rf "$dir"
 }
 
-case "${1:-}" in
-  build) cmd_build ;;
-  start) shift; cmd_start "$@" ;;
-  stop) cmd_stop ;;
-  smoke) cmd_smoke ;;
-  bench) shift; cmd_bench "$@" ;;
-  envoy-config) shift; envoy_config "$@" ;;  # FILE LPORT APORT STRATEGY PREFIX_LEN EP... (debugging)
-  *) sed -n '2,16p' "$0" >&2; exit 2 ;;
-esac
+# Run the command unless sourced (sourcing gives the functions to other scripts and tests).
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  case "${1:-}" in
+    build) cmd_build ;;
+    start) shift; cmd_start "$@" ;;
+    stop) cmd_stop ;;
+    smoke) cmd_smoke ;;
+    bench) shift; cmd_bench "$@" ;;
+    envoy-config) shift; envoy_config "$@" ;;  # FILE LPORT APORT STRATEGY PREFIX_LEN EP... (debugging)
+    *) sed -n '2,15p' "$0" >&2; exit 2 ;;
+  esac
+fi
