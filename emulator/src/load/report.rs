@@ -88,7 +88,10 @@ pub async fn scrape_replica(url: &str) -> ReplicaCounters {
 /// Envoy admin counters at one moment.
 #[derive(Debug, Clone, Default)]
 pub struct EnvoyCounters {
+    /// `prefix_router` counters.
     pub stats: BTreeMap<String, u64>,
+    /// `prefix_router` gauges (e.g. per-endpoint in-flight counts).
+    pub gauges: BTreeMap<String, u64>,
     pub host_rq: BTreeMap<(String, String), u64>,
     pub error: Option<String>,
 }
@@ -102,10 +105,19 @@ pub async fn scrape_envoy(admin: &str) -> EnvoyCounters {
             return e;
         }
     };
-    match client.get_text("/stats?filter=prefix_router").await {
+    match client
+        .get_text("/stats?filter=prefix_router&type=Counters")
+        .await
+    {
         Ok((200, t)) => e.stats = prom::envoy_stats(&t),
         Ok((s, _)) => e.error = Some(format!("/stats: HTTP {s}")),
         Err(err) => e.error = Some(format!("/stats: {err}")),
+    }
+    if let Ok((200, t)) = client
+        .get_text("/stats?filter=prefix_router&type=Gauges")
+        .await
+    {
+        e.gauges = prom::envoy_stats(&t);
     }
     match client.get_text("/clusters").await {
         Ok((200, t)) => e.host_rq = prom::envoy_host_rq_total(&t),
@@ -170,9 +182,15 @@ pub struct EnvoySummary {
     pub branches: BTreeMap<String, u64>,
     pub hit: u64,
     pub spill: u64,
-    /// Every other branch (least_loaded, no_key, bad_input, ...).
+    /// Prefix-strategy fallbacks: every branch other than hit, spill and the baselines
+    /// (least_loaded, no_key, bad_input, ...).
     pub fallback: u64,
+    /// Decisions of the baseline strategies (random, round_robin, least_request).
+    pub baseline: u64,
+    /// spill / (hit + spill + fallback).
     pub spill_rate: Option<f64>,
+    /// `prefix_router` gauges after the run (per-endpoint in-flight counts should be 0 again).
+    pub gauges_after: BTreeMap<String, u64>,
     pub error: Option<String>,
 }
 
@@ -239,11 +257,13 @@ pub fn envoy_summary(before: &EnvoyCounters, after: &EnvoyCounters) -> EnvoySumm
         match b.as_str() {
             "hit" => s.hit += n,
             "spill" => s.spill += n,
+            "random" | "round_robin" | "least_request" => s.baseline += n,
             _ => s.fallback += n,
         }
     }
-    let total: u64 = s.branches.values().sum();
-    s.spill_rate = (total > 0).then(|| s.spill as f64 / total as f64);
+    let prefix_total = s.hit + s.spill + s.fallback;
+    s.spill_rate = (prefix_total > 0).then(|| s.spill as f64 / prefix_total as f64);
+    s.gauges_after = after.gauges.clone();
     s
 }
 
@@ -467,12 +487,14 @@ pub fn human_line(s: &Summary) -> String {
         );
     }
     if let Some(e) = &s.envoy {
-        if !e.branches.is_empty() {
+        if e.hit + e.spill + e.fallback > 0 {
             let _ = write!(
                 o,
-                " | hit {} spill {} fallback {}",
+                " | router hit {} spill {} fallback {}",
                 e.hit, e.spill, e.fallback
             );
+        } else if e.baseline > 0 {
+            let _ = write!(o, " | router baseline {}", e.baseline);
         }
     }
     o
@@ -530,8 +552,14 @@ pub fn table(runs: &[Summary]) -> String {
         format!("{} / {}", pct(s.share_min), pct(s.share_max))
     });
     add("router hit/spill/fallback", &|s| match &s.envoy {
-        Some(e) if !e.branches.is_empty() => format!("{}/{}/{}", e.hit, e.spill, e.fallback),
+        Some(e) if e.hit + e.spill + e.fallback > 0 => {
+            format!("{}/{}/{}", e.hit, e.spill, e.fallback)
+        }
+        Some(e) if e.baseline > 0 => format!("baseline {}", e.baseline),
         _ => "-".into(),
+    });
+    add("router spill rate", &|s| {
+        pct(s.envoy.as_ref().and_then(|e| e.spill_rate))
     });
     let head: Vec<String> = runs.iter().map(|s| s.label.clone()).collect();
     let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(6);
@@ -655,6 +683,8 @@ mod tests {
             .insert("wasmcustom.prefix_router.branch.spill".into(), 1);
         ea.stats
             .insert("wasmcustom.prefix_router.branch.no_key".into(), 1);
+        ea.stats
+            .insert("wasmcustom.prefix_router.branch.round_robin".into(), 5);
         let s = summarize(info(), &outs, &reps, Some((&eb, &ea)));
         assert_eq!((s.ok, s.errors), (3, 1));
         assert_eq!(s.status_counts["503"], 1);
@@ -666,7 +696,8 @@ mod tests {
         assert_eq!(s.share_min, Some(0.0));
         assert!((s.share_max.unwrap() - 2.0 / 3.0).abs() < 1e-9);
         let e = s.envoy.as_ref().unwrap();
-        assert_eq!((e.hit, e.spill, e.fallback), (2, 1, 1));
+        assert_eq!((e.hit, e.spill, e.fallback, e.baseline), (2, 1, 1, 5));
+        assert_eq!(e.spill_rate, Some(0.25));
         assert_eq!(s.ttft_ms.p50, 12.0);
         // Round trip through JSON, then the table shows both runs.
         let j = serde_json::to_string(&s).unwrap();
