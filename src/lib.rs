@@ -25,10 +25,13 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod affinity;
 pub mod config;
 pub mod decision;
 pub mod extract;
+pub mod cost;
 pub mod hash;
+pub mod index;
 pub mod json;
 pub mod ring;
 pub mod router;

@@ -1,0 +1,444 @@
+//! The `affinity` policy: longest known prefix, cost-aware spill, hot
+//! prefixes on several replicas, consistent cold placement.
+//!
+//! Inputs (all available to the filter at decision time): the
+//! [`RoutingKey`] (chained block keys, one per 256 characters), the prompt
+//! size, what the [`crate::index`] knows about the key ([`Known`]: depth,
+//! holders, age), the per-replica in-flight counts, the [`HashRing`], the
+//! [`CostModel`] prices and this configuration. Never the replicas' true
+//! cache contents.
+//!
+//! Algorithm:
+//! 1. **Acceptable** replica: available, in-flight `< concurrency_threshold`
+//!    and `in_flight + 1 ≤ load_factor × (total + 1) / n` (KubeAI's bounded
+//!    load; the `+1`s keep the bound meaningful at low load).
+//! 2. **Cold placement** `place(excluded)`: walk the ring from the request's
+//!    key, keep the first `cold_choices` acceptable replicas not excluded,
+//!    take the least loaded (ring order on ties). Deterministic given the
+//!    loads, so every worker and every Envoy agree; with two choices it
+//!    balances like power-of-two-choices. If none is acceptable: the least
+//!    loaded available replica.
+//! 3. **Warm**: when the index knows a fresh prefix (`age ≤ max_age_ms`)
+//!    covering at least `min_match` of the prompt, the holders (replicas that
+//!    were sent it, most recent first) are the warm candidates. Take the least
+//!    loaded acceptable holder `h` and the best other replica
+//!    `a = place(holders)`. Keep `h` unless the extra wait
+//!    `wait_ms(in_flight[h] − in_flight[a])` exceeds the cache-break penalty
+//!    `min(prefill_ms(cached tokens), routing_budget_ms)`; then go to `a`
+//!    ([`Reason::Spill`]). If every holder is over the bound, go to `a`
+//!    ([`Reason::Spill`]) too: recorded as a new holder, the prefix then
+//!    lives on 2…3 replicas and its traffic is split by load among them
+//!    (hot prefixes grow instead of scattering).
+//! 4. Otherwise **cold** ([`Reason::Cold`]): `place(∅)`.
+//!
+//! Cost: O(N) for the load sums plus a ring walk of a few points; no shared
+//! data access (the index lookup and record are done by the caller).
+//!
+//! Invariants: the primary is an available replica whenever one exists;
+//! with no fresh known prefix the choice depends only on the key and the
+//! loads; the secondary, when present, differs from the primary.
+
+use crate::cost::CostModel;
+use crate::hash::BLOCK_UNITS;
+use crate::index::Known;
+use crate::ring::HashRing;
+use crate::router::RoutingKey;
+use crate::select::Loads;
+
+/// Policy parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AffinityConfig {
+    /// In-flight count at which a replica is not acceptable.
+    pub concurrency_threshold: u32,
+    /// Bounded-load factor over the mean (KubeAI form).
+    pub load_factor: f64,
+    /// Characters per token of the served model (prompt size → tokens).
+    pub chars_per_token: f64,
+    /// Smallest fraction of the prompt the known prefix must cover to count
+    /// as warm.
+    pub min_match: f64,
+    /// Largest extra wait accepted to keep a warm replica, milliseconds.
+    pub routing_budget_ms: f64,
+    /// Index entries older than this are treated as evicted, milliseconds.
+    pub max_age_ms: u64,
+    /// Ring candidates compared by cold placement (1 = ring owner only).
+    pub cold_choices: usize,
+}
+
+impl Default for AffinityConfig {
+    fn default() -> Self {
+        AffinityConfig {
+            concurrency_threshold: 256,
+            load_factor: 1.25,
+            chars_per_token: 4.0,
+            min_match: 0.3,
+            routing_budget_ms: 2000.0,
+            max_age_ms: 600_000,
+            cold_choices: 2,
+        }
+    }
+}
+
+/// Why the primary was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// A replica known to hold the prefix.
+    Warm,
+    /// A known prefix exists but its holders were too busy: a new holder.
+    Spill,
+    /// Nothing (fresh, large enough) known: cold placement.
+    Cold,
+    /// No key: least loaded.
+    NoKey,
+}
+
+impl Reason {
+    /// Label for stats and the decision header.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::Warm => "warm",
+            Reason::Spill => "spill",
+            Reason::Cold => "cold",
+            Reason::NoKey => "no_key",
+        }
+    }
+}
+
+/// A decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice {
+    /// Replica to use.
+    pub primary: usize,
+    /// Replica to retry on.
+    pub secondary: Option<usize>,
+    /// Why.
+    pub reason: Reason,
+    /// Prompt tokens expected from the primary's cache.
+    pub expected_cached_tokens: f64,
+    /// Prompt tokens estimated from the body size.
+    pub prompt_tokens: f64,
+}
+
+impl Choice {
+    /// Tokens the primary is expected to prefill (for [`CostModel::observe`]).
+    pub fn expected_uncached_tokens(&self) -> f64 {
+        (self.prompt_tokens - self.expected_cached_tokens).max(0.0)
+    }
+}
+
+const MAX_CHOICES: usize = 8;
+
+struct View<'a> {
+    loads: Loads<'a>,
+    all: bool,
+    n: usize,
+    cap: f64,
+    threshold: u32,
+}
+
+impl View<'_> {
+    fn available(&self, i: usize) -> bool {
+        i < self.n && (self.all || self.loads.is_available(i))
+    }
+    fn load(&self, i: usize) -> u32 {
+        self.loads.of(i)
+    }
+    fn acceptable(&self, i: usize) -> bool {
+        let l = self.load(i);
+        self.available(i) && l < self.threshold && f64::from(l) + 1.0 <= self.cap
+    }
+}
+
+fn place(ring: &HashRing, key: u64, v: &View<'_>, excluded: &[usize], choices: usize) -> Option<usize> {
+    let mut picks = [0usize; MAX_CHOICES];
+    let mut m = 0;
+    let want = choices.clamp(1, MAX_CHOICES);
+    let mut least: Option<usize> = None;
+    for c in ring.candidates(key) {
+        if excluded.contains(&c) || !v.available(c) {
+            continue;
+        }
+        if least.map_or(true, |b| v.load(c) < v.load(b)) {
+            least = Some(c);
+        }
+        if v.acceptable(c) {
+            picks[m] = c;
+            m += 1;
+            if m == want {
+                break;
+            }
+        }
+    }
+    let mut best: Option<usize> = None;
+    for &c in &picks[..m] {
+        if best.map_or(true, |b| v.load(c) < v.load(b)) {
+            best = Some(c);
+        }
+    }
+    best.or(least)
+}
+
+/// Decide; see the module docs. `prompt_chars` is the prompt size in
+/// characters (the body size is a fine estimate); `ticket` rotates ties when
+/// there is no key.
+pub fn choose(
+    ring: &HashRing,
+    key: &RoutingKey,
+    prompt_chars: usize,
+    known: Option<&Known>,
+    loads: Loads<'_>,
+    cost: &CostModel,
+    cfg: &AffinityConfig,
+    ticket: u64,
+) -> Choice {
+    let n = ring.len();
+    let all = !(0..n).any(|i| loads.is_available(i));
+    let (mut total, mut count) = (0u64, 0u64);
+    for i in (0..n).filter(|&i| all || loads.is_available(i)) {
+        total += u64::from(loads.of(i));
+        count += 1;
+    }
+    let v = View {
+        loads,
+        all,
+        n,
+        cap: cfg.load_factor * (total as f64 + 1.0) / count.max(1) as f64,
+        threshold: cfg.concurrency_threshold,
+    };
+    let cpt = cfg.chars_per_token.max(0.1);
+    let prompt_tokens = (prompt_chars.max(key.units) as f64 / cpt).max(1.0);
+    let secondary_of = |k: u64, p: usize| ring.candidates(k).find(|&c| c != p && v.available(c));
+    let Some(ring_key) = key.key else {
+        // No key: least loaded, ties rotated by the ticket.
+        let off = if n == 0 { 0 } else { (ticket % n as u64) as usize };
+        let primary = (0..n)
+            .map(|k| (off + k) % n)
+            .filter(|&i| v.available(i))
+            .min_by_key(|&i| v.load(i))
+            .unwrap_or(0);
+        return Choice {
+            primary,
+            secondary: (0..n).find(|&i| i != primary && v.available(i)),
+            reason: Reason::NoKey,
+            expected_cached_tokens: 0.0,
+            prompt_tokens,
+        };
+    };
+    let block_tokens = BLOCK_UNITS as f64 / cpt;
+    let warm = known.filter(|k| k.age_ms <= cfg.max_age_ms).and_then(|k| {
+        let cached = (k.depth as f64 * block_tokens).min(prompt_tokens);
+        if cached < cfg.min_match * prompt_tokens {
+            return None;
+        }
+        let mut holders = [0usize; crate::index::MAX_HOLDERS];
+        let mut m = 0;
+        for h in k.entry.holders().filter(|&h| v.available(h)) {
+            holders[m] = h;
+            m += 1;
+        }
+        (m > 0).then_some((holders, m, cached))
+    });
+    if let Some((holders, m, cached)) = warm {
+        let holders = &holders[..m];
+        let best_ok = holders
+            .iter()
+            .copied()
+            .filter(|&h| v.acceptable(h))
+            .min_by_key(|&h| v.load(h));
+        let alt = place(ring, ring_key, &v, holders, cfg.cold_choices);
+        let (primary, reason) = match (best_ok, alt) {
+            (Some(h), None) => (h, Reason::Warm),
+            (Some(h), Some(a)) => {
+                let extra = cost.wait_ms(f64::from(v.load(h).saturating_sub(v.load(a))));
+                let penalty = cost.prefill_ms(cached).min(cfg.routing_budget_ms);
+                if extra <= penalty {
+                    (h, Reason::Warm)
+                } else {
+                    (a, Reason::Spill)
+                }
+            }
+            (None, Some(a)) => (a, Reason::Spill),
+            (None, None) => (
+                holders.iter().copied().min_by_key(|&h| v.load(h)).unwrap_or(0),
+                Reason::Warm,
+            ),
+        };
+        let secondary = holders
+            .iter()
+            .copied()
+            .find(|&h| h != primary)
+            .or_else(|| secondary_of(ring_key, primary));
+        return Choice {
+            primary,
+            secondary,
+            reason,
+            expected_cached_tokens: if reason == Reason::Warm { cached } else { 0.0 },
+            prompt_tokens,
+        };
+    }
+    let primary = place(ring, ring_key, &v, &[], cfg.cold_choices).unwrap_or(0);
+    Choice {
+        primary,
+        secondary: secondary_of(ring_key, primary),
+        reason: Reason::Cold,
+        expected_cached_tokens: 0.0,
+        prompt_tokens,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+    use crate::cost::CostConfig;
+    use crate::decision::KeySource;
+    use crate::index::{Entry, MAX_HOLDERS};
+    use crate::router::RoutingId;
+
+    fn ring(n: usize) -> HashRing {
+        let eps: Vec<String> = (0..n).map(|i| format!("10.0.0.{}:80", i + 1)).collect();
+        HashRing::build(&eps, 64)
+    }
+
+    fn key(k: u64, blocks: usize) -> RoutingKey {
+        RoutingKey {
+            key: Some(k),
+            blocks: (0..blocks as u64).map(|b| b ^ k).collect(),
+            units: blocks * BLOCK_UNITS,
+            source: KeySource::Chat,
+            routing_id: RoutingId::Absent,
+        }
+    }
+
+    fn known(depth: usize, holders: &[u16], age_ms: u64) -> Known {
+        let mut h = [None; MAX_HOLDERS];
+        for (i, &x) in holders.iter().enumerate() {
+            h[i] = Some(x);
+        }
+        Known {
+            depth,
+            entry: Entry {
+                tag: 1,
+                time: 0,
+                holders: h,
+            },
+            age_ms,
+        }
+    }
+
+    fn cost() -> CostModel {
+        CostModel::new(CostConfig {
+            prefill_ms_per_ktok: 30.0,
+            wait_ms_per_request: 10.0,
+            learn: false,
+            forget: 1.0,
+        })
+    }
+
+    fn pick(k: &RoutingKey, kn: Option<&Known>, loads: &[u32]) -> Choice {
+        choose(&ring(loads.len()), k, k.units, kn, Loads::new(loads), &cost(), &AffinityConfig::default(), 0)
+    }
+
+    #[test]
+    fn cold_placement_is_consistent_and_load_aware() {
+        let r = ring(5);
+        let k = key(0xfeed, 8);
+        let order: Vec<usize> = r.candidates(0xfeed).collect();
+        let c = pick(&k, None, &[0; 5]);
+        assert_eq!((c.primary, c.reason), (order[0], Reason::Cold));
+        assert_ne!(c.secondary, Some(c.primary));
+        // Power of two choices on the ring: the second candidate if less loaded.
+        let mut loads = [3u32; 5];
+        loads[order[1]] = 1;
+        assert_eq!(pick(&k, None, &loads).primary, order[1]);
+    }
+
+    #[test]
+    fn warm_holder_is_kept_until_the_wait_exceeds_the_penalty() {
+        let k = key(7, 128); // 8192 tokens, all known: penalty 245 ms
+        let kn = known(128, &[3], 0);
+        let mut loads = [10u32; 7];
+        loads[3] = 12;
+        let c = pick(&k, Some(&kn), &loads);
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        assert_eq!(c.expected_cached_tokens, 8192.0);
+        // Small known prefix (below min_match): cold.
+        let c = pick(&k, Some(&known(10, &[3], 0)), &loads);
+        assert_eq!(c.reason, Reason::Cold);
+        // Stale: cold.
+        let c = pick(&k, Some(&known(128, &[3], 3_600_000)), &loads);
+        assert_eq!(c.reason, Reason::Cold);
+        // A short prompt: 40 × 10 ms extra wait > 64 tokens of prefill.
+        let short = key(7, 1);
+        let mut loads = [0u32; 7];
+        loads[3] = 40;
+        let c = pick(&short, Some(&known(1, &[3], 0)), &loads);
+        assert_eq!(c.reason, Reason::Spill);
+        assert_ne!(c.primary, 3);
+    }
+
+    #[test]
+    fn hot_prefix_spreads_over_its_holders_then_grows() {
+        let k = key(99, 64);
+        // Two holders: the less loaded one.
+        let mut loads = [5u32; 7];
+        loads[2] = 9;
+        loads[4] = 6;
+        let c = pick(&k, Some(&known(64, &[2, 4], 0)), &loads);
+        assert_eq!((c.primary, c.reason, c.secondary), (4, Reason::Warm, Some(2)));
+        // Every holder over the bound: a new replica (a third holder).
+        let mut loads = [2u32; 7];
+        loads[2] = 30;
+        loads[4] = 30;
+        let c = pick(&k, Some(&known(64, &[2, 4], 0)), &loads);
+        assert_eq!(c.reason, Reason::Spill);
+        assert!(c.primary != 2 && c.primary != 4);
+    }
+
+    #[test]
+    fn unavailable_and_keyless() {
+        let k = key(5, 16);
+        let order: Vec<usize> = ring(3).candidates(5).collect();
+        let mut avail = [true; 3];
+        avail[order[0]] = false;
+        let c = choose(
+            &ring(3),
+            &k,
+            k.units,
+            None,
+            Loads {
+                in_flight: &[0; 3],
+                available: Some(&avail),
+            },
+            &cost(),
+            &AffinityConfig::default(),
+            0,
+        );
+        assert_ne!(c.primary, order[0]);
+        // A holder that is down is not warm.
+        let c = choose(
+            &ring(3),
+            &k,
+            k.units,
+            Some(&known(16, &[order[0] as u16], 0)),
+            Loads {
+                in_flight: &[0; 3],
+                available: Some(&avail),
+            },
+            &cost(),
+            &AffinityConfig::default(),
+            0,
+        );
+        assert_eq!(c.reason, Reason::Cold);
+        let nokey = RoutingKey {
+            key: None,
+            blocks: vec![],
+            units: 0,
+            source: KeySource::None,
+            routing_id: RoutingId::Absent,
+        };
+        let c = pick(&nokey, None, &[4, 1, 3]);
+        assert_eq!((c.primary, c.reason), (1, Reason::NoKey));
+    }
+}

@@ -1,0 +1,167 @@
+//! What a cache miss and a busy replica cost, learned from observed response
+//! times.
+//!
+//! Model: time to first token on a replica ≈
+//! `a + b · uncached_tokens + c · in_flight`, where `uncached_tokens` is the
+//! router's estimate of the prompt tokens the replica must prefill and
+//! `in_flight` the replica's in-flight count when the request was routed.
+//! `b` is the **cache-break penalty per token** (prefill cost) and `c` the
+//! **extra wait per in-flight request**: the two prices the affinity policy
+//! compares ([`crate::affinity`]). They start from configured values and,
+//! when learning is on, follow recursive least squares with exponential
+//! forgetting (factor `forget`, ≈ the last `1/(1 − forget)` observations) on
+//! every observed TTFT. Estimates are clamped to sane ranges so one outlier or
+//! a degenerate stream (all requests alike) cannot make a price negative.
+//!
+//! Cost: O(1) per observation (3×3 matrix update), no allocation. One model per
+//! filter worker: each learns from the responses it proxies.
+
+/// Initial prices and learning switch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostConfig {
+    /// Initial prefill cost, milliseconds per 1000 uncached prompt tokens.
+    pub prefill_ms_per_ktok: f64,
+    /// Initial extra wait per in-flight request, milliseconds.
+    pub wait_ms_per_request: f64,
+    /// Learn from observed TTFTs.
+    pub learn: bool,
+    /// Forgetting factor in (0, 1].
+    pub forget: f64,
+}
+
+impl Default for CostConfig {
+    fn default() -> Self {
+        CostConfig {
+            prefill_ms_per_ktok: 50.0,
+            wait_ms_per_request: 10.0,
+            learn: true,
+            forget: 0.999,
+        }
+    }
+}
+
+/// Clamp ranges of the learned prices.
+const PREFILL_RANGE: (f64, f64) = (0.5, 100_000.0);
+const WAIT_RANGE: (f64, f64) = (0.0, 10_000.0);
+
+/// The online estimator.
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    cfg: CostConfig,
+    theta: [f64; 3],
+    p: [[f64; 3]; 3],
+    observations: u64,
+}
+
+impl CostModel {
+    /// A model at the configured prices.
+    pub fn new(cfg: CostConfig) -> CostModel {
+        CostModel {
+            cfg,
+            theta: [0.0, cfg.prefill_ms_per_ktok, cfg.wait_ms_per_request],
+            // Prior variance of [intercept ms, ms per ktok, ms per request].
+            p: [[1e4, 0.0, 0.0], [0.0, 1e4, 0.0], [0.0, 0.0, 1e2]],
+            observations: 0,
+        }
+    }
+
+    /// Prefill cost of `tokens` uncached tokens, milliseconds.
+    pub fn prefill_ms(&self, tokens: f64) -> f64 {
+        self.theta[1].clamp(PREFILL_RANGE.0, PREFILL_RANGE.1) * tokens / 1000.0
+    }
+
+    /// Extra wait for `requests` more in-flight requests, milliseconds.
+    pub fn wait_ms(&self, requests: f64) -> f64 {
+        self.theta[2].clamp(WAIT_RANGE.0, WAIT_RANGE.1) * requests
+    }
+
+    /// Observations so far.
+    pub fn observations(&self) -> u64 {
+        self.observations
+    }
+
+    /// Current (clamped) prices: (ms per 1000 tokens, ms per in-flight request).
+    pub fn prices(&self) -> (f64, f64) {
+        (self.prefill_ms(1000.0), self.wait_ms(1.0))
+    }
+
+    /// Learn from one response: `uncached_tokens` and `in_flight` as estimated
+    /// when it was routed, `ttft_ms` as observed. Ignored when learning is off
+    /// or an input is not finite.
+    pub fn observe(&mut self, uncached_tokens: f64, in_flight: f64, ttft_ms: f64) {
+        if !self.cfg.learn || !(uncached_tokens.is_finite() && in_flight.is_finite() && ttft_ms.is_finite()) {
+            return;
+        }
+        let x = [1.0, uncached_tokens / 1000.0, in_flight];
+        let lambda = self.cfg.forget.clamp(0.9, 1.0);
+        // k = P x / (λ + xᵀ P x)
+        let mut px = [0.0; 3];
+        for (i, v) in px.iter_mut().enumerate() {
+            *v = (0..3).map(|j| self.p[i][j] * x[j]).sum();
+        }
+        let denom = lambda + (0..3).map(|i| x[i] * px[i]).sum::<f64>();
+        if !(denom.is_finite() && denom > 0.0) {
+            return;
+        }
+        let k = [px[0] / denom, px[1] / denom, px[2] / denom];
+        let err = ttft_ms - (0..3).map(|i| self.theta[i] * x[i]).sum::<f64>();
+        for (t, ki) in self.theta.iter_mut().zip(k) {
+            *t += ki * err;
+        }
+        // P = (P − k xᵀ P) / λ
+        let mut xp = [0.0; 3];
+        for (j, v) in xp.iter_mut().enumerate() {
+            *v = (0..3).map(|i| x[i] * self.p[i][j]).sum();
+        }
+        for i in 0..3 {
+            for j in 0..3 {
+                self.p[i][j] = (self.p[i][j] - k[i] * xp[j]) / lambda;
+            }
+        }
+        self.observations += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn learns_the_prices_of_a_linear_system() {
+        let mut m = CostModel::new(CostConfig::default());
+        assert_eq!(m.prices(), (50.0, 10.0));
+        // True system: 20 ms + 33 ms per 1000 tokens + 4 ms per in-flight.
+        let mut s = 1u64;
+        for _ in 0..5000 {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let u = ((s >> 33) % 9000) as f64;
+            let l = ((s >> 20) % 40) as f64;
+            let noise = ((s >> 50) % 11) as f64 - 5.0;
+            m.observe(u, l, 20.0 + 0.033 * u + 4.0 * l + noise);
+        }
+        let (b, c) = m.prices();
+        assert!((b - 33.0).abs() < 1.0, "prefill {b}");
+        assert!((c - 4.0).abs() < 0.3, "wait {c}");
+        assert_eq!(m.observations(), 5000);
+    }
+
+    #[test]
+    fn prices_stay_in_range_and_learning_can_be_off() {
+        let mut m = CostModel::new(CostConfig::default());
+        for _ in 0..100 {
+            m.observe(1000.0, 10.0, -1e9);
+        }
+        let (b, c) = m.prices();
+        assert!(b >= PREFILL_RANGE.0 && c >= WAIT_RANGE.0);
+        let mut off = CostModel::new(CostConfig {
+            learn: false,
+            ..CostConfig::default()
+        });
+        off.observe(1000.0, 1.0, 5000.0);
+        off.observe(f64::NAN, 1.0, 5.0);
+        assert_eq!(off.prices(), (50.0, 10.0));
+        assert_eq!(off.observations(), 0);
+    }
+}

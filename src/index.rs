@@ -1,0 +1,455 @@
+//! Approximate index of recently routed prefix blocks: which replicas were
+//! sent which prefixes, in a fixed table of slots.
+//!
+//! The filter keeps this table in proxy-wasm shared data, which has no delete
+//! and costs ≈ 0.8 µs per get and ≈ 0.2 µs per set, so the index is a
+//! **direct-mapped table** of `slots` entries behind the [`SlotStore`] trait
+//! (Vec-backed [`VecStore`] in tests and in the simulator; shared-data-backed
+//! in the filter). A block key `k` (a seeded chained hash from
+//! [`crate::RoutingKey::blocks`], one per 256 characters of prefix) lives in
+//! slot `(k >> 32) % slots`; a write simply overwrites the slot, so memory is
+//! bounded and old prefixes fade out as new ones take their slots.
+//!
+//! Entry (16 bytes, little endian): `tag` (the key's low 48 bits, never 0) ‖
+//! `time` (u32, deciseconds on the caller's clock, wrapping) ‖ up to
+//! [`MAX_HOLDERS`] replica indices as u16 `index + 1` (0 = none), most
+//! recently routed first.
+//!
+//! **Ladder.** Writing every block of a new 64 KiB prefix would cost 256 sets,
+//! so only the blocks at fixed *ladder* positions are written: positions `p`
+//! where `p + 1` has at most `ladder_bits` significant bits (with 3 bits: 0–7,
+//! 9, 11, 13, 15, 19, 23, 27, 31, 39, …, 255: 29 positions for 256 blocks, four
+//! per octave), plus the request's last block. Every request uses the same
+//! positions, so a prefix routed before has all its ladder blocks known.
+//!
+//! **Lookup** ([`PrefixIndex::lookup`]): blocks are chained, so "block `i` is
+//! known" implies the whole prefix up to `i` was routed before. Probe the last
+//! block (an exact repeat: one get), then ladder position 0 (nothing known →
+//! stop), then binary-search the ladder positions below the last block: at
+//! most `2 + ⌈log2 29⌉ = 7` gets for 256 blocks. The depth found is a lower
+//! bound of the shared prefix, within a factor 1 + 2^(1 − ladder_bits) (1.25
+//! for 3 bits). Entry age is not used during the search (deep entries are
+//! refreshed more often than shallow ones); the caller judges the age of the
+//! entry found.
+//!
+//! **Record** ([`PrefixIndex::record`]): after routing to replica `r`, write
+//! (sets only, no get):
+//! - the deepest known block, with `r` moved to the front of its holders
+//!   (this is how a hot prefix accumulates 2…[`MAX_HOLDERS`] replicas);
+//! - the ladder blocks beyond the known depth, holders = `[r]`, at most
+//!   `max_writes` of them;
+//! - the last block (so an identical request is found with one get).
+//!
+//! Invariants: a slot holds the entry of at most one key; lookups never
+//! report a depth whose block key is not present with its exact 48-bit tag;
+//! record writes at most `max_writes + 2` slots.
+//!
+//! Approximation: a slot overwritten by a colliding key hides that block; the
+//! binary search then reports a shallower known prefix (never a false one, up
+//! to 48-bit tag collisions).
+
+/// Bytes per slot value.
+pub const ENTRY_BYTES: usize = 16;
+/// Replicas remembered per prefix point.
+pub const MAX_HOLDERS: usize = 3;
+
+/// One slot's value.
+pub type SlotValue = [u8; ENTRY_BYTES];
+
+/// Storage of the slot table. `get` of a never-written slot returns `None`.
+pub trait SlotStore {
+    /// Read slot `slot`.
+    fn get(&self, slot: u32) -> Option<SlotValue>;
+    /// Overwrite slot `slot`.
+    fn set(&mut self, slot: u32, value: SlotValue);
+}
+
+/// In-memory slot table (tests, simulator). Counts gets and sets.
+#[derive(Debug, Clone)]
+pub struct VecStore {
+    slots: Vec<SlotValue>,
+    gets: std::cell::Cell<u64>,
+    sets: u64,
+}
+
+impl VecStore {
+    /// A table of `slots` empty slots.
+    pub fn new(slots: u32) -> VecStore {
+        VecStore {
+            slots: vec![[0; ENTRY_BYTES]; slots.max(1) as usize],
+            gets: std::cell::Cell::new(0),
+            sets: 0,
+        }
+    }
+
+    /// Gets so far.
+    pub fn gets(&self) -> u64 {
+        self.gets.get()
+    }
+
+    /// Sets so far.
+    pub fn sets(&self) -> u64 {
+        self.sets
+    }
+
+    /// Slots in use.
+    pub fn occupied(&self) -> usize {
+        self.slots.iter().filter(|s| **s != [0; ENTRY_BYTES]).count()
+    }
+}
+
+impl SlotStore for VecStore {
+    fn get(&self, slot: u32) -> Option<SlotValue> {
+        self.gets.set(self.gets.get() + 1);
+        self.slots
+            .get(slot as usize)
+            .copied()
+            .filter(|v| *v != [0; ENTRY_BYTES])
+    }
+
+    fn set(&mut self, slot: u32, value: SlotValue) {
+        self.sets += 1;
+        if let Some(s) = self.slots.get_mut(slot as usize) {
+            *s = value;
+        }
+    }
+}
+
+/// A decoded slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// Low 48 bits of the block key (never 0).
+    pub tag: u64,
+    /// Last write, deciseconds (wrapping).
+    pub time: u32,
+    /// Replica indices, most recent first.
+    pub holders: [Option<u16>; MAX_HOLDERS],
+}
+
+const TAG_MASK: u64 = (1 << 48) - 1;
+
+/// Tag of a block key.
+pub fn tag_of(key: u64) -> u64 {
+    match key & TAG_MASK {
+        0 => 1,
+        t => t,
+    }
+}
+
+impl Entry {
+    /// Encode.
+    pub fn encode(&self) -> SlotValue {
+        let mut v = [0u8; ENTRY_BYTES];
+        v[..6].copy_from_slice(&self.tag.to_le_bytes()[..6]);
+        v[6..10].copy_from_slice(&self.time.to_le_bytes());
+        for (i, h) in self.holders.iter().enumerate() {
+            let x = h.map_or(0, |r| r.saturating_add(1));
+            v[10 + 2 * i..12 + 2 * i].copy_from_slice(&x.to_le_bytes());
+        }
+        v
+    }
+
+    /// Decode (`None` for an empty value).
+    pub fn decode(v: &SlotValue) -> Option<Entry> {
+        let mut t = [0u8; 8];
+        t[..6].copy_from_slice(&v[..6]);
+        let tag = u64::from_le_bytes(t);
+        if tag == 0 {
+            return None;
+        }
+        let time = u32::from_le_bytes([v[6], v[7], v[8], v[9]]);
+        let mut holders = [None; MAX_HOLDERS];
+        for (i, h) in holders.iter_mut().enumerate() {
+            let x = u16::from_le_bytes([v[10 + 2 * i], v[11 + 2 * i]]);
+            *h = x.checked_sub(1);
+        }
+        Some(Entry { tag, time, holders })
+    }
+
+    /// Holders, most recent first.
+    pub fn holders(&self) -> impl Iterator<Item = usize> + '_ {
+        self.holders.iter().flatten().map(|&h| h as usize)
+    }
+
+    /// `r` moved (or added) to the front; the oldest holder drops off.
+    pub fn with_front(&self, r: u16) -> [Option<u16>; MAX_HOLDERS] {
+        let mut out = [None; MAX_HOLDERS];
+        out[0] = Some(r);
+        let mut k = 1;
+        for h in self.holders.iter().flatten() {
+            if *h != r && k < MAX_HOLDERS {
+                out[k] = Some(*h);
+                k += 1;
+            }
+        }
+        out
+    }
+}
+
+/// Deciseconds from milliseconds (the entry clock; wraps every 13.6 years).
+pub fn decis(now_ms: u64) -> u32 {
+    (now_ms / 100) as u32
+}
+
+/// Result of a lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Known {
+    /// Blocks of the request's prefix known to the index (≥ 1).
+    pub depth: usize,
+    /// The entry of block `depth − 1`.
+    pub entry: Entry,
+    /// Its age, milliseconds.
+    pub age_ms: u64,
+}
+
+/// Index parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexConfig {
+    /// Slots in the table.
+    pub slots: u32,
+    /// Largest number of new ladder blocks written per request.
+    pub max_writes: usize,
+    /// Significant bits of ladder positions (1 = powers of two; more = denser).
+    pub ladder_bits: u32,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        IndexConfig {
+            slots: 1 << 16,
+            max_writes: 32,
+            ladder_bits: 3,
+        }
+    }
+}
+
+/// Is block position `p` on the ladder with `bits` significant bits?
+pub fn on_ladder(p: usize, bits: u32) -> bool {
+    let m = p + 1;
+    let len = usize::BITS - m.leading_zeros();
+    len <= bits || m & ((1usize << (len - bits.max(1))) - 1) == 0
+}
+
+/// Ladder positions below `n`, ascending.
+pub fn ladder(n: usize, bits: u32) -> impl Iterator<Item = usize> {
+    (0..n).filter(move |&p| on_ladder(p, bits))
+}
+
+/// The index logic (stateless; the state is the [`SlotStore`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PrefixIndex {
+    cfg: IndexConfig,
+}
+
+impl PrefixIndex {
+    /// An index with `cfg`.
+    pub fn new(cfg: IndexConfig) -> PrefixIndex {
+        PrefixIndex {
+            cfg: IndexConfig {
+                slots: cfg.slots.max(1),
+                ..cfg
+            },
+        }
+    }
+
+    /// Parameters.
+    pub fn config(&self) -> IndexConfig {
+        self.cfg
+    }
+
+    /// Slot of a block key.
+    pub fn slot(&self, key: u64) -> u32 {
+        ((key >> 32) % u64::from(self.cfg.slots)) as u32
+    }
+
+    fn probe<S: SlotStore>(&self, store: &S, key: u64) -> Option<Entry> {
+        store
+            .get(self.slot(key))
+            .and_then(|v| Entry::decode(&v))
+            .filter(|e| e.tag == tag_of(key))
+    }
+
+    /// Longest known prefix of `blocks` (see the module docs); `None` when
+    /// nothing is known. At most `2 + ⌈log2(ladder positions)⌉` gets.
+    pub fn lookup<S: SlotStore>(&self, store: &S, blocks: &[u64], now_ms: u64) -> Option<Known> {
+        let n = blocks.len();
+        let last = *blocks.last()?;
+        let found = |depth: usize, e: Entry| Known {
+            depth,
+            entry: e,
+            age_ms: u64::from(decis(now_ms).wrapping_sub(e.time)) * 100,
+        };
+        if let Some(e) = self.probe(store, last) {
+            return Some(found(n, e));
+        }
+        if n == 1 {
+            return None;
+        }
+        let mut best = found(1, self.probe(store, blocks[0])?);
+        // Ladder positions strictly between 0 and the last block.
+        let mut pos = [0usize; 64];
+        let mut m = 0;
+        for p in ladder(n - 1, self.cfg.ladder_bits).skip(1) {
+            if m == pos.len() {
+                break;
+            }
+            pos[m] = p;
+            m += 1;
+        }
+        // Invariant: pos[..lo] known (best = deepest), pos[hi..] unknown.
+        let (mut lo, mut hi) = (0usize, m);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.probe(store, blocks[pos[mid]]) {
+                Some(e) => {
+                    best = found(pos[mid] + 1, e);
+                    lo = mid + 1;
+                }
+                None => hi = mid,
+            }
+        }
+        Some(best)
+    }
+
+    /// Record that the request with `blocks` went to `replica` (see the module
+    /// docs). `known` is what [`PrefixIndex::lookup`] returned for it. Returns
+    /// the number of sets.
+    pub fn record<S: SlotStore>(
+        &self,
+        store: &mut S,
+        blocks: &[u64],
+        known: Option<&Known>,
+        replica: usize,
+        now_ms: u64,
+    ) -> usize {
+        let Some(&last) = blocks.last() else {
+            return 0;
+        };
+        let n = blocks.len();
+        let r = replica.min(u16::MAX as usize - 1) as u16;
+        let time = decis(now_ms);
+        let fresh = |key: u64| Entry {
+            tag: tag_of(key),
+            time,
+            holders: [Some(r), None, None],
+        };
+        let mut sets = 0;
+        let depth = known.map_or(0, |k| k.depth.min(n));
+        if let Some(k) = known.filter(|_| depth > 0) {
+            let key = blocks[depth - 1];
+            let e = Entry {
+                tag: tag_of(key),
+                time,
+                holders: k.entry.with_front(r),
+            };
+            store.set(self.slot(key), e.encode());
+            sets += 1;
+        }
+        if depth < n {
+            for p in ladder(n - 1, self.cfg.ladder_bits)
+                .filter(|&p| p >= depth)
+                .take(self.cfg.max_writes)
+            {
+                store.set(self.slot(blocks[p]), fresh(blocks[p]).encode());
+                sets += 1;
+            }
+            store.set(self.slot(last), fresh(last).encode());
+            sets += 1;
+        }
+        sets
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+    use crate::hash::hash_id;
+
+    fn chain(prefix: u64, shared: usize, own: u64, n: usize) -> Vec<u64> {
+        let mut h = prefix;
+        (0..n)
+            .map(|i| {
+                h = if i < shared {
+                    hash_id(&[h.to_le_bytes(), (i as u64).to_le_bytes()].concat())
+                } else {
+                    hash_id(&[h.to_le_bytes(), own.to_le_bytes()].concat())
+                };
+                h
+            })
+            .collect()
+    }
+
+    #[test]
+    fn entry_roundtrip() {
+        let e = Entry {
+            tag: tag_of(0xdead_beef_cafe_f00d),
+            time: 77,
+            holders: [Some(3), Some(0), None],
+        };
+        assert_eq!(Entry::decode(&e.encode()), Some(e));
+        assert_eq!(Entry::decode(&[0; ENTRY_BYTES]), None);
+        assert_eq!(e.with_front(0), [Some(0), Some(3), None]);
+        assert_eq!(e.with_front(9), [Some(9), Some(3), Some(0)]);
+        assert_eq!(tag_of(1 << 48), 1);
+    }
+
+    #[test]
+    fn ladder_positions() {
+        let l: Vec<usize> = ladder(40, 3).collect();
+        assert_eq!(l, vec![0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 13, 15, 19, 23, 27, 31, 39]);
+        assert_eq!(ladder(256, 3).count(), 28);
+        let p2: Vec<usize> = ladder(20, 1).collect();
+        assert_eq!(p2, vec![0, 1, 3, 7, 15]);
+    }
+
+    #[test]
+    fn known_prefix_and_holders() {
+        let idx = PrefixIndex::new(IndexConfig::default());
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        let a = chain(1, 40, 100, 48);
+        assert_eq!(idx.lookup(&st, &a, 0), None);
+        assert_eq!(st.gets(), 2, "cold lookup: last block, then block 0");
+        // Ladder below 47: 17 positions up to 39, plus the last block.
+        assert_eq!(idx.record(&mut st, &a, None, 2, 0), 18);
+        // A request sharing 40 blocks: known up to ladder position 39, on 2.
+        let b = chain(1, 40, 200, 45);
+        let k = idx.lookup(&st, &b, 1000).unwrap();
+        assert_eq!((k.depth, k.entry.holders[0], k.age_ms), (40, Some(2), 1000));
+        assert!(st.gets() <= 2 + 7);
+        // Routed elsewhere: block 39 now has two holders, newest first.
+        idx.record(&mut st, &b, Some(&k), 5, 1000);
+        let c = chain(1, 40, 300, 45);
+        let k = idx.lookup(&st, &c, 1000).unwrap();
+        assert_eq!(k.depth, 40);
+        assert_eq!(k.entry.holders, [Some(5), Some(2), None]);
+        // A request sharing 30 blocks: lower bound 28 (ladder 27).
+        let d = chain(1, 30, 400, 45);
+        assert_eq!(idx.lookup(&st, &d, 1000).unwrap().depth, 28);
+        // Exact repeat: found with one get.
+        let before = st.gets();
+        let k = idx.lookup(&st, &a, 2000).unwrap();
+        assert_eq!((k.depth, st.gets() - before), (48, 1));
+    }
+
+    #[test]
+    fn lookup_cost_is_logarithmic_and_never_false() {
+        let idx = PrefixIndex::new(IndexConfig {
+            slots: 1 << 16,
+            ..IndexConfig::default()
+        });
+        let mut st = VecStore::new(1 << 16);
+        let a = chain(9, 200, 1, 256);
+        assert_eq!(idx.record(&mut st, &a, None, 1, 0), 28);
+        for (shared, lower) in [(1usize, 1usize), (17, 16), (100, 96), (199, 192), (200, 192)] {
+            let b = chain(9, shared, 7, 256);
+            let before = st.gets();
+            let k = idx.lookup(&st, &b, 0).unwrap();
+            assert_eq!(k.depth, lower, "shared {shared}");
+            assert!(st.gets() - before <= 7);
+        }
+        let other = chain(10, 0, 3, 256);
+        assert_eq!(idx.lookup(&st, &other, 0), None);
+    }
+}
