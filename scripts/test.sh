@@ -33,8 +33,8 @@ cleanup() {
   local pid cmd
   [ -f "$E2E_PIDFILE" ] || return 0
   while read -r pid; do
-    [ -n "$pid" ] || continue
-    cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
+    [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || continue
+    cmd="$( (tr '\0' ' ' <"/proc/$pid/cmdline") 2>/dev/null || true)"
     case "$cmd" in
       *envoy*|*replica-emulator*) kill -9 "$pid" 2>/dev/null || true ;;
     esac
@@ -113,7 +113,7 @@ ok() { [ "${STATUS[$1]:-}" = ok ]; }
 count_tests() {
   grep -E '^test result: ' "$1" 2>/dev/null | awk '
     { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } n++ }
-    END { if (n) printf "%d passed, %d failed, %d ignored", p, f, g }'
+    END { if (n) printf "%d passed, %d failed, %d ignored", p, f, g }' || true
 }
 
 run_fmt() { cargo fmt --all -- --check; }
@@ -124,11 +124,11 @@ run_clippy() {
   cargo clippy -p prefix-router --lib --target wasm32-wasip1 -- -D warnings
 }
 
-run_unit() { cargo test --workspace; }
+run_unit() { cargo test --workspace --no-fail-fast; }
 
 run_wasm32() {
   CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
-    cargo test -p prefix-router --lib --target wasm32-unknown-unknown
+    cargo test -p prefix-router --lib --target wasm32-unknown-unknown --no-fail-fast
 }
 
 run_build() {
@@ -172,11 +172,18 @@ fi
 # Summary
 # ---------------------------------------------------------------------------------------
 failed=0
+passed_total=0
+failed_total=0
 printf '\n==== prefix-router test summary (%ds total, logs in target/test-logs/) ====\n' $((SECONDS - SUITE_START))
 for s in "${STEPS[@]}"; do
   printf '  %-9s %-18s %5ss  %s\n' "$s" "${STATUS[$s]}" "${SECS[$s]}" "${NOTE[$s]}"
   case "${STATUS[$s]}" in FAILED*) failed=1 ;; esac
+  if [[ "${NOTE[$s]}" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
+    passed_total=$((passed_total + BASH_REMATCH[1]))
+    failed_total=$((failed_total + BASH_REMATCH[2]))
+  fi
 done
+echo "tests: $passed_total passed, $failed_total failed"
 if [ "$failed" -ne 0 ]; then
   echo "FAILED"
   exit 1
