@@ -163,26 +163,41 @@ impl Format<'_> {
         Bytes::from(format!("data: {v}\n\n"))
     }
 
-    /// SSE event(s) carrying output token `i` (the first one also carries the chat role).
+    /// The SSE event carrying output token `i` (the first one also carries the chat role).
+    /// Built as a string (not a `Value`): this runs once per output token.
     pub fn token_event(&self, i: usize, text: &str, last: bool) -> Bytes {
-        let finish = if last { json!("length") } else { Value::Null };
-        match self.job.api {
+        let j = self.job;
+        let text = Value::from(text);
+        let model = Value::from(j.model.as_str());
+        let finish = if last { "\"length\"" } else { "null" };
+        let (object, choice) = match j.api {
             Api::Chat => {
-                let delta = if i == 0 {
-                    json!({"role": "assistant", "content": text})
+                let role = if i == 0 {
+                    "\"role\":\"assistant\","
                 } else {
-                    json!({"content": text})
+                    ""
                 };
-                self.chunk(
-                    json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]),
-                    None,
+                (
+                    "chat.completion.chunk",
+                    format!(
+                        "{{\"index\":0,\"delta\":{{{role}\"content\":{text}}},\"logprobs\":null,\
+                         \"finish_reason\":{finish}}}"
+                    ),
                 )
             }
-            Api::Completions => self.chunk(
-                json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]),
-                None,
+            Api::Completions => (
+                "text_completion",
+                format!(
+                    "{{\"index\":0,\"text\":{text},\"logprobs\":null,\"finish_reason\":{finish}}}"
+                ),
             ),
-        }
+        };
+        Bytes::from(format!(
+            "data: {{\"id\":\"{}\",\"object\":\"{object}\",\"created\":{},\"model\":{model},\
+             \"choices\":[{choice}]}}\n\n",
+            self.id(),
+            self.created
+        ))
     }
 
     /// The final usage chunk (`stream_options.include_usage`), then `data: [DONE]`.
@@ -301,4 +316,64 @@ pub async fn run(emu: Arc<Emulator>, job: Job, sink: Option<mpsc::Sender<Bytes>>
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(api: Api) -> Job {
+        Job {
+            api,
+            seq: 7,
+            model: "m\"x".into(),
+            lora: None,
+            cache_salt: None,
+            tokens: vec![1, 2, 3],
+            max_tokens: 2,
+            stream: true,
+            include_usage: true,
+            arrived: Instant::now(),
+        }
+    }
+
+    fn parse(b: &Bytes) -> Value {
+        let t = std::str::from_utf8(b).unwrap();
+        let t = t
+            .strip_prefix("data: ")
+            .unwrap()
+            .strip_suffix("\n\n")
+            .unwrap();
+        serde_json::from_str(t).unwrap()
+    }
+
+    #[test]
+    fn token_events_are_valid_openai_chunks() {
+        let j = job(Api::Chat);
+        let f = Format {
+            job: &j,
+            created: 5,
+        };
+        let first = parse(&f.token_event(0, " \"hi\"", false));
+        assert_eq!(first["id"], "chatcmpl-emu-7");
+        assert_eq!(first["object"], "chat.completion.chunk");
+        assert_eq!(first["model"], "m\"x");
+        assert_eq!(first["created"], 5);
+        assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(first["choices"][0]["delta"]["content"], " \"hi\"");
+        assert!(first["choices"][0]["finish_reason"].is_null());
+        let last = parse(&f.token_event(1, " x", true));
+        assert!(last["choices"][0]["delta"].get("role").is_none());
+        assert_eq!(last["choices"][0]["finish_reason"], "length");
+
+        let j = job(Api::Completions);
+        let f = Format {
+            job: &j,
+            created: 5,
+        };
+        let c = parse(&f.token_event(0, " y", true));
+        assert_eq!(c["object"], "text_completion");
+        assert_eq!(c["choices"][0]["text"], " y");
+        assert_eq!(c["choices"][0]["finish_reason"], "length");
+    }
 }
