@@ -21,3 +21,4 @@ mod failover;
 mod load;
 mod routing;
 mod safety;
+mod strategies;

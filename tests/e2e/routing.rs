@@ -170,16 +170,17 @@ fn different_prefixes_spread_over_the_replicas() {
             "replica {ep} got {n} of 60 prefixes (want 1..=30): {count:?}"
         );
     }
-    // The emulators agree with the response headers.
-    for rep in &w.fleet.replicas {
-        assert_eq!(
-            rep.model_requests().len(),
-            count[&rep.addr()],
-            "replica {}",
-            rep.id
-        );
-    }
+    // The emulators and the filter's per-endpoint counters agree with the response headers.
     let s = w.envoy.wait_idle();
+    for rep in &w.fleet.replicas {
+        let n = count[&rep.addr()];
+        assert_eq!(rep.model_requests().len(), n, "replica {}", rep.id);
+        let label = format!(
+            "prefix_router.endpoint.{}.routed",
+            rep.addr().replace(['.', ':'], "_")
+        );
+        assert_eq!(s.get(&label) as usize, n, "{label}");
+    }
     assert_eq!(s.branch_total(), 60);
 }
 
