@@ -56,7 +56,12 @@ pub async fn scrape_replica(url: &str) -> ReplicaCounters {
             return c;
         }
     };
-    let samples = prom::parse(&text);
+    counters_from_metrics(c, &text)
+}
+
+/// Reads the prefix-cache counters of a vLLM/emulator or llama.cpp `/metrics` text.
+pub fn counters_from_metrics(mut c: ReplicaCounters, text: &str) -> ReplicaCounters {
+    let samples = prom::parse(text);
     let sums = prom::sum_by_name(&samples);
     c.id = samples
         .iter()
@@ -596,6 +601,36 @@ pub fn table(runs: &[Summary]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_vllm_and_llamacpp_counters() {
+        let base = || ReplicaCounters {
+            url: "http://127.0.0.1:1".into(),
+            ..Default::default()
+        };
+        let v = counters_from_metrics(
+            base(),
+            "vllm:prefix_cache_queries_total{model_name=\"m\"} 100\n\
+             vllm:prefix_cache_hits_total{model_name=\"m\"} 40\n\
+             vllm:request_success_total{finished_reason=\"length\"} 3\n\
+             vllm:request_success_total{finished_reason=\"stop\"} 2\n\
+             emulator_info{id=\"r1\",model_name=\"m\"} 1\n",
+        );
+        assert_eq!((v.kind.as_str(), v.queries, v.hits), ("vllm", 100.0, 40.0));
+        assert_eq!((v.requests, v.id.as_deref()), (Some(5.0), Some("r1")));
+        let l = counters_from_metrics(
+            base(),
+            "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 1129\n\
+             llamacpp:prompt_tokens_cached_total 2057\nllamacpp:tokens_predicted_total 80\n",
+        );
+        assert_eq!(
+            (l.kind.as_str(), l.queries, l.hits),
+            ("llamacpp", 3186.0, 2057.0)
+        );
+        assert!(l.error.is_none());
+        let u = counters_from_metrics(base(), "process_cpu_seconds_total 1\n");
+        assert!(u.error.is_some());
+    }
 
     #[test]
     fn percentiles_nearest_rank() {
