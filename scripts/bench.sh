@@ -15,6 +15,7 @@ cd "$(dirname "$0")/.."
 source scripts/common.sh
 source scripts/bench/lib.sh
 source scripts/bench/overhead.sh
+source scripts/bench/cluster.sh
 source scripts/bench/routing.sh
 
 part="${1:-all}"

@@ -7,6 +7,7 @@
 # background of a shell that later exits gets SIGTERM (notes/envoy-facts.md §0), so the subshell
 # exits at once and we keep the PID it printed. Nothing here binds a non-loopback address.
 
+BENCH_DIR_SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PROC_PIDS=()
 PROC_NAMES=()
 RUN_DIR="${RUN_DIR:-}"
@@ -31,7 +32,11 @@ proc_stop() {
     sleep 0.05
   done
   if proc_alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; sleep 0.1; fi
-  wait "$pid" 2>/dev/null || true   # reaps our own children; a no-op for subshell-started ones
+  # Reap our own children (a no-op for subshell-started Envoy). Not inside the exit trap: a
+  # `wait` there, after a Ctrl-C interrupted another `wait`, was seen to block forever on a
+  # child that had already exited; the process is gone either way (a zombie at most, reaped
+  # by init when the script exits).
+  [ -n "${PROC_IN_TRAP:-}" ] || wait "$pid" 2>/dev/null || true
 }
 
 # proc_stop_named NAME — stop every tracked process whose name starts with NAME.
@@ -58,7 +63,7 @@ proc_stop_all() {
 # proc_install_trap — stop everything on exit, Ctrl-C or SIGTERM; keep the exit status.
 # On INT/TERM the handler exits 130/143 so the script does not go on after cleaning up.
 proc_install_trap() {
-  trap 'rc=$?; trap - EXIT INT TERM; proc_stop_all; exit $rc' EXIT
+  trap 'rc=$?; trap - EXIT INT TERM; PROC_IN_TRAP=1; proc_stop_all; exit $rc' EXIT
   trap 'echo >&2; log "interrupted: stopping everything this script started"; exit 130' INT
   trap 'exit 143' TERM
 }

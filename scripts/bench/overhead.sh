@@ -20,7 +20,6 @@
 # OVERHEAD_TPUT_ROUNDS (default 2), OVERHEAD_SIZES (bytes, default "1024 16384 65536 262144"),
 # OVERHEAD_TPUT_CONNS (default 8).
 
-BENCH_DIR_SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 ensure_wrk() {
   command -v wrk >/dev/null 2>&1 && return 0

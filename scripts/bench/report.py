@@ -3,6 +3,8 @@
 
 Subcommands:
   overhead DIR OUT_JSON ...   per-run wrk summaries in DIR/runs -> markdown table + OUT_JSON
+  demo BASE.json NEW.json     headline of the demo: NEW (prefix) against BASE (round_robin)
+  routing OUT_JSON RUN.json.. routing-quality table (prefix-load summaries) + OUT_JSON
   combine BENCH_DIR ...       every part's JSON in BENCH_DIR -> one markdown block for the README
 
 Run files of the overhead part are named <size>-<latency|throughput>-<A|B>-<round>.json
@@ -160,6 +162,133 @@ def overhead_markdown(o):
     return "\n".join(lines)
 
 
+def load_summary(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def pct(v):
+    return "-" if v is None else f"{v * 100:.1f} %"
+
+
+def change(new, base):
+    if not base:
+        return "-"
+    return f"{(new - base) / base * 100:+.0f} %"
+
+
+def spill(s):
+    e = s.get("envoy") or {}
+    return e.get("spill", 0) if e.get("branches") else None
+
+
+def demo(args):
+    base, new = load_summary(args.base), load_summary(args.new)
+    problems = []
+    for s in (base, new):
+        if s["errors"]:
+            problems.append(f"{s['label']}: {s['errors']} failed requests {s['status_counts']}")
+        if s.get("hit_rate") is None:
+            problems.append(f"{s['label']}: no hit rate from the replicas' counters")
+    b, n = base["ttft_ms"], new["ttft_ms"]
+    print()
+    print(f"{new['label']} vs {base['label']}: prefix-cache hit rate {pct(base.get('hit_rate'))} -> "
+          f"{pct(new.get('hit_rate'))}; TTFT p50 {change(n['p50'], b['p50'])}, "
+          f"p90 {change(n['p90'], b['p90'])}, p99 {change(n['p99'], b['p99'])}; "
+          f"busiest replica {pct(new.get('share_max'))} of requests "
+          f"(fair share {pct(1 / max(1, len(new.get('replicas') or [1] * 7)))}); "
+          f"spills {spill(new)}.")
+    for p in problems:
+        print(f"warning: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def routing(args):
+    runs = {}
+    order = []
+    for path in args.files:
+        name = os.path.basename(path)[:-5]
+        workload, strategy = name.split("-", 1)
+        runs[(workload, strategy)] = load_summary(path)
+        if workload not in order:
+            order.append(workload)
+    lines = [
+        "| workload | strategy | hit rate | TTFT p50 | TTFT p90 | TTFT p99 | share min / max "
+        "| spills | failed |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    problems = []
+    for (w, st), r in runs.items():
+        t = r["ttft_ms"]
+        sp = spill(r)
+        lines.append(
+            f"| {w} | {st} | {pct(r.get('hit_rate'))} | {t['p50']:.0f} ms | {t['p90']:.0f} ms "
+            f"| {t['p99']:.0f} ms | {pct(r.get('share_min'))} / {pct(r.get('share_max'))} "
+            f"| {'-' if sp is None else sp} | {r['errors']} |")
+        if r["errors"]:
+            problems.append(f"{w}/{st}: {r['errors']} failed requests {r['status_counts']}")
+    lines.append("")
+    ratios = {}
+    for w in order:
+        p = runs.get((w, "prefix"))
+        if not p:
+            continue
+        for base_name in ("round_robin", "least_request"):
+            b = runs.get((w, base_name))
+            if not b:
+                continue
+            pt, bt = p["ttft_ms"], b["ttft_ms"]
+            ratios[f"{w}: prefix vs {base_name}"] = {
+                "hit_rate": [b.get("hit_rate"), p.get("hit_rate")],
+                "ttft_p50_change": (pt["p50"] - bt["p50"]) / bt["p50"] if bt["p50"] else None,
+                "ttft_p90_change": (pt["p90"] - bt["p90"]) / bt["p90"] if bt["p90"] else None,
+                "ttft_p99_change": (pt["p99"] - bt["p99"]) / bt["p99"] if bt["p99"] else None,
+            }
+            lines.append(
+                f"- **{w}**, prefix vs {base_name}: hit rate {pct(b.get('hit_rate'))} → "
+                f"{pct(p.get('hit_rate'))}; TTFT p50 {change(pt['p50'], bt['p50'])}, "
+                f"p90 {change(pt['p90'], bt['p90'])}, p99 {change(pt['p99'], bt['p99'])}")
+    sm = runs.get(("sagemaker", "prefix"))
+    checks = []
+    if sm:
+        hr = sm.get("hit_rate") or 0
+        checks.append(f"sagemaker hit rate ≥ 90 %: {pct(hr)} → {'met' if hr >= 0.9 else 'NOT met'}")
+        lo, hi = sm.get("share_min") or 0, sm.get("share_max") or 0
+        ok = lo >= 0.133 and hi <= 0.154
+        checks.append(f"sagemaker share 13.3–15.4 %: {pct(lo)}–{pct(hi)} → {'met' if ok else 'NOT met'}")
+    un, ul = runs.get(("unique", "prefix")), runs.get(("unique", "least_request"))
+    if un and ul and ul["ttft_ms"]["p90"]:
+        d = (un["ttft_ms"]["p90"] - ul["ttft_ms"]["p90"]) / ul["ttft_ms"]["p90"]
+        checks.append(f"unique TTFT p90 within 5 % of least_request: {d * 100:+.1f} % → "
+                      f"{'met' if d <= 0.05 else 'NOT met'}")
+    if checks:
+        lines.append("")
+        lines.append("SPEC §8 targets: " + "; ".join(checks) + ".")
+    lines.append("")
+    lines.append(f"Replicas: replica-emulator {args.emulator}; open-loop Poisson arrivals, "
+                 "replicas restarted (cold caches) and Envoy restarted for every run; hit rate = "
+                 "prefix-cache hit tokens / prompt tokens from the replicas' /metrics; spills = "
+                 "the filter's `branch.spill` counter.")
+    md = "\n".join(lines)
+    out = {
+        "part": "routing",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": args.machine,
+        "emulator": args.emulator,
+        "elapsed_s": args.elapsed,
+        "runs": {f"{w}/{st}": r for (w, st), r in runs.items()},
+        "ratios": ratios,
+        "markdown": md,
+    }
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=2)
+        f.write("\n")
+    print(md)
+    for p in problems:
+        print(f"error: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def combine(args):
     parts = []
     for name in ("overhead", "routing", "llama"):
@@ -204,8 +333,17 @@ def main():
     c.add_argument("--command", default="./build.sh bench")
     c.add_argument("--machine", default="")
     c.add_argument("--since", type=float, default=0)
+    d = sub.add_parser("demo")
+    d.add_argument("base")
+    d.add_argument("new")
+    r = sub.add_parser("routing")
+    r.add_argument("out")
+    r.add_argument("files", nargs="+")
+    r.add_argument("--machine", default="")
+    r.add_argument("--emulator", default="")
+    r.add_argument("--elapsed", type=int, default=0)
     args = ap.parse_args()
-    return overhead(args) if args.cmd == "overhead" else combine(args)
+    return {"overhead": overhead, "combine": combine, "demo": demo, "routing": routing}[args.cmd](args)
 
 
 if __name__ == "__main__":

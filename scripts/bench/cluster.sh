@@ -1,0 +1,132 @@
+# The emulated serving stack shared by scripts/demo.sh and the routing part of scripts/bench.sh:
+# 7 replica emulators on 127.0.0.1:18001-18007 and Envoy (envoy/envoy.yaml: listener :10000,
+# admin :9901) with the prefix-router filter. Source after common.sh and bench/lib.sh.
+#
+#   cluster_start_replicas LOGDIR ARGS...   start 7 fresh replicas (cold caches), wait for /health
+#   cluster_start_envoy STRATEGY LOGDIR     render envoy/envoy.yaml with STRATEGY and start Envoy,
+#                                           wait until the 7 hosts are healthy
+#   cluster_run LABEL TOTAL OUT_JSON ARGS...  run prefix-load through Envoy with a live progress
+#                                           line (requests done, read from Envoy's admin)
+#   cluster_stop                            stop Envoy and the replicas (by PID)
+
+CLUSTER_HOST=127.0.0.1
+CLUSTER_PORTS=(18001 18002 18003 18004 18005 18006 18007)
+CLUSTER_LISTENER=10000
+CLUSTER_ADMIN=9901
+EMULATOR_BIN="$ROOT/target/release/replica-emulator"
+LOAD_BIN="$ROOT/target/release/prefix-load"
+
+cluster_ports_free() {
+  require_free_ports "${CLUSTER_PORTS[@]}" "$CLUSTER_LISTENER" "$CLUSTER_ADMIN"
+}
+
+# cluster_start_replicas LOGDIR EMULATOR_ARGS...
+cluster_start_replicas() {
+  local logdir="$1" i port pids=()
+  shift
+  mkdir -p "$logdir"
+  for i in "${!CLUSTER_PORTS[@]}"; do
+    port="${CLUSTER_PORTS[$i]}"
+    "$EMULATOR_BIN" --host "$CLUSTER_HOST" --port "$port" --id "r$((i + 1))" "$@" \
+      >"$logdir/replica-$port.log" 2>&1 </dev/null &
+    pids+=($!)
+    proc_track "$!" "replica-$port"
+  done
+  for i in "${!CLUSTER_PORTS[@]}"; do
+    port="${CLUSTER_PORTS[$i]}"
+    if ! wait_http "http://$CLUSTER_HOST:$port/health" 20 "${pids[$i]}"; then
+      echo "error: replica on :$port did not become healthy; log:" >&2
+      tail -5 "$logdir/replica-$port.log" >&2
+      return 1
+    fi
+  done
+}
+
+# cluster_render_envoy STRATEGY OUT — envoy/envoy.yaml with the plugin's strategy replaced and
+# the .wasm path made absolute (so Envoy's working directory does not matter).
+cluster_render_envoy() {
+  local strategy="$1" out="$2"
+  sed -e "s|\"strategy\": *\"[a-z_]*\"|\"strategy\": \"$strategy\"|" \
+      -e "s|filename: target/wasm32-wasip1/release/prefix_router.wasm|filename: $WASM|" \
+      "$ROOT/envoy/envoy.yaml" >"$out"
+  grep -q "\"strategy\": \"$strategy\"" "$out" && grep -q "filename: $WASM" "$out" || {
+    echo "error: could not render strategy/wasm path into envoy/envoy.yaml (layout changed?)" >&2
+    return 1
+  }
+}
+
+# cluster_healthy_hosts — how many of the llm cluster's hosts Envoy reports healthy.
+cluster_healthy_hosts() {
+  curl -s --max-time 2 "http://$CLUSTER_HOST:$CLUSTER_ADMIN/clusters" |
+    grep -c '^llm::.*::health_flags::healthy$' || true
+}
+
+# cluster_start_envoy STRATEGY LOGDIR [CONCURRENCY]
+cluster_start_envoy() {
+  local strategy="$1" logdir="$2" conc="${3:-2}" pid i
+  mkdir -p "$logdir"
+  cluster_render_envoy "$strategy" "$logdir/envoy-$strategy.yaml"
+  start_envoy "envoy-$strategy" "$logdir/envoy-$strategy.yaml" "$logdir/envoy-$strategy.log" \
+    --concurrency "$conc"
+  pid=$LAST_PID
+  CLUSTER_ENVOY_PID=$pid
+  if ! wait_http "http://$CLUSTER_HOST:$CLUSTER_ADMIN/ready" 30 "$pid"; then
+    echo "error: Envoy did not start; log:" >&2
+    tail -20 "$logdir/envoy-$strategy.log" >&2
+    return 1
+  fi
+  for ((i = 0; i < 200; i++)); do
+    [ "$(cluster_healthy_hosts)" -ge "${#CLUSTER_PORTS[@]}" ] && return 0
+    sleep 0.1
+  done
+  echo "error: Envoy does not see all ${#CLUSTER_PORTS[@]} replicas healthy after 20 s" >&2
+  return 1
+}
+
+# cluster_requests_done — requests Envoy's listener has completed since it started.
+cluster_requests_done() {
+  curl -s --max-time 1 "http://$CLUSTER_HOST:$CLUSTER_ADMIN/stats?filter=^http\.llm_ingress\.downstream_rq_completed$" |
+    awk -F': ' '{print $2+0; found=1} END{if (!found) print 0}'
+}
+
+# cluster_monitor LABEL TOTAL — the progress line, until killed (bounded: 30 min).
+cluster_monitor() {
+  local label="$1" total="$2" start=$SECONDS n i
+  trap '' INT   # a Ctrl-C to the process group must not end it early: the script stops it
+  # On a terminal the line is redrawn every 0.5 s; in a log, one line every 5 s.
+  local every=10
+  [ -t 2 ] && every=1
+  for ((i = 0; i < 3600; i++)); do
+    if ((i % every == every - 1)); then
+      n="$(cluster_requests_done)"
+      progress "$(printf '%s: %4d/%d requests, %3d s' "$label" "${n:-0}" "$total" $((SECONDS - start)))"
+    fi
+    sleep 0.5
+  done
+}
+
+# cluster_run LABEL TOTAL OUT_JSON PREFIX_LOAD_ARGS...
+cluster_run() {
+  local label="$1" total="$2" out="$3" rc=0 mon replicas=() p
+  shift 3
+  for p in "${CLUSTER_PORTS[@]}"; do replicas+=(--replica "http://$CLUSTER_HOST:$p"); done
+  cluster_monitor "$label" "$total" &
+  mon=$!
+  proc_track "$mon" monitor
+  run_tracked prefix-load "$LOAD_BIN" run --url "http://$CLUSTER_HOST:$CLUSTER_LISTENER" \
+    --envoy-admin "http://$CLUSTER_HOST:$CLUSTER_ADMIN" "${replicas[@]}" \
+    --label "$label" --json "$out" "$@" >"${out%.json}.out" 2>&1 || rc=$?
+  proc_stop "$mon" 1; proc_untrack "$mon"
+  progress "$(printf '%s: %4d/%d requests, done' "$label" "$(cluster_requests_done)" "$total")"
+  progress_end
+  if [ "$rc" -ne 0 ] || [ ! -s "$out" ]; then
+    echo "error: prefix-load failed (status $rc); output:" >&2
+    tail -20 "${out%.json}.out" >&2
+    return 1
+  fi
+}
+
+cluster_stop() {
+  proc_stop_named envoy-
+  proc_stop_named replica-
+}
