@@ -24,9 +24,12 @@
 //!
 //! **Lookup** ([`PrefixIndex::lookup`]): blocks are chained, so "block `i` is
 //! known" implies the whole prefix up to `i` was routed before. Probe the last
-//! block (an exact repeat: one get), then ladder position 0 (nothing known →
-//! stop), then binary-search the ladder positions below the last block: at
-//! most `2 + ⌈log2 29⌉ = 7` gets for 256 blocks. The depth found is a lower
+//! block (an exact repeat: one get), then gallop down the ladder positions
+//! below it from the deepest (steps 1, 2, 4, …) to the first known one, and
+//! binary-search between it and the last unknown one: one or two gets for a
+//! deep shared prefix, about `2·log2 28 ≈ 10` at most for 256 blocks. Starting
+//! from the deep end means a shallow block lost to a colliding key does not
+//! hide a deep known prefix. The depth found is a lower
 //! bound of the shared prefix, within a factor 1 + 2^(1 − ladder_bits) (1.25
 //! for 3 bits). Entry age is not used during the search (deep entries are
 //! refreshed more often than shallow ones); the caller judges the age of the
@@ -36,8 +39,10 @@
 //! (sets only, no get):
 //! - the deepest known block, with `r` moved to the front of its holders
 //!   (this is how a hot prefix accumulates 2…[`MAX_HOLDERS`] replicas);
-//! - the ladder blocks beyond the known depth, holders = `[r]`, at most
-//!   `max_writes` of them;
+//! - every other ladder block of the request, holders = `[r]`, deepest first,
+//!   at most `max_writes` of them (≤ 27 for 256 blocks with 3 bits). Rewriting
+//!   the known ones too restores blocks that colliding keys overwrote, so the
+//!   prefixes in use keep intact ladders while unused ones fade out;
 //! - the last block (so an identical request is found with one get).
 //!
 //! Invariants: a slot holds the entry of at most one key; lookups never
@@ -211,6 +216,9 @@ pub struct IndexConfig {
     pub max_writes: usize,
     /// Significant bits of ladder positions (1 = powers of two; more = denser).
     pub ladder_bits: u32,
+    /// Rewrite the known ladder blocks too (repairs collisions), not only the
+    /// new ones.
+    pub rewrite_known: bool,
 }
 
 impl Default for IndexConfig {
@@ -219,6 +227,7 @@ impl Default for IndexConfig {
             slots: 1 << 16,
             max_writes: 32,
             ladder_bits: 3,
+            rewrite_known: false,
         }
     }
 }
@@ -270,7 +279,7 @@ impl PrefixIndex {
     }
 
     /// Longest known prefix of `blocks` (see the module docs); `None` when
-    /// nothing is known. At most `2 + ⌈log2(ladder positions)⌉` gets.
+    /// nothing is known. At most `1 + ⌈log2(ladder positions + 1)⌉` gets.
     pub fn lookup<S: SlotStore>(&self, store: &S, blocks: &[u64], now_ms: u64) -> Option<Known> {
         let n = blocks.len();
         let last = *blocks.last()?;
@@ -282,33 +291,56 @@ impl PrefixIndex {
         if let Some(e) = self.probe(store, last) {
             return Some(found(n, e));
         }
-        if n == 1 {
-            return None;
-        }
-        let mut best = found(1, self.probe(store, blocks[0])?);
-        // Ladder positions strictly between 0 and the last block.
+        let mut best = None;
+        // Ladder positions below the last block.
         let mut pos = [0usize; 64];
         let mut m = 0;
-        for p in ladder(n - 1, self.cfg.ladder_bits).skip(1) {
+        for p in ladder(n - 1, self.cfg.ladder_bits) {
             if m == pos.len() {
                 break;
             }
             pos[m] = p;
             m += 1;
         }
-        // Invariant: pos[..lo] known (best = deepest), pos[hi..] unknown.
-        let (mut lo, mut hi) = (0usize, m);
+        if m == 0 {
+            return None;
+        }
+        // Gallop down from the deepest ladder position (deep shared prefixes
+        // are the common case and are found with one probe; a hole left by a
+        // colliding key below the first hit cannot hide it), then binary
+        // search between the first hit and the last miss.
+        let mut miss = m; // pos[miss..] unknown
+        let mut step = 1usize;
+        let mut i = m - 1;
+        let hit = loop {
+            if let Some(e) = self.probe(store, blocks[pos[i]]) {
+                best = Some(found(pos[i] + 1, e));
+                break Some(i);
+            }
+            miss = i;
+            if i == 0 {
+                break None;
+            }
+            i = i.saturating_sub(step);
+            step *= 2;
+        };
+        let Some(mut lo) = hit else {
+            return None;
+        };
+        // Invariant: pos[lo] known (best), pos[miss] unknown.
+        lo += 1;
+        let mut hi = miss;
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             match self.probe(store, blocks[pos[mid]]) {
                 Some(e) => {
-                    best = found(pos[mid] + 1, e);
+                    best = Some(found(pos[mid] + 1, e));
                     lo = mid + 1;
                 }
                 None => hi = mid,
             }
         }
-        Some(best)
+        best
     }
 
     /// Record that the request with `blocks` went to `replica` (see the module
@@ -345,14 +377,24 @@ impl PrefixIndex {
             store.set(self.slot(key), e.encode());
             sets += 1;
         }
-        if depth < n {
-            for p in ladder(n - 1, self.cfg.ladder_bits)
-                .filter(|&p| p >= depth)
-                .take(self.cfg.max_writes)
-            {
-                store.set(self.slot(blocks[p]), fresh(blocks[p]).encode());
-                sets += 1;
+        // Every ladder block but the deepest known one (written above), the
+        // deepest first, so a request never loses the blocks nearest its own
+        // depth to the `max_writes` cap.
+        let mut budget = self.cfg.max_writes;
+        let bits = self.cfg.ladder_bits;
+        for p in (0..n - 1)
+            .rev()
+            .filter(|&p| on_ladder(p, bits) && p + 1 != depth)
+            .filter(|&p| self.cfg.rewrite_known || p >= depth)
+        {
+            if budget == 0 {
+                break;
             }
+            store.set(self.slot(blocks[p]), fresh(blocks[p]).encode());
+            sets += 1;
+            budget -= 1;
+        }
+        if depth < n {
             store.set(self.slot(last), fresh(last).encode());
             sets += 1;
         }
@@ -410,14 +452,14 @@ mod tests {
         let mut st = VecStore::new(IndexConfig::default().slots);
         let a = chain(1, 40, 100, 48);
         assert_eq!(idx.lookup(&st, &a, 0), None);
-        assert_eq!(st.gets(), 2, "cold lookup: last block, then block 0");
+        assert!(st.gets() <= 7, "cold lookup: last block + gallop");
         // Ladder below 47: 17 positions up to 39, plus the last block.
         assert_eq!(idx.record(&mut st, &a, None, 2, 0), 18);
         // A request sharing 40 blocks: known up to ladder position 39, on 2.
         let b = chain(1, 40, 200, 45);
         let k = idx.lookup(&st, &b, 1000).unwrap();
         assert_eq!((k.depth, k.entry.holders[0], k.age_ms), (40, Some(2), 1000));
-        assert!(st.gets() <= 2 + 7);
+        assert!(st.gets() <= 12);
         // Routed elsewhere: block 39 now has two holders, newest first.
         idx.record(&mut st, &b, Some(&k), 5, 1000);
         let c = chain(1, 40, 300, 45);
@@ -447,7 +489,7 @@ mod tests {
             let before = st.gets();
             let k = idx.lookup(&st, &b, 0).unwrap();
             assert_eq!(k.depth, lower, "shared {shared}");
-            assert!(st.gets() - before <= 7);
+            assert!(st.gets() - before <= 11);
         }
         let other = chain(10, 0, 3, 256);
         assert_eq!(idx.lookup(&st, &other, 0), None);

@@ -38,10 +38,10 @@ usage: simulate [options]
                       `all` includes trace when --trace is given)
   --trace FILE        Mooncake-format JSONL trace (timestamp ms, input_length,
                       output_length, hash_ids of 512-token blocks)
-  --time-scale F      multiply trace timestamps by F (<1 = more load; default 0.25)
+  --time-scale F      multiply trace timestamps by F (<1 = more load; default 0.35)
   --policies P[,P..]  default: all of random, round_robin, least_request,
                       least_request_core, session, sagemaker, chwbl, gie, sglang,
-                      oracle, ours
+                      oracle, oracle_ttft, ours
   --replicas N        default 7
   --seed N            default 1
   --scale F           multiply the synthetic workloads' request counts (default 1)
@@ -69,7 +69,7 @@ fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         workloads: vec!["all".into()],
         trace: None,
-        time_scale: 0.25,
+        time_scale: 0.35,
         policies: ALL.iter().map(|s| s.to_string()).collect(),
         replicas: 7,
         seed: 1,

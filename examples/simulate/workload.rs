@@ -115,7 +115,7 @@ pub fn sagemaker(k: &Knobs) -> Workload {
 /// Multi-turn chats with ShareGPT-like lengths.
 pub fn chat(k: &Knobs) -> Workload {
     let convs = count(12000, k);
-    let rate = 60.0 * k.load;
+    let rate = 40.0 * k.load;
     let mut rng = Rng::new(k.seed ^ 0xc4a7);
     let system = Segment {
         id: uid(10, 0, 0),
@@ -238,7 +238,7 @@ pub fn rag(k: &Knobs) -> Workload {
 /// Unique short prompts: nothing to reuse ("do no harm").
 pub fn unique(k: &Knobs) -> Workload {
     let n = count(18000, k);
-    let rate = 280.0 * k.load;
+    let rate = 200.0 * k.load;
     let mut rng = Rng::new(k.seed ^ 0x0417);
     let mut t = 0.0;
     let specs = (0..n as u64)
@@ -349,4 +349,32 @@ pub fn prepare(specs: &[Spec], book: &KeyBook, threads: usize) -> Result<Vec<Sim
         }
         Ok(out)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policies::ours::OursParams;
+
+    #[test]
+    fn same_group_same_prefix_blocks() {
+        let k = Knobs { scale: 0.05, load: 1.0, seed: 1 };
+        let w = sagemaker(&k);
+        let book = KeyBook::new(&["ours".to_string()], 7, &OursParams::default()).unwrap();
+        let reqs: Vec<SimRequest> = w.specs.iter().map(|s| prepare_one(s, &book, book.max_chars())).collect();
+        // Find two requests of the same group (same first segment).
+        let mut found = false;
+        for i in 0..w.specs.len() {
+            for j in i + 1..w.specs.len() {
+                if w.specs[i].messages[0].segments[0] == w.specs[j].messages[0].segments[0] {
+                    let (a, b) = (&reqs[i].keys.core[0].blocks, &reqs[j].keys.core[0].blocks);
+                    let same = a.iter().zip(b.iter()).take_while(|(x, y)| x == y).count();
+                    assert!(same >= 124, "shared blocks {same}");
+                    assert_eq!(reqs[i].blocks[..400], reqs[j].blocks[..400]);
+                    found = true;
+                }
+            }
+        }
+        assert!(found);
+    }
 }

@@ -12,7 +12,8 @@
 //! | `chwbl` | KubeAI `PrefixHash` (consistent hashing with bounded loads) |
 //! | `gie` | Gateway API Inference Extension / llm-d EPP, approximate prefix scorer |
 //! | `sglang` | SGLang router `cache_aware` (CLI defaults) |
-//! | `oracle` | true cache and queue state, greedy minimum estimated TTFT |
+//! | `oracle` | true cache state: longest really-cached prefix under the bounded load |
+//! | `oracle_ttft` | true cache and queue state, greedy minimum estimated TTFT |
 //! | `ours` | `prefix_router::affinity` (longest known prefix + cost-aware spill) |
 
 pub mod basic;
@@ -88,6 +89,7 @@ pub const ALL: &[&str] = &[
     "gie",
     "sglang",
     "oracle",
+    "oracle_ttft",
     "ours",
 ];
 
@@ -206,7 +208,8 @@ pub fn build(
         "chwbl" => Box::new(chwbl::Chwbl::new(n, 1.25, 256)),
         "gie" => Box::new(gie::Gie::new(n, model.kv_blocks as usize, seed)),
         "sglang" => Box::new(sglang::CacheAware::new(n, seed)),
-        "oracle" => Box::new(oracle::Oracle::new(n)),
+        "oracle" => Box::new(oracle::Oracle::new(n, true)),
+        "oracle_ttft" => Box::new(oracle::Oracle::new(n, false)),
         "ours" => {
             let (i, router) = core("ours")?;
             Box::new(ours::Ours::new(router, i, ours.clone(), model)?)

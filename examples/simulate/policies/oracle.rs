@@ -1,6 +1,14 @@
-//! ORACLE: routes with the replicas' **true** state, which no router has.
+//! ORACLES: route with the replicas' **true** state, which no router has.
 //!
-//! Definition: for every replica `r`, estimate the request's TTFT there as
+//! `oracle` (cache oracle): among the replicas within the bounded load
+//! `in_flight + 1 ≤ 1.25 × (total + 1) / n` (the same bound as CHWBL and
+//! ours), the one whose KV cache really holds the longest prefix of the
+//! prompt; ties (e.g. nothing cached anywhere) go to the lowest estimated
+//! TTFT below; if no replica is within the bound, the lowest estimated TTFT.
+//! This is the hit-rate reference: perfect knowledge of cache contents under
+//! the same load bound.
+//!
+//! `oracle_ttft`: for every replica `r`, estimate the request's TTFT there as
 //! ```text
 //! steps(r) · step_time(r) + prefill(backlog(r)) + prefill(cached(r) .. prompt)
 //! ```
@@ -19,19 +27,23 @@ use crate::engine::SimRequest;
 /// The oracle.
 pub struct Oracle {
     n: usize,
+    cache_first: bool,
 }
 
 impl Oracle {
-    /// `n` replicas.
-    pub fn new(n: usize) -> Oracle {
-        Oracle { n }
+    /// `n` replicas; `cache_first` = `oracle`, else `oracle_ttft`.
+    pub fn new(n: usize, cache_first: bool) -> Oracle {
+        Oracle { n, cache_first }
     }
 }
 
 impl Policy for Oracle {
     fn route(&mut self, _idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
         let m = view.model;
+        let total: u32 = view.in_flight.iter().sum();
+        let cap = 1.25 * f64::from(total + 1) / self.n.max(1) as f64;
         let mut best: Option<(usize, f64, u32)> = None;
+        let mut best_cache: Option<(usize, u32, f64)> = None;
         let mut cached_max = 0;
         let mut cached = vec![0u32; self.n];
         for (r, rep) in view.replicas.iter().enumerate().take(self.n) {
@@ -50,6 +62,15 @@ impl Policy for Oracle {
                 + backlog * m.prefill_s_per_token
                 + m.prefill_cost(c, req.prompt_tokens);
             let out = rep.outstanding();
+            if self.cache_first && f64::from(view.in_flight[r]) + 1.0 <= cap {
+                let better = match best_cache {
+                    None => true,
+                    Some((_, bc, be)) => c > bc || (c == bc && est < be),
+                };
+                if better {
+                    best_cache = Some((r, c, est));
+                }
+            }
             let better = match best {
                 None => true,
                 Some((_, e, o)) => est < e - 1e-9 || ((est - e).abs() <= 1e-9 && out < o),
@@ -58,7 +79,10 @@ impl Policy for Oracle {
                 best = Some((r, est, out));
             }
         }
-        let pick = best.map_or(0, |(r, _, _)| r);
+        let pick = best_cache
+            .map(|(r, _, _)| r)
+            .or(best.map(|(r, _, _)| r))
+            .unwrap_or(0);
         Routed {
             replica: pick,
             spill: cached_max > 0 && cached[pick] < cached_max,

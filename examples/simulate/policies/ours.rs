@@ -1,36 +1,74 @@
-//! OURS (placeholder while the core module is written).
+//! OURS: the `affinity` policy of the routing core, driven exactly as the
+//! filter drives it, per request:
+//! 1. `Router::key` (done once per request at preparation, with this
+//!    policy's `prefix_length`);
+//! 2. `PrefixIndex::lookup` on a slot table (`VecStore` here, shared data in
+//!    the filter);
+//! 3. `affinity::choose` with the router-side in-flight counts and the
+//!    current `CostModel` prices;
+//! 4. `PrefixIndex::record` of the decision;
+//! 5. at the first token: `CostModel::observe` (expected uncached tokens,
+//!    in-flight at routing, observed TTFT).
 
+use prefix_router::affinity::{self, AffinityConfig, Reason};
+use prefix_router::cost::{CostConfig, CostModel};
+use prefix_router::index::{IndexConfig, PrefixIndex, VecStore};
 use prefix_router::{Loads, Router};
 
 use super::{Policy, Routed, View};
 use crate::engine::SimRequest;
 use crate::model::ModelParams;
 
-/// Parameters of our policy.
+/// Parameters of our policy (defaults = the proposed filter defaults).
 #[derive(Debug, Clone)]
 pub struct OursParams {
-    /// Characters hashed.
+    /// Characters hashed into block keys (`prefix_length`).
     pub prefix_length: usize,
     /// Ring points per endpoint.
     pub virtual_nodes: u32,
+    /// Index parameters.
+    pub index: IndexConfig,
+    /// Policy parameters.
+    pub affinity: AffinityConfig,
+    /// Initial prices and learning.
+    pub cost: CostConfig,
 }
 
 impl Default for OursParams {
     fn default() -> Self {
         OursParams {
-            prefix_length: 65536,
+            prefix_length: 32768,
             virtual_nodes: 256,
+            index: IndexConfig::default(),
+            affinity: AffinityConfig::default(),
+            cost: CostConfig::default(),
         }
     }
 }
 
 impl OursParams {
-    /// Set one parameter by name.
+    /// Set one parameter by name (`--ours name=value`).
     pub fn set(&mut self, k: &str, v: &str) -> Result<(), String> {
         let bad = || format!("--ours {k}: bad value {v}");
+        let f = || v.parse::<f64>().map_err(|_| bad());
+        let u = || v.parse::<u64>().map_err(|_| bad());
         match k {
-            "prefix_length" => self.prefix_length = v.parse().map_err(|_| bad())?,
-            "virtual_nodes" => self.virtual_nodes = v.parse().map_err(|_| bad())?,
+            "prefix_length" => self.prefix_length = u()? as usize,
+            "virtual_nodes" => self.virtual_nodes = u()? as u32,
+            "slots" => self.index.slots = u()? as u32,
+            "max_writes" => self.index.max_writes = u()? as usize,
+            "ladder_bits" => self.index.ladder_bits = u()? as u32,
+            "rewrite_known" => self.index.rewrite_known = v == "1" || v == "true",
+            "concurrency_threshold" => self.affinity.concurrency_threshold = u()? as u32,
+            "load_factor" => self.affinity.load_factor = f()?,
+            "min_match" => self.affinity.min_match = f()?,
+            "routing_budget_ms" => self.affinity.routing_budget_ms = f()?,
+            "max_age_s" => self.affinity.max_age_ms = (f()? * 1000.0) as u64,
+            "cold_choices" => self.affinity.cold_choices = u()? as usize,
+            "prefill_ms_per_ktok" => self.cost.prefill_ms_per_ktok = f()?,
+            "wait_ms_per_request" => self.cost.wait_ms_per_request = f()?,
+            "learn" => self.cost.learn = v == "1" || v == "true",
+            "forget" => self.cost.forget = f()?,
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
@@ -41,28 +79,113 @@ impl OursParams {
 pub struct Ours {
     router: Router,
     key: usize,
+    index: PrefixIndex,
+    store: VecStore,
+    cost: CostModel,
+    cfg: AffinityConfig,
+    pending: Vec<(f32, u32)>,
+    reasons: [u64; 4],
+    routed: u64,
+    ticket: u64,
+    dbg: [u64; 4],
 }
 
 impl Ours {
-    /// Build.
-    pub fn new(
-        router: Router,
-        key: usize,
-        _p: OursParams,
-        _m: &ModelParams,
-    ) -> Result<Ours, String> {
-        Ok(Ours { router, key })
+    /// Build; `key` indexes `Keys::core`.
+    ///
+    /// # Errors
+    /// Never today (kept for parameter validation).
+    pub fn new(router: Router, key: usize, p: OursParams, _m: &ModelParams) -> Result<Ours, String> {
+        Ok(Ours {
+            router,
+            key,
+            index: PrefixIndex::new(p.index),
+            store: VecStore::new(p.index.slots),
+            cost: CostModel::new(p.cost),
+            cfg: p.affinity,
+            pending: Vec::new(),
+            reasons: [0; 4],
+            routed: 0,
+            ticket: 0,
+            dbg: [0; 4],
+        })
     }
 }
 
 impl Policy for Ours {
-    fn route(&mut self, _idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
-        let d = self
-            .router
-            .select(&req.keys.core[self.key], Loads::new(view.in_flight), 0);
-        Routed {
-            replica: d.primary,
-            spill: false,
+    fn route(&mut self, idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
+        let now_ms = (view.now * 1000.0) as u64;
+        let Some(key) = req.keys.core.get(self.key) else {
+            return Routed {
+                replica: 0,
+                spill: false,
+            };
+        };
+        let known = self.index.lookup(&self.store, &key.blocks, now_ms);
+        self.ticket += 1;
+        let c = affinity::choose(
+            self.router.ring(),
+            key,
+            req.body_chars as usize,
+            known.as_ref(),
+            Loads::new(view.in_flight),
+            &self.cost,
+            &self.cfg,
+            self.ticket,
+        );
+        if c.reason == Reason::Cold {
+            let why = match &known {
+                None => 0,
+                Some(k) if k.age_ms > self.cfg.max_age_ms => 1,
+                Some(k) => if (k.depth * 64) as f64 >= 0.3 * (req.body_chars as f64 / 4.0) { 3 } else { 2 },
+            };
+            self.dbg[why] += 1;
+            if why == 2 && self.dbg[2] < 5 { eprintln!("depth {} n {} units {} chars {}", known.as_ref().map_or(0, |k| k.depth), key.blocks.len(), key.units, req.body_chars); }
         }
+        self.index
+            .record(&mut self.store, &key.blocks, known.as_ref(), c.primary, now_ms);
+        if self.pending.len() <= idx as usize {
+            self.pending.resize(idx as usize + 1, (0.0, 0));
+        }
+        self.pending[idx as usize] = (
+            c.expected_uncached_tokens() as f32,
+            view.in_flight.get(c.primary).copied().unwrap_or(0),
+        );
+        self.reasons[match c.reason {
+            Reason::Warm => 0,
+            Reason::Spill => 1,
+            Reason::Cold => 2,
+            Reason::NoKey => 3,
+        }] += 1;
+        self.routed += 1;
+        Routed {
+            replica: c.primary,
+            spill: c.reason == Reason::Spill,
+        }
+    }
+
+    fn on_first_token(&mut self, idx: u32, _req: &SimRequest, _replica: usize, ttft: f64, _now: f64) {
+        if let Some(&(u, l)) = self.pending.get(idx as usize) {
+            self.cost.observe(f64::from(u), f64::from(l), ttft * 1000.0);
+        }
+    }
+
+    fn extra(&self) -> Vec<(String, f64)> {
+        let n = self.routed.max(1) as f64;
+        let (b, c) = self.cost.prices();
+        vec![
+            ("dbg_none".into(), self.dbg[0] as f64),
+            ("dbg_stale".into(), self.dbg[1] as f64),
+            ("dbg_small".into(), self.dbg[2] as f64),
+            ("dbg_other".into(), self.dbg[3] as f64),
+            ("warm".into(), self.reasons[0] as f64 / n),
+            ("spill".into(), self.reasons[1] as f64 / n),
+            ("cold".into(), self.reasons[2] as f64 / n),
+            ("gets_per_req".into(), self.store.gets() as f64 / n),
+            ("sets_per_req".into(), self.store.sets() as f64 / n),
+            ("slots_used".into(), self.store.occupied() as f64),
+            ("learned_prefill_ms_per_ktok".into(), b),
+            ("learned_wait_ms_per_req".into(), c),
+        ]
     }
 }
