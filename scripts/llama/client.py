@@ -196,8 +196,9 @@ def document(seed, n_words):
     return " ".join(sentences)
 
 
-# ~1,000 tokens for SmolLM2's tokenizer (measured: 740 words of this vocabulary -> ~1,000 tokens)
-PREFIX_WORDS = 740
+# ~1,000 tokens for SmolLM2's tokenizer (measured with /tokenize: 740 words -> 865 tokens, so
+# 840 words -> ~985 tokens, plus ~25 tokens of chat template)
+PREFIX_WORDS = 840
 QUESTIONS = [
     "What is the first word of the document?",
     "Summarize the document in five words.",
