@@ -7,7 +7,7 @@
 #   clippy     native workspace (all targets), the e2e test target, the filter on wasm32-wasip1
 #   unit       cargo test --workspace (routing core, emulator)
 #   wasm32     the core's unit tests on wasm32-unknown-unknown under Node (wasm-bindgen-test)
-#   build      release .wasm + release replica-emulator
+#   build      release .wasm + replica-emulator (debug build: it is only a test upstream)
 #   validate   envoy --mode validate -c envoy/envoy.yaml
 #   e2e        tests/e2e through a real Envoy with the real .wasm and emulated replicas
 #   llama      real llama.cpp smoke test (scripts/llama.sh smoke), when that script exists
@@ -131,15 +131,18 @@ run_wasm32() {
     cargo test -p prefix-router --lib --target wasm32-unknown-unknown --no-fail-fast
 }
 
+# The release .wasm is what Envoy loads. The emulator is only an upstream for the e2e
+# tests: its debug build (already compiled by `cargo test --workspace`) is fast enough and
+# saves the release build with LTO (minutes on a cold 2-core machine).
 run_build() {
   build_wasm
-  build_tools
+  cargo build -p replica-emulator
 }
 
 run_validate() { "$ENVOY_BIN" --mode validate -c envoy/envoy.yaml --log-level warn; }
 
 run_e2e() {
-  ENVOY_BIN="$ENVOY_BIN" E2E_WASM="$WASM" E2E_EMULATOR_BIN="$ROOT/target/release/replica-emulator" \
+  ENVOY_BIN="$ENVOY_BIN" E2E_WASM="$WASM" E2E_EMULATOR_BIN="$ROOT/target/debug/replica-emulator" \
     cargo test -p prefix-router --features e2e --test e2e -- --test-threads "${E2E_THREADS:-2}"
 }
 

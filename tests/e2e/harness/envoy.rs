@@ -30,8 +30,10 @@ pub struct EnvoyConfig {
     pub retry_on: String,
     /// Health-check interval (ms); also the no-traffic interval.
     pub hc_interval_ms: u64,
-    /// Listener `per_connection_buffer_limit_bytes`.
+    /// Listener `per_connection_buffer_limit_bytes` (also the largest socket read).
     pub buffer_limit: u64,
+    /// Route `request_body_buffer_limit` (the stream buffer the filter fills).
+    pub body_buffer_limit: u64,
     /// Worker threads (`--concurrency`).
     pub concurrency: u32,
 }
@@ -45,7 +47,8 @@ impl EnvoyConfig {
             filter_raw: None,
             retry_on: "connect-failure,refused-stream,reset,retriable-status-codes".into(),
             hc_interval_ms: 500,
-            buffer_limit: 2 << 20,
+            buffer_limit: 1 << 20,
+            body_buffer_limit: 4 << 20,
             concurrency: 2,
         }
     }
@@ -81,6 +84,7 @@ impl EnvoyConfig {
         let hc = format!("{:.3}s", self.hc_interval_ms as f64 / 1000.0);
         let retry_on = &self.retry_on;
         let buffer = self.buffer_limit;
+        let body_buffer = self.body_buffer_limit;
         format!(
             r#"admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
@@ -110,6 +114,7 @@ static_resources:
               domains: ["*"]
               routes:
               - match: {{prefix: "/"}}
+                request_body_buffer_limit: {body_buffer}
                 route:
                   cluster: llm
                   timeout: 60s
@@ -233,6 +238,10 @@ impl Envoy {
             .args(["--concurrency", &concurrency.to_string()])
             .args(["--disable-hot-restart", "--log-level", "info"])
             .args(["--file-flush-interval-msec", "100"]);
+        // Debugging aid: extra Envoy flags, e.g. E2E_ENVOY_ARGS="--component-log-level wasm:debug".
+        if let Ok(extra) = std::env::var("E2E_ENVOY_ARGS") {
+            cmd.args(extra.split_whitespace());
+        }
         let proc = Proc::spawn(name, cmd, &dir.join(format!("{name}.log")));
         Envoy {
             proc,

