@@ -44,15 +44,27 @@ cluster_start_replicas() {
 
 # cluster_render_envoy STRATEGY OUT — envoy/envoy.yaml with the plugin's strategy replaced and
 # the .wasm path made absolute (so Envoy's working directory does not matter).
+# ROUTER_SET="field=value ..." (environment) also replaces numeric plugin fields that
+# envoy.yaml sets, e.g. ROUTER_SET="load_factor=2.0 concurrency_threshold=32", to explore them.
 cluster_render_envoy() {
-  local strategy="$1" out="$2"
-  sed -e "s|\"strategy\": *\"[a-z_]*\"|\"strategy\": \"$strategy\"|" \
-      -e "s|filename: target/wasm32-wasip1/release/prefix_router.wasm|filename: $WASM|" \
-      "$ROOT/envoy/envoy.yaml" >"$out"
+  local strategy="$1" out="$2" kv k v expr=()
+  expr+=(-e "s|\"strategy\": *\"[a-z_]*\"|\"strategy\": \"$strategy\"|")
+  expr+=(-e "s|filename: target/wasm32-wasip1/release/prefix_router.wasm|filename: $WASM|")
+  for kv in ${ROUTER_SET:-}; do
+    k="${kv%%=*}"; v="${kv#*=}"
+    expr+=(-e "s|\"$k\": *[0-9.]*|\"$k\": $v|")
+  done
+  sed "${expr[@]}" "$ROOT/envoy/envoy.yaml" >"$out"
   grep -q "\"strategy\": \"$strategy\"" "$out" && grep -q "filename: $WASM" "$out" || {
     echo "error: could not render strategy/wasm path into envoy/envoy.yaml (layout changed?)" >&2
     return 1
   }
+  for kv in ${ROUTER_SET:-}; do
+    grep -q "\"${kv%%=*}\": ${kv#*=}" "$out" || {
+      echo "error: ROUTER_SET: field ${kv%%=*} not found in envoy/envoy.yaml's plugin config" >&2
+      return 1
+    }
+  done
 }
 
 # cluster_healthy_hosts — how many of the llm cluster's hosts Envoy reports healthy.

@@ -220,7 +220,7 @@ def routing(args):
     problems = []
     for (w, st), r in runs.items():
         t = r["ttft_ms"]
-        sp = spill(r)
+        sp = spill(r) if st in ("prefix", "session") else None
         lines.append(
             f"| {w} | {st} | {pct(r.get('hit_rate'))} | {t['p50']:.0f} ms | {t['p90']:.0f} ms "
             f"| {t['p99']:.0f} ms | {pct(r.get('share_min'))} / {pct(r.get('share_max'))} "
