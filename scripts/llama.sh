@@ -10,6 +10,9 @@
 #   scripts/llama.sh bench [--out FILE]    round_robin vs prefix on 3 replicas behind Envoy
 #                                          (JSON to FILE, default .work/bench/llama.json)
 #
+# Environment: LLAMA_RUN_DIR (start/stop PID file and logs, default $CACHE_DIR/run),
+# LLAMA_SKIP_WASM_BUILD=1 (reuse an existing .wasm), LLAMA_SMOKE_STRATEGY (default prefix;
+# round_robin shows the smoke test failing), PREFIX_ROUTER_CACHE (overrides $CACHE_DIR).
 # Replica flags: -c 2048 -t 1 -np 1 --metrics --no-webui -cram 64 (the host-RAM prompt cache
 # defaults to 8 GiB: always set it). Everything listens on loopback only; every process started
 # here is stopped by PID (traps cover errors and Ctrl-C).
@@ -397,6 +400,6 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     smoke) cmd_smoke ;;
     bench) shift; cmd_bench "$@" ;;
     envoy-config) shift; envoy_config "$@" ;;  # FILE LPORT APORT STRATEGY PREFIX_LEN EP... (debugging)
-    *) sed -n '2,15p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,18p' "$0" >&2; exit 2 ;;
   esac
 fi
