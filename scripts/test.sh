@@ -109,10 +109,11 @@ skip() {
 
 ok() { [ "${STATUS[$1]:-}" = ok ]; }
 
-# "N passed, M failed, K ignored" summed over cargo / wasm-bindgen-test result lines.
+# "N passed, M failed, K ignored" summed over cargo / wasm-bindgen-test result lines
+# ("test result: ok. N passed; M failed; ...") and plain "[word: ]N passed, M failed" lines.
 count_tests() {
-  grep -E '^test result: ' "$1" 2>/dev/null | awk '
-    { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } n++ }
+  grep -E '^test result: |^([A-Za-z0-9_. -]+: )?[0-9]+ passed, [0-9]+ failed' "$1" 2>/dev/null | awk '
+    { for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } n++ }
     END { if (n) printf "%d passed, %d failed, %d ignored", p, f, g }' || true
 }
 
@@ -180,15 +181,21 @@ failed_total=0
 printf '\n==== prefix-router test summary (%ds total, logs in target/test-logs/) ====\n' $((SECONDS - SUITE_START))
 for s in "${STEPS[@]}"; do
   printf '  %-9s %-18s %5ss  %s\n' "$s" "${STATUS[$s]}" "${SECS[$s]}" "${NOTE[$s]}"
-  case "${STATUS[$s]}" in FAILED*) failed=1 ;; esac
   if [[ "${NOTE[$s]}" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
     passed_total=$((passed_total + BASH_REMATCH[1]))
     failed_total=$((failed_total + BASH_REMATCH[2]))
   fi
+  case "${STATUS[$s]}" in
+    FAILED*)
+      failed=1
+      # A failed step whose tests all passed (fmt, clippy, a script error) counts as one failure.
+      [[ "${NOTE[$s]}" =~ [1-9][0-9]*\ failed ]] || failed_total=$((failed_total + 1)) ;;
+  esac
 done
-echo "tests: $passed_total passed, $failed_total failed"
 if [ "$failed" -ne 0 ]; then
-  echo "FAILED"
-  exit 1
+  echo "FAILED: see the steps marked FAILED above"
+else
+  echo "all steps passed"
 fi
-echo "all steps passed"
+echo "tests: $passed_total passed, $failed_total failed"
+exit "$failed"
