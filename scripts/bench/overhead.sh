@@ -16,9 +16,14 @@
 # A and B run back to back and interleaved (A B, B A, A B ...) for every body size, so slow
 # drift (other jobs on the machine) hits both alike; each figure is the median over rounds.
 #
+# Besides latency and throughput, the proxy Envoy's CPU time per request (from /proc, A vs B)
+# gives the filter's cost in CPU microseconds, which other jobs on the machine disturb far less
+# than tail latency.
 # Knobs: OVERHEAD_SECONDS (per run, default 3), OVERHEAD_LAT_ROUNDS (default 3),
 # OVERHEAD_TPUT_ROUNDS (default 2), OVERHEAD_SIZES (bytes, default "1024 16384 65536 262144"),
-# OVERHEAD_TPUT_CONNS (default 8).
+# OVERHEAD_TPUT_CONNS (default 8), OVERHEAD_STRATEGY (the filter's strategy on listener A, default
+# prefix; round_robin routes without reading the body, which separates the fixed per-request
+# cost from the body parse).
 
 
 ensure_wrk() {
@@ -32,12 +37,19 @@ ensure_wrk() {
   command -v wrk >/dev/null 2>&1 || { echo "error: wrk is required (apt-get install wrk)" >&2; return 1; }
 }
 
-# overhead_wrk LISTENER_PORT BODY_BYTES CONNS SECONDS OUT_JSON
+# cpu_ticks PID — user+system CPU time of a process (all its threads), in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# overhead_wrk LISTENER_PORT BODY_BYTES CONNS SECONDS OUT_JSON [ENVOY_PID]
+# Writes wrk's summary to OUT_JSON and, with ENVOY_PID, the CPU ticks that Envoy used during
+# the run to OUT_JSON.cpu (CPU per request is robust to other load on the machine, unlike p99).
 overhead_wrk() {
-  local port="$1" size="$2" conns="$3" secs="$4" out="$5"
+  local port="$1" size="$2" conns="$3" secs="$4" out="$5" pid="${6:-}" t0=0
+  [ -n "$pid" ] && t0="$(cpu_ticks "$pid")"
   BODY_BYTES="$size" BODY_KINDS=64 WRK_OUT="$out" \
     run_tracked wrk wrk -t1 -c"$conns" -d"${secs}s" --timeout 10s \
       -s "$BENCH_DIR_SELF/chat-post.lua" "http://127.0.0.1:$port/v1/chat/completions" >/dev/null
+  [ -n "$pid" ] && echo "$(($(cpu_ticks "$pid") - t0)) $(getconf CLK_TCK) $conns" >"$out.cpu"
   [ -s "$out" ] || { echo "error: wrk wrote no summary to $out" >&2; return 1; }
 }
 
@@ -58,7 +70,8 @@ bench_overhead() {
   log "overhead: starting upstream Envoy (direct_response) on :$up and Envoy under test (A :$a filter, B :$b plain)"
   render "$BENCH_DIR_SELF/overhead-upstream.yaml.tmpl" "$dir/upstream.yaml" "UPSTREAM_PORT=$up"
   render "$BENCH_DIR_SELF/overhead-proxy.yaml.tmpl" "$dir/proxy.yaml" \
-    "ADMIN_PORT=$admin" "PORT_A=$a" "PORT_B=$b" "UPSTREAM_PORT=$up" "WASM=$WASM"
+    "ADMIN_PORT=$admin" "PORT_A=$a" "PORT_B=$b" "UPSTREAM_PORT=$up" "WASM=$WASM" \
+    "STRATEGY=${OVERHEAD_STRATEGY:-prefix}"
   start_envoy upstream "$dir/upstream.yaml" "$dir/upstream.log" --concurrency 1
   local up_pid=$LAST_PID
   start_envoy proxy "$dir/proxy.yaml" "$dir/proxy.log" --concurrency 1
@@ -93,7 +106,7 @@ bench_overhead() {
           progress "$(printf '[%2d/%d] %6d B body, %-10s c=%d, round %d, listener %s' \
             "$n" "$total" "$size" "$mode" "$c" "$r" "$lis")"
           if [ "$lis" = A ]; then l=$a; else l=$b; fi
-          overhead_wrk "$l" "$size" "$c" "$secs" "$dir/runs/$size-$mode-$lis-$r.json"
+          overhead_wrk "$l" "$size" "$c" "$secs" "$dir/runs/$size-$mode-$lis-$r.json" "$px_pid"
         done
       done
     done
