@@ -224,6 +224,11 @@ def demo(args):
           f"busiest replica {pct(new.get('share_max'))} of requests "
           f"(fair share {pct(1 / max(1, len(new.get('replicas') or [1] * 7)))}); "
           f"spills {spill(new)}.")
+    kinds = sorted(set(base.get("ttft_by_kind") or {}) & set(new.get("ttft_by_kind") or {}))
+    for k in kinds:
+        bk, nk = base["ttft_by_kind"][k], new["ttft_by_kind"][k]
+        print(f"  {k:<14} ({nk['n']:>3} requests): TTFT p50 {bk['p50']:6.1f} -> {nk['p50']:6.1f} ms, "
+              f"p90 {bk['p90']:6.1f} -> {nk['p90']:6.1f} ms")
     for p in problems:
         print(f"warning: {p}", file=sys.stderr)
     return 1 if problems else 0
