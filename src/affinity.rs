@@ -19,7 +19,8 @@
 //!    balances like power-of-two-choices. If none is acceptable: the least
 //!    loaded available replica.
 //! 3. **Warm**: when the index knows a fresh prefix (`age ≤ max_age_ms`)
-//!    covering at least `min_match` of the prompt, the holders (replicas that
+//!    covering at least `min_match` of the hashed window (the first
+//!    `prefix_length` characters), the holders (replicas that
 //!    were sent it, most recent first) are the warm candidates. Take the least
 //!    loaded acceptable holder `h` and the best other replica
 //!    `a = place(holders)`. Keep `h` unless the extra wait
@@ -54,8 +55,8 @@ pub struct AffinityConfig {
     pub load_factor: f64,
     /// Characters per token of the served model (prompt size → tokens).
     pub chars_per_token: f64,
-    /// Smallest fraction of the prompt the known prefix must cover to count
-    /// as warm.
+    /// Smallest fraction of the hashed window the known prefix must cover to
+    /// count as warm.
     pub min_match: f64,
     /// Largest extra wait accepted to keep a warm replica, milliseconds.
     pub routing_budget_ms: f64,
@@ -63,18 +64,24 @@ pub struct AffinityConfig {
     pub max_age_ms: u64,
     /// Ring candidates compared by cold placement (1 = ring owner only).
     pub cold_choices: usize,
+    /// Place cold requests by the key of the block at `min_match` of the
+    /// window (shared by every request that would later count as warm for
+    /// this one) instead of the whole-window key: separate routers that have
+    /// not seen each other's traffic then agree on where a new prefix goes.
+    pub anchor_cold: bool,
 }
 
 impl Default for AffinityConfig {
     fn default() -> Self {
         AffinityConfig {
             concurrency_threshold: 256,
-            load_factor: 1.25,
+            load_factor: 2.0,
             chars_per_token: 4.0,
-            min_match: 0.3,
+            min_match: 0.2,
             routing_budget_ms: 2000.0,
             max_age_ms: 600_000,
-            cold_choices: 2,
+            cold_choices: 8,
+            anchor_cold: false,
         }
     }
 }
@@ -149,7 +156,13 @@ impl View<'_> {
     }
 }
 
-fn place(ring: &HashRing, key: u64, v: &View<'_>, excluded: &[usize], choices: usize) -> Option<usize> {
+fn place(
+    ring: &HashRing,
+    key: u64,
+    v: &View<'_>,
+    excluded: &[usize],
+    choices: usize,
+) -> Option<usize> {
     let mut picks = [0usize; MAX_CHOICES];
     let mut m = 0;
     let want = choices.clamp(1, MAX_CHOICES);
@@ -178,19 +191,30 @@ fn place(ring: &HashRing, key: u64, v: &View<'_>, excluded: &[usize], choices: u
     best.or(least)
 }
 
-/// Decide; see the module docs. `prompt_chars` is the prompt size in
-/// characters (the body size is a fine estimate); `ticket` rotates ties when
-/// there is no key.
+/// What is known about one request at decision time.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The routing key (`Router::key`).
+    pub key: &'a RoutingKey,
+    /// Prompt size in characters (the body size is a fine estimate).
+    pub prompt_chars: usize,
+    /// What the index knows ([`crate::index::PrefixIndex::lookup`]).
+    pub known: Option<&'a Known>,
+    /// In-flight counts and availability.
+    pub loads: Loads<'a>,
+    /// Rotates ties when there is no key (a counter).
+    pub ticket: u64,
+}
+
+/// Decide; see the module docs.
 pub fn choose(
     ring: &HashRing,
-    key: &RoutingKey,
-    prompt_chars: usize,
-    known: Option<&Known>,
-    loads: Loads<'_>,
+    req: &Request<'_>,
     cost: &CostModel,
     cfg: &AffinityConfig,
-    ticket: u64,
 ) -> Choice {
+    let (key, prompt_chars, known, loads, ticket) =
+        (req.key, req.prompt_chars, req.known, req.loads, req.ticket);
     let n = ring.len();
     let all = !(0..n).any(|i| loads.is_available(i));
     let (mut total, mut count) = (0u64, 0u64);
@@ -208,9 +232,13 @@ pub fn choose(
     let cpt = cfg.chars_per_token.max(0.1);
     let prompt_tokens = (prompt_chars.max(key.units) as f64 / cpt).max(1.0);
     let secondary_of = |k: u64, p: usize| ring.candidates(k).find(|&c| c != p && v.available(c));
-    let Some(ring_key) = key.key else {
+    let Some(window_key) = key.key else {
         // No key: least loaded, ties rotated by the ticket.
-        let off = if n == 0 { 0 } else { (ticket % n as u64) as usize };
+        let off = if n == 0 {
+            0
+        } else {
+            (ticket % n as u64) as usize
+        };
         let primary = (0..n)
             .map(|k| (off + k) % n)
             .filter(|&i| v.available(i))
@@ -224,10 +252,20 @@ pub fn choose(
             prompt_tokens,
         };
     };
+    let ring_key = if cfg.anchor_cold && !key.blocks.is_empty() {
+        let n = key.blocks.len();
+        let i = ((cfg.min_match * n as f64).ceil() as usize).clamp(1, n) - 1;
+        key.blocks[i]
+    } else {
+        window_key
+    };
     let block_tokens = BLOCK_UNITS as f64 / cpt;
     let warm = known.filter(|k| k.age_ms <= cfg.max_age_ms).and_then(|k| {
         let cached = (k.depth as f64 * block_tokens).min(prompt_tokens);
-        if cached < cfg.min_match * prompt_tokens {
+        // Coverage of what the router hashed (the prompt may go on beyond
+        // `prefix_length`; a fully known window says nothing against it).
+        let seen = (k.depth * BLOCK_UNITS).min(key.units) as f64;
+        if seen < cfg.min_match * key.units.max(1) as f64 {
             return None;
         }
         let mut holders = [0usize; crate::index::MAX_HOLDERS];
@@ -259,7 +297,11 @@ pub fn choose(
             }
             (None, Some(a)) => (a, Reason::Spill),
             (None, None) => (
-                holders.iter().copied().min_by_key(|&h| v.load(h)).unwrap_or(0),
+                holders
+                    .iter()
+                    .copied()
+                    .min_by_key(|&h| v.load(h))
+                    .unwrap_or(0),
                 Reason::Warm,
             ),
         };
@@ -289,12 +331,12 @@ pub fn choose(
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
     use crate::cost::CostConfig;
     use crate::decision::KeySource;
     use crate::index::{Entry, MAX_HOLDERS};
     use crate::router::RoutingId;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn ring(n: usize) -> HashRing {
         let eps: Vec<String> = (0..n).map(|i| format!("10.0.0.{}:80", i + 1)).collect();
@@ -336,8 +378,24 @@ mod tests {
         })
     }
 
+    fn request<'a>(k: &'a RoutingKey, kn: Option<&'a Known>, loads: Loads<'a>) -> Request<'a> {
+        Request {
+            key: k,
+            prompt_chars: k.units,
+            known: kn,
+            loads,
+            ticket: 0,
+        }
+    }
+
     fn pick(k: &RoutingKey, kn: Option<&Known>, loads: &[u32]) -> Choice {
-        choose(&ring(loads.len()), k, k.units, kn, Loads::new(loads), &cost(), &AffinityConfig::default(), 0)
+        let req = request(k, kn, Loads::new(loads));
+        choose(
+            &ring(loads.len()),
+            &req,
+            &cost(),
+            &AffinityConfig::default(),
+        )
     }
 
     #[test]
@@ -386,7 +444,10 @@ mod tests {
         loads[2] = 9;
         loads[4] = 6;
         let c = pick(&k, Some(&known(64, &[2, 4], 0)), &loads);
-        assert_eq!((c.primary, c.reason, c.secondary), (4, Reason::Warm, Some(2)));
+        assert_eq!(
+            (c.primary, c.reason, c.secondary),
+            (4, Reason::Warm, Some(2))
+        );
         // Every holder over the bound: a new replica (a third holder).
         let mut loads = [2u32; 7];
         loads[2] = 30;
@@ -402,33 +463,24 @@ mod tests {
         let order: Vec<usize> = ring(3).candidates(5).collect();
         let mut avail = [true; 3];
         avail[order[0]] = false;
+        let loads = Loads {
+            in_flight: &[0; 3],
+            available: Some(&avail),
+        };
         let c = choose(
             &ring(3),
-            &k,
-            k.units,
-            None,
-            Loads {
-                in_flight: &[0; 3],
-                available: Some(&avail),
-            },
+            &request(&k, None, loads),
             &cost(),
             &AffinityConfig::default(),
-            0,
         );
         assert_ne!(c.primary, order[0]);
         // A holder that is down is not warm.
+        let down = known(16, &[order[0] as u16], 0);
         let c = choose(
             &ring(3),
-            &k,
-            k.units,
-            Some(&known(16, &[order[0] as u16], 0)),
-            Loads {
-                in_flight: &[0; 3],
-                available: Some(&avail),
-            },
+            &request(&k, Some(&down), loads),
             &cost(),
             &AffinityConfig::default(),
-            0,
         );
         assert_eq!(c.reason, Reason::Cold);
         let nokey = RoutingKey {

@@ -89,7 +89,8 @@ impl CostModel {
     /// when it was routed, `ttft_ms` as observed. Ignored when learning is off
     /// or an input is not finite.
     pub fn observe(&mut self, uncached_tokens: f64, in_flight: f64, ttft_ms: f64) {
-        if !self.cfg.learn || !(uncached_tokens.is_finite() && in_flight.is_finite() && ttft_ms.is_finite()) {
+        let finite = uncached_tokens.is_finite() && in_flight.is_finite() && ttft_ms.is_finite();
+        if !(self.cfg.learn && finite) {
             return;
         }
         let x = [1.0, uncached_tokens / 1000.0, in_flight];
@@ -113,9 +114,9 @@ impl CostModel {
         for (j, v) in xp.iter_mut().enumerate() {
             *v = (0..3).map(|i| x[i] * self.p[i][j]).sum();
         }
-        for i in 0..3 {
-            for j in 0..3 {
-                self.p[i][j] = (self.p[i][j] - k[i] * xp[j]) / lambda;
+        for (row, ki) in self.p.iter_mut().zip(k) {
+            for (v, xpj) in row.iter_mut().zip(xp) {
+                *v = (*v - ki * xpj) / lambda;
             }
         }
         self.observations += 1;
@@ -135,7 +136,9 @@ mod tests {
         // True system: 20 ms + 33 ms per 1000 tokens + 4 ms per in-flight.
         let mut s = 1u64;
         for _ in 0..5000 {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let u = ((s >> 33) % 9000) as f64;
             let l = ((s >> 20) % 40) as f64;
             let noise = ((s >> 50) % 11) as f64 - 5.0;

@@ -99,7 +99,10 @@ impl VecStore {
 
     /// Slots in use.
     pub fn occupied(&self) -> usize {
-        self.slots.iter().filter(|s| **s != [0; ENTRY_BYTES]).count()
+        self.slots
+            .iter()
+            .filter(|s| **s != [0; ENTRY_BYTES])
+            .count()
     }
 }
 
@@ -224,7 +227,7 @@ pub struct IndexConfig {
 impl Default for IndexConfig {
     fn default() -> Self {
         IndexConfig {
-            slots: 1 << 16,
+            slots: 1 << 18,
             max_writes: 32,
             ladder_bits: 3,
             rewrite_known: false,
@@ -324,9 +327,7 @@ impl PrefixIndex {
             i = i.saturating_sub(step);
             step *= 2;
         };
-        let Some(mut lo) = hit else {
-            return None;
-        };
+        let mut lo = hit?;
         // Invariant: pos[lo] known (best), pos[miss] unknown.
         lo += 1;
         let mut hi = miss;
@@ -405,9 +406,9 @@ impl PrefixIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::hash_id;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use crate::hash::hash_id;
 
     fn chain(prefix: u64, shared: usize, own: u64, n: usize) -> Vec<u64> {
         let mut h = prefix;
@@ -440,7 +441,10 @@ mod tests {
     #[test]
     fn ladder_positions() {
         let l: Vec<usize> = ladder(40, 3).collect();
-        assert_eq!(l, vec![0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 13, 15, 19, 23, 27, 31, 39]);
+        assert_eq!(
+            l,
+            vec![0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 13, 15, 19, 23, 27, 31, 39]
+        );
         assert_eq!(ladder(256, 3).count(), 28);
         let p2: Vec<usize> = ladder(20, 1).collect();
         assert_eq!(p2, vec![0, 1, 3, 7, 15]);
@@ -484,7 +488,13 @@ mod tests {
         let mut st = VecStore::new(1 << 16);
         let a = chain(9, 200, 1, 256);
         assert_eq!(idx.record(&mut st, &a, None, 1, 0), 28);
-        for (shared, lower) in [(1usize, 1usize), (17, 16), (100, 96), (199, 192), (200, 192)] {
+        for (shared, lower) in [
+            (1usize, 1usize),
+            (17, 16),
+            (100, 96),
+            (199, 192),
+            (200, 192),
+        ] {
             let b = chain(9, shared, 7, 256);
             let before = st.gets();
             let k = idx.lookup(&st, &b, 0).unwrap();

@@ -73,6 +73,7 @@ impl BlockCache {
     }
 
     /// Is `hash` cached (pinned or evictable)?
+    #[cfg(test)]
     pub fn contains(&self, hash: u64) -> bool {
         self.map.contains_key(&hash)
     }

@@ -59,8 +59,6 @@ pub struct SimRequest {
     /// Hashes of the full blocks completed by the output (cached at the end
     /// when the output text is part of later prompts), else empty.
     pub out_blocks: Vec<u64>,
-    /// Session id sent in the affinity header (conversation id), if any.
-    pub session: Option<u64>,
     /// Routing keys.
     pub keys: Keys,
 }
@@ -242,6 +240,7 @@ pub fn run(
                         }
                         Outcome::Done { req } => {
                             in_flight[r as usize] = in_flight[r as usize].saturating_sub(1);
+                            policy.on_done(req, r as usize);
                             records[req as usize].done = now;
                             completed += 1;
                             end = end.max(now);

@@ -41,7 +41,7 @@ usage: simulate [options]
   --time-scale F      multiply trace timestamps by F (<1 = more load; default 0.35)
   --policies P[,P..]  default: all of random, round_robin, least_request,
                       least_request_core, session, sagemaker, chwbl, gie, sglang,
-                      oracle, oracle_ttft, ours
+                      oracle, oracle_ttft, ours, ours_2x
   --replicas N        default 7
   --seed N            default 1
   --scale F           multiply the synthetic workloads' request counts (default 1)

@@ -56,14 +56,12 @@ pub enum Outcome {
     },
 }
 
-/// Metrics a scraper would read (`vllm:num_requests_waiting`, `…running`,
+/// Metrics a scraper would read (`vllm:num_requests_waiting`,
 /// `vllm:kv_cache_usage_perc`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Metrics {
     /// Requests waiting for admission.
     pub waiting: u32,
-    /// Requests running (prefill or decode).
-    pub running: u32,
     /// Fraction of KV blocks held by running requests.
     pub kv_usage: f64,
 }
@@ -139,7 +137,6 @@ impl Replica {
     pub fn metrics(&self) -> Metrics {
         Metrics {
             waiting: self.waiting.len() as u32,
-            running: self.n_decode + self.prefilling.len() as u32,
             kv_usage: f64::from(self.cache.used()) / f64::from(self.cache.capacity().max(1)),
         }
     }
@@ -152,11 +149,6 @@ impl Replica {
     /// Decoding sequences and the sum of their context lengths.
     pub fn decode_load(&self) -> (u32, u64) {
         (self.n_decode, self.sum_ctx)
-    }
-
-    /// Model parameters.
-    pub fn params(&self) -> &ModelParams {
-        &self.p
     }
 
     /// A request reaches the engine.

@@ -47,6 +47,8 @@ pub struct Summary {
     pub max_mean_busy: f64,
     /// Mean fraction of time replicas spend computing prefill.
     pub prefill_util: f64,
+    /// Engine steps (all replicas).
+    pub steps: u64,
     /// Requests completed / total.
     pub completed: usize,
     /// Total requests.
@@ -89,6 +91,31 @@ pub fn summarize(policy: &str, reqs: &[SimRequest], res: &RunResult, wall_s: f64
         spills += usize::from(rec.spill);
     }
     ttft.sort_by(f64::total_cmp);
+    if std::env::var("SIM_DEBUG").is_ok() {
+        let mut hit: Vec<f64> = reqs
+            .iter()
+            .zip(&res.records)
+            .filter(|(r, c)| c.ttft.is_finite() && c.cached * 2 >= r.prompt_tokens)
+            .map(|(_, c)| c.ttft)
+            .collect();
+        let mut miss: Vec<f64> = reqs
+            .iter()
+            .zip(&res.records)
+            .filter(|(r, c)| c.ttft.is_finite() && c.cached * 2 < r.prompt_tokens)
+            .map(|(_, c)| c.ttft)
+            .collect();
+        hit.sort_by(f64::total_cmp);
+        miss.sort_by(f64::total_cmp);
+        eprintln!(
+            "{policy}: hits {} p50 {:.0} p90 {:.0} | misses {} p50 {:.0} p90 {:.0}",
+            hit.len(),
+            1e3 * pct(&hit, 0.5),
+            1e3 * pct(&hit, 0.9),
+            miss.len(),
+            1e3 * pct(&miss, 0.5),
+            1e3 * pct(&miss, 0.9)
+        );
+    }
     let total: u64 = per.iter().sum();
     let share = |c: u64| c as f64 / total.max(1) as f64;
     let mean_req = total as f64 / n as f64;
@@ -109,6 +136,7 @@ pub fn summarize(policy: &str, reqs: &[SimRequest], res: &RunResult, wall_s: f64
         max_mean_requests: per.iter().copied().max().unwrap_or(0) as f64 / mean_req.max(1e-9),
         max_mean_busy: res.busy.iter().copied().fold(0.0, f64::max) / busy_mean.max(1e-9),
         prefill_util: res.prefill.iter().sum::<f64>() / (n as f64 * span),
+        steps: res.steps,
         completed: res.completed,
         total: reqs.len(),
         wall_s,
@@ -178,6 +206,7 @@ pub fn to_json(r: &Summary) -> Value {
         "spill_rate": r.spill,
         "max_over_mean": {"requests": r.max_mean_requests, "busy_time": r.max_mean_busy},
         "prefill_utilization": r.prefill_util,
+        "engine_steps": r.steps,
         "completed": r.completed,
         "total": r.total,
         "wall_s": r.wall_s,

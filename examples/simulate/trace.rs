@@ -100,7 +100,7 @@ pub fn parse(text: &str, time_scale: f64, name: &str) -> Result<(Workload, Trace
     }
     let mut st = TraceStats::default();
     let mut rows: Vec<Row> = Vec::new();
-    let mut skip = |st: &mut TraceStats, why: &str| {
+    let skip = |st: &mut TraceStats, why: &str| {
         *st.skipped.entry(why.to_string()).or_insert(0) += 1;
     };
     for (lineno, line) in text.lines().enumerate() {

@@ -3,10 +3,10 @@
 //!
 //! | name | shape | default size and load |
 //! |---|---|---|
-//! | `sagemaker` | 600 groups; prompt = the group's 8 000-token prefix + a unique 50–250-token question, one user message; output 64–256; group uniform; Poisson | 9 000 requests at 12 req/s |
-//! | `chat` | multi-turn conversations, ShareGPT-like lengths: 1 shared 200-token system prompt, then turns (user lognormal median 70 tokens, assistant lognormal median 220); 1 + geometric(mean 4) turns; the next turn comes 1–60 s (exp., mean 20 s) after the answer; conversation starts Poisson | 2 400 conversations at 3 conv/s |
-//! | `rag` | 3 000 documents (lognormal median 3 000 tokens), Zipf(0.9) popularity; prompt = shared 150-token system prompt + document + 20–150-token question; output 50–300; Poisson | 9 000 requests at 8 req/s |
-//! | `unique` | unique prompts, lognormal median 400 tokens (50–4 000); output 50–400; Poisson | 9 000 requests at 20 req/s |
+//! | `sagemaker` | 600 groups; prompt = the group's 8 000-token prefix + a unique 50–250-token question, one user message; output 64–256; group uniform; Poisson | 9 000 requests at 24 req/s |
+//! | `chat` | multi-turn conversations, ShareGPT-like lengths: 1 shared 200-token system prompt, then turns (user lognormal median 70 tokens, assistant lognormal median 220); 1 + geometric(mean 4) turns; the next turn comes 1–60 s (exp., mean 20 s) after the answer; conversation starts Poisson | 12 000 conversations at 32 conv/s |
+//! | `rag` | 3 000 documents (lognormal median 3 000 tokens), Zipf(0.9) popularity; prompt = shared 150-token system prompt + document + 20–150-token question; output 50–300; Poisson | 18 000 requests at 72 req/s |
+//! | `unique` | unique prompts, lognormal median 400 tokens (50–4 000); output 50–400; Poisson | 18 000 requests at 150 req/s |
 //!
 //! Load levels are chosen so that a cache-blind policy (random) runs the
 //! cluster at roughly 60–80 % of what it sustains (README, "Workloads").
@@ -115,7 +115,7 @@ pub fn sagemaker(k: &Knobs) -> Workload {
 /// Multi-turn chats with ShareGPT-like lengths.
 pub fn chat(k: &Knobs) -> Workload {
     let convs = count(12000, k);
-    let rate = 40.0 * k.load;
+    let rate = 32.0 * k.load;
     let mut rng = Rng::new(k.seed ^ 0xc4a7);
     let system = Segment {
         id: uid(10, 0, 0),
@@ -183,7 +183,7 @@ pub fn chat(k: &Knobs) -> Workload {
 pub fn rag(k: &Knobs) -> Workload {
     const DOCS: usize = 3000;
     let n = count(18000, k);
-    let rate = 90.0 * k.load;
+    let rate = 72.0 * k.load;
     let mut rng = Rng::new(k.seed ^ 0x4a6);
     let zipf = Zipf::new(DOCS, 0.9);
     let doc_len: Vec<u32> = (0..DOCS)
@@ -238,7 +238,7 @@ pub fn rag(k: &Knobs) -> Workload {
 /// Unique short prompts: nothing to reuse ("do no harm").
 pub fn unique(k: &Knobs) -> Workload {
     let n = count(18000, k);
-    let rate = 200.0 * k.load;
+    let rate = 150.0 * k.load;
     let mut rng = Rng::new(k.seed ^ 0x0417);
     let mut t = 0.0;
     let specs = (0..n as u64)
@@ -316,7 +316,6 @@ pub fn prepare_one(spec: &Spec, book: &KeyBook, max_chars: usize) -> SimRequest 
         body_chars: prompt * CHARS_PER_TOKEN as u32,
         blocks,
         out_blocks,
-        session: spec.session,
         keys: Keys { core, kubeai, gie },
     }
 }
@@ -358,10 +357,18 @@ mod tests {
 
     #[test]
     fn same_group_same_prefix_blocks() {
-        let k = Knobs { scale: 0.05, load: 1.0, seed: 1 };
+        let k = Knobs {
+            scale: 0.05,
+            load: 1.0,
+            seed: 1,
+        };
         let w = sagemaker(&k);
         let book = KeyBook::new(&["ours".to_string()], 7, &OursParams::default()).unwrap();
-        let reqs: Vec<SimRequest> = w.specs.iter().map(|s| prepare_one(s, &book, book.max_chars())).collect();
+        let reqs: Vec<SimRequest> = w
+            .specs
+            .iter()
+            .map(|s| prepare_one(s, &book, book.max_chars()))
+            .collect();
         // Find two requests of the same group (same first segment).
         let mut found = false;
         for i in 0..w.specs.len() {

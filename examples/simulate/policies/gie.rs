@@ -35,7 +35,7 @@ pub const BLOCK_CHARS: usize = 64;
 
 /// GIE's chained block hashes of `messages_json` (first 256 blocks).
 pub fn hashes(messages_json: &[u8], model: &str) -> Vec<u64> {
-    let mut h = xxh3_64_with_seed(model.as_bytes(), 0x6769_65);
+    let mut h = xxh3_64_with_seed(model.as_bytes(), 0x0067_6965);
     let text = &messages_json[..messages_json.len().min(MAX_CHARS)];
     text.chunks(BLOCK_CHARS)
         .map(|c| {

@@ -15,6 +15,7 @@
 //! | `oracle` | true cache state: longest really-cached prefix under the bounded load |
 //! | `oracle_ttft` | true cache and queue state, greedy minimum estimated TTFT |
 //! | `ours` | `prefix_router::affinity` (longest known prefix + cost-aware spill) |
+//! | `ours_2x` | `ours` in two independent Envoys (own index, own in-flight counts), requests split at random |
 
 pub mod basic;
 pub mod chwbl;
@@ -71,6 +72,8 @@ pub trait Policy: Send {
         _now: f64,
     ) {
     }
+    /// Request `idx` finished on `replica` (its response ended).
+    fn on_done(&mut self, _idx: u32, _replica: usize) {}
     /// Extra figures for the report (name, value).
     fn extra(&self) -> Vec<(String, f64)> {
         Vec::new()
@@ -91,6 +94,7 @@ pub const ALL: &[&str] = &[
     "oracle",
     "oracle_ttft",
     "ours",
+    "ours_2x",
 ];
 
 /// Endpoint names of `n` replicas (sorted order = replica index for ≤ 9).
@@ -149,7 +153,7 @@ impl KeyBook {
                         r#","strategy":"prefix","prefix_length":2048,"concurrency_threshold":{BASELINE_THRESHOLD},"load_factor":100"#
                     ),
                 )?,
-                "ours" => add(
+                "ours" | "ours_2x" => add(
                     "ours",
                     format!(
                         r#","strategy":"prefix","prefix_length":{},"virtual_nodes":{}"#,
@@ -213,6 +217,18 @@ pub fn build(
         "ours" => {
             let (i, router) = core("ours")?;
             Box::new(ours::Ours::new(router, i, ours.clone(), model)?)
+        }
+        "ours_2x" => {
+            let (i, router) = core("ours")?;
+            Box::new(ours::OursMulti::new(
+                router,
+                i,
+                ours.clone(),
+                model,
+                2,
+                n,
+                seed,
+            )?)
         }
         other => {
             return Err(format!(

@@ -37,7 +37,7 @@ pub struct OursParams {
 impl Default for OursParams {
     fn default() -> Self {
         OursParams {
-            prefix_length: 32768,
+            prefix_length: 65536,
             virtual_nodes: 256,
             index: IndexConfig::default(),
             affinity: AffinityConfig::default(),
@@ -65,6 +65,7 @@ impl OursParams {
             "routing_budget_ms" => self.affinity.routing_budget_ms = f()?,
             "max_age_s" => self.affinity.max_age_ms = (f()? * 1000.0) as u64,
             "cold_choices" => self.affinity.cold_choices = u()? as usize,
+            "anchor_cold" => self.affinity.anchor_cold = v == "1" || v == "true",
             "prefill_ms_per_ktok" => self.cost.prefill_ms_per_ktok = f()?,
             "wait_ms_per_request" => self.cost.wait_ms_per_request = f()?,
             "learn" => self.cost.learn = v == "1" || v == "true",
@@ -87,7 +88,7 @@ pub struct Ours {
     reasons: [u64; 4],
     routed: u64,
     ticket: u64,
-    dbg: [u64; 4],
+    cold_why: [u64; 3],
 }
 
 impl Ours {
@@ -95,7 +96,12 @@ impl Ours {
     ///
     /// # Errors
     /// Never today (kept for parameter validation).
-    pub fn new(router: Router, key: usize, p: OursParams, _m: &ModelParams) -> Result<Ours, String> {
+    pub fn new(
+        router: Router,
+        key: usize,
+        p: OursParams,
+        _m: &ModelParams,
+    ) -> Result<Ours, String> {
         Ok(Ours {
             router,
             key,
@@ -107,7 +113,7 @@ impl Ours {
             reasons: [0; 4],
             routed: 0,
             ticket: 0,
-            dbg: [0; 4],
+            cold_why: [0; 3],
         })
     }
 }
@@ -123,27 +129,30 @@ impl Policy for Ours {
         };
         let known = self.index.lookup(&self.store, &key.blocks, now_ms);
         self.ticket += 1;
-        let c = affinity::choose(
-            self.router.ring(),
+        let request = affinity::Request {
             key,
-            req.body_chars as usize,
-            known.as_ref(),
-            Loads::new(view.in_flight),
-            &self.cost,
-            &self.cfg,
-            self.ticket,
-        );
+            prompt_chars: req.body_chars as usize,
+            known: known.as_ref(),
+            loads: Loads::new(view.in_flight),
+            ticket: self.ticket,
+        };
+        let c = affinity::choose(self.router.ring(), &request, &self.cost, &self.cfg);
         if c.reason == Reason::Cold {
+            // Why cold: nothing known, known but stale, known but too short.
             let why = match &known {
                 None => 0,
                 Some(k) if k.age_ms > self.cfg.max_age_ms => 1,
-                Some(k) => if (k.depth * 64) as f64 >= 0.3 * (req.body_chars as f64 / 4.0) { 3 } else { 2 },
+                Some(_) => 2,
             };
-            self.dbg[why] += 1;
-            if why == 2 && self.dbg[2] < 5 { eprintln!("depth {} n {} units {} chars {}", known.as_ref().map_or(0, |k| k.depth), key.blocks.len(), key.units, req.body_chars); }
+            self.cold_why[why] += 1;
         }
-        self.index
-            .record(&mut self.store, &key.blocks, known.as_ref(), c.primary, now_ms);
+        self.index.record(
+            &mut self.store,
+            &key.blocks,
+            known.as_ref(),
+            c.primary,
+            now_ms,
+        );
         if self.pending.len() <= idx as usize {
             self.pending.resize(idx as usize + 1, (0.0, 0));
         }
@@ -164,7 +173,14 @@ impl Policy for Ours {
         }
     }
 
-    fn on_first_token(&mut self, idx: u32, _req: &SimRequest, _replica: usize, ttft: f64, _now: f64) {
+    fn on_first_token(
+        &mut self,
+        idx: u32,
+        _req: &SimRequest,
+        _replica: usize,
+        ttft: f64,
+        _now: f64,
+    ) {
         if let Some(&(u, l)) = self.pending.get(idx as usize) {
             self.cost.observe(f64::from(u), f64::from(l), ttft * 1000.0);
         }
@@ -174,18 +190,91 @@ impl Policy for Ours {
         let n = self.routed.max(1) as f64;
         let (b, c) = self.cost.prices();
         vec![
-            ("dbg_none".into(), self.dbg[0] as f64),
-            ("dbg_stale".into(), self.dbg[1] as f64),
-            ("dbg_small".into(), self.dbg[2] as f64),
-            ("dbg_other".into(), self.dbg[3] as f64),
             ("warm".into(), self.reasons[0] as f64 / n),
             ("spill".into(), self.reasons[1] as f64 / n),
             ("cold".into(), self.reasons[2] as f64 / n),
+            ("cold_unknown".into(), self.cold_why[0] as f64 / n),
+            ("cold_stale".into(), self.cold_why[1] as f64 / n),
+            ("cold_short".into(), self.cold_why[2] as f64 / n),
             ("gets_per_req".into(), self.store.gets() as f64 / n),
             ("sets_per_req".into(), self.store.sets() as f64 / n),
             ("slots_used".into(), self.store.occupied() as f64),
             ("learned_prefill_ms_per_ktok".into(), b),
             ("learned_wait_ms_per_req".into(), c),
         ]
+    }
+}
+
+/// Several independent Envoy processes, each running OURS with its own
+/// index, its own cost model and its **own** in-flight counts (shared data is
+/// per Envoy), behind a load balancer that spreads requests at random. Shows
+/// what the ring buys: cold placement and tie-breaks agree across routers
+/// without any shared state.
+pub struct OursMulti {
+    routers: Vec<Ours>,
+    local: Vec<Vec<u32>>,
+    owner: Vec<u8>,
+    rng: crate::rng::Rng,
+}
+
+impl OursMulti {
+    /// `m` routers over `n` replicas.
+    ///
+    /// # Errors
+    /// As [`Ours::new`].
+    pub fn new(
+        router: Router,
+        key: usize,
+        p: OursParams,
+        model: &ModelParams,
+        m: usize,
+        n: usize,
+        seed: u64,
+    ) -> Result<OursMulti, String> {
+        let routers = (0..m.max(1))
+            .map(|_| Ours::new(router.clone(), key, p.clone(), model))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(OursMulti {
+            local: vec![vec![0; n]; routers.len()],
+            routers,
+            owner: Vec::new(),
+            rng: crate::rng::Rng::new(seed ^ 0x6d75),
+        })
+    }
+}
+
+impl Policy for OursMulti {
+    fn route(&mut self, idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
+        let k = self.rng.below(self.routers.len() as u64) as usize;
+        let local = View {
+            now: view.now,
+            in_flight: &self.local[k],
+            replicas: view.replicas,
+            scraped: view.scraped,
+            model: view.model,
+        };
+        let r = self.routers[k].route(idx, req, &local);
+        if let Some(c) = self.local[k].get_mut(r.replica) {
+            *c += 1;
+        }
+        if self.owner.len() <= idx as usize {
+            self.owner.resize(idx as usize + 1, 0);
+        }
+        self.owner[idx as usize] = k as u8;
+        r
+    }
+
+    fn on_first_token(&mut self, idx: u32, req: &SimRequest, replica: usize, ttft: f64, now: f64) {
+        let k = self.owner.get(idx as usize).copied().unwrap_or(0) as usize;
+        if let Some(r) = self.routers.get_mut(k) {
+            r.on_first_token(idx, req, replica, ttft, now);
+        }
+    }
+
+    fn on_done(&mut self, idx: u32, replica: usize) {
+        let k = self.owner.get(idx as usize).copied().unwrap_or(0) as usize;
+        if let Some(c) = self.local.get_mut(k).and_then(|l| l.get_mut(replica)) {
+            *c = c.saturating_sub(1);
+        }
     }
 }
