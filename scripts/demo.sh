@@ -29,11 +29,12 @@ RATE="${DEMO_RATE:-16}"
 # round_robin does) makes them evict each other.
 EMULATOR_ARGS=(--prefill-us-per-token 100 --prefill-overhead-ms 2 --prefill-lanes 1
   --decode-ms-per-token 10 --cache-blocks 1024 --block-tokens 16)
-# Workload: 50 % requests on 12 shared 2,000-token system prompts, 30 % multi-turn chats
-# (12 chats x 5 turns, history resent every turn), 20 % unique short prompts; open loop
-# (Poisson arrivals) so both strategies see exactly the same offered load.
+# Workload (prefix-load --workload mixed): 50 % of the requests on 12 shared 2,000-token system
+# prompts (+ a 32-token unique question), 30 % multi-turn chats (30 chats x 5 turns, the whole
+# history resent every turn), 20 % unique 32-token prompts; open loop (Poisson arrivals) so both
+# strategies see exactly the same offered load.
 LOAD_ARGS=(--workload mixed --requests "$REQUESTS" --groups 12 --prefix-tokens 2000
-  --rate "$RATE" --max-tokens 16 --seed 7 --timeout-s 60)
+  --conversations 30 --turns 5 --rate "$RATE" --max-tokens 16 --seed 7 --timeout-s 60)
 
 t0=$SECONDS
 log "demo: building the filter and the tools (cached after the first run)"

@@ -11,8 +11,8 @@
 #   sagemaker  SageMaker's benchmark shape: 16 groups sharing an 8,000-token system prompt,
 #              64-token unique suffixes; 320 requests at 8 req/s
 #   mixed      the demo mix at scale: 50 % on 12 shared 2,000-token prompts, 30 % multi-turn
-#              chats (24 x 5 turns), 20 % unique; 720 requests at 16 req/s
-#   unique     unique 128-token prompts ("do no harm" vs least_request); 480 requests at 16 req/s
+#              chats (40 x 5 turns), 20 % unique; 640 requests at 16 req/s
+#   unique     unique 128-token prompts ("do no harm" vs least_request); 320 requests at 16 req/s
 # Strategies (ROUTING_STRATEGIES, default "round_robin least_request prefix").
 #
 # Replica timing (emulator flags; documented in the README's benchmark section):
@@ -36,9 +36,9 @@ routing_workload_args() {
   case "$1" in
     sagemaker) echo 320 --workload sagemaker --requests 320 --groups 16 --prefix-tokens 8000 \
       --suffix-tokens 64 --rate 8 ;;
-    mixed) echo 720 --workload mixed --requests 720 --groups 12 --prefix-tokens 2000 \
-      --conversations 24 --turns 5 --rate 16 ;;
-    unique) echo 480 --workload unique --requests 480 --suffix-tokens 128 --rate 16 ;;
+    mixed) echo 640 --workload mixed --requests 640 --groups 12 --prefix-tokens 2000 \
+      --conversations 40 --turns 5 --rate 16 ;;
+    unique) echo 320 --workload unique --requests 320 --suffix-tokens 128 --rate 16 ;;
     *) echo "error: unknown routing workload '$1'" >&2; return 1 ;;
   esac
 }
