@@ -7,7 +7,10 @@
 //! - `E2E_WASM`: the filter (default `target/wasm32-wasip1/release/prefix_router.wasm`);
 //! - `E2E_EMULATOR_BIN`: the fake model server (default `target/release/replica-emulator`,
 //!   else `target/debug/replica-emulator`);
-//! - `E2E_PIDFILE`: optional file collecting every started PID (stopped by the script's trap).
+//! - `E2E_PIDFILE`: optional file collecting every started PID (stopped by the script's trap);
+//! - `E2E_ENVOY_ARGS`: optional extra Envoy flags (e.g. `--component-log-level wasm:debug`).
+//!
+//! Configs and logs of each test stay in `target/e2e/<test pid>/<n>-<test>/` for inspection.
 
 pub mod client;
 pub mod envoy;
