@@ -143,6 +143,7 @@ run_build() {
 run_validate() { "$ENVOY_BIN" --mode validate -c envoy/envoy.yaml --log-level warn; }
 
 run_e2e() {
+  rm -rf "$ROOT/target/e2e"   # configs and logs of the previous run
   ENVOY_BIN="$ENVOY_BIN" E2E_WASM="$WASM" E2E_EMULATOR_BIN="$ROOT/target/debug/replica-emulator" \
     cargo test -p prefix-router --features e2e --test e2e -- --test-threads "${E2E_THREADS:-2}"
 }
