@@ -504,4 +504,28 @@ mod tests {
         let other = chain(10, 0, 3, 256);
         assert_eq!(idx.lookup(&st, &other, 0), None);
     }
+
+    #[test]
+    fn a_lost_shallow_slot_does_not_hide_a_deep_prefix() {
+        let idx = PrefixIndex::new(IndexConfig::default());
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        let a = chain(3, 120, 1, 128);
+        idx.record(&mut st, &a, None, 4, 0);
+        // Another key takes the slots of ladder positions 7 and 31.
+        for p in [7usize, 31] {
+            let v = Entry {
+                tag: tag_of(!a[p]),
+                time: 0,
+                holders: [Some(0), None, None],
+            };
+            st.set(idx.slot(a[p]), v.encode());
+        }
+        let b = chain(3, 120, 2, 128);
+        let k = idx.lookup(&st, &b, 0).unwrap();
+        assert_eq!((k.depth, k.entry.holders[0]), (112, Some(4)));
+        // Unrelated chains are never reported known.
+        for seed in 10..60 {
+            assert_eq!(idx.lookup(&st, &chain(seed, 0, seed, 64), 0), None);
+        }
+    }
 }
