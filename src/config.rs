@@ -27,13 +27,22 @@ pub const MAX_BODY_BYTES_RANGE: (usize, usize) = (1024, 64 << 20);
 /// Longest accepted routing id (affinity header or `prompt_cache_key`).
 pub const MAX_ROUTING_ID_LEN: usize = 64;
 
-/// Default `prefix_length`: 2048 characters (about 512 tokens), enough to cover a
-/// typical system prompt plus the start of the conversation.
+/// Default `prefix_length` of `prefix` and `session`: 2048 characters (about
+/// 512 tokens), a typical system prompt plus the start of the conversation.
 pub const DEFAULT_PREFIX_LENGTH: usize = 2048;
-/// Default `concurrency_threshold`.
-pub const DEFAULT_CONCURRENCY_THRESHOLD: u32 = 64;
-/// Default `load_factor` (CHWBL / KubeAI / SGLang `prefix_hash` use 1.25).
+/// Default `prefix_length` of `affinity`: the whole range. Longest-prefix
+/// matching works on 256-character blocks, so a long key does not fragment
+/// groups; it lets deep shared prefixes (chat history, RAG documents) count.
+pub const DEFAULT_AFFINITY_PREFIX_LENGTH: usize = 65536;
+/// Default `concurrency_threshold`: vLLM's default `max_num_seqs` (256). Lower
+/// values made `session` and `prefix` spill 26–90 % of requests at realistic
+/// concurrency in the simulator.
+pub const DEFAULT_CONCURRENCY_THRESHOLD: u32 = 256;
+/// Default `load_factor` of `prefix` (CHWBL / KubeAI / SGLang `prefix_hash` use 1.25).
 pub const DEFAULT_LOAD_FACTOR: f64 = 1.25;
+/// Default `load_factor` of `affinity` (the simulator's best; the cost rule,
+/// not this bound, decides most spills).
+pub const DEFAULT_AFFINITY_LOAD_FACTOR: f64 = 2.0;
 /// Default number of ring points per endpoint.
 pub const DEFAULT_VIRTUAL_NODES: u32 = 256;
 /// Default `max_body_bytes`: 768 KiB, below Envoy's default 1 MiB buffer limit,
@@ -59,6 +68,9 @@ pub enum Strategy {
     Prefix,
     /// The routing id alone is the key (session affinity); no id → least request.
     Session,
+    /// Longest known prefix (index of recently routed blocks), cost-aware spill,
+    /// hot prefixes on several replicas, ring placement when cold. The default.
+    Affinity,
 }
 
 impl Strategy {
@@ -70,6 +82,7 @@ impl Strategy {
             Strategy::LeastRequest => "least_request",
             Strategy::Prefix => "prefix",
             Strategy::Session => "session",
+            Strategy::Affinity => "affinity",
         }
     }
 }
@@ -98,12 +111,64 @@ pub struct RawConfig {
     pub max_body_bytes: Option<i64>,
     /// See [`Config::virtual_nodes`].
     pub virtual_nodes: Option<i64>,
+    /// See [`AffinityParams::min_match`].
+    pub min_match: Option<f64>,
+    /// See [`AffinityParams::routing_budget_ms`].
+    pub routing_budget_ms: Option<f64>,
+    /// See [`AffinityParams::index_slots`].
+    pub index_slots: Option<i64>,
+    /// See [`AffinityParams::index_ttl_s`].
+    pub index_ttl_s: Option<i64>,
+    /// See [`AffinityParams::prefill_ms_per_ktok`].
+    pub prefill_ms_per_ktok: Option<f64>,
+    /// See [`AffinityParams::wait_ms_per_request`].
+    pub wait_ms_per_request: Option<f64>,
+    /// See [`AffinityParams::learn_costs`].
+    pub learn_costs: Option<bool>,
+    /// See [`AffinityParams::chars_per_token`].
+    pub chars_per_token: Option<f64>,
+}
+
+/// Parameters of the `affinity` strategy (ignored by the others).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AffinityParams {
+    /// Smallest fraction of the prompt a known prefix must cover to be warm.
+    pub min_match: f64,
+    /// Largest extra wait (ms) accepted to keep a warm replica.
+    pub routing_budget_ms: f64,
+    /// Slots of the shared prefix index (16-byte values in shared data).
+    pub index_slots: u32,
+    /// Index entries older than this are treated as evicted (seconds).
+    pub index_ttl_s: u32,
+    /// Initial prefill cost, ms per 1000 uncached prompt tokens.
+    pub prefill_ms_per_ktok: f64,
+    /// Initial extra wait per in-flight request, ms.
+    pub wait_ms_per_request: f64,
+    /// Learn both prices from observed time to first token (streams).
+    pub learn_costs: bool,
+    /// Characters per token of the served model.
+    pub chars_per_token: f64,
+}
+
+impl Default for AffinityParams {
+    fn default() -> Self {
+        AffinityParams {
+            min_match: 0.2,
+            routing_budget_ms: 2000.0,
+            index_slots: 65536,
+            index_ttl_s: 600,
+            prefill_ms_per_ktok: 50.0,
+            wait_ms_per_request: 10.0,
+            learn_costs: true,
+            chars_per_token: 4.0,
+        }
+    }
 }
 
 /// Validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// Selection strategy. Default `prefix`.
+    /// Selection strategy. Default `affinity`.
     pub strategy: Strategy,
     /// Replica addresses, `IP:port`, in canonical (sorted) order. The order the
     /// user wrote them in never changes the mapping.
@@ -126,6 +191,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Ring points per endpoint.
     pub virtual_nodes: u32,
+    /// `affinity` parameters.
+    pub affinity: AffinityParams,
 }
 
 /// A configuration error naming the field.
@@ -174,6 +241,24 @@ where
         ));
     }
     T::try_from(v).map_err(|_| err(field, format!("must be between {lo} and {hi}, got {v}")))
+}
+
+/// A float field within `range` (inclusive), or its default.
+fn float_in_range(
+    field: &str,
+    value: Option<f64>,
+    range: (f64, f64),
+    default: f64,
+) -> Result<f64, ConfigError> {
+    let v = value.unwrap_or(default);
+    if v.is_finite() && (range.0..=range.1).contains(&v) {
+        Ok(v)
+    } else {
+        Err(err(
+            field,
+            format!("must be between {} and {}, got {v}", range.0, range.1),
+        ))
+    }
 }
 
 /// Is `name` a valid HTTP header name (RFC 9110 token), returned lowercase?
@@ -275,11 +360,17 @@ impl Config {
             return Err(err("endpoints", format!("duplicate replica {}", w[0])));
         }
 
+        let strategy = raw.strategy.unwrap_or(Strategy::Affinity);
+        let affinity = strategy == Strategy::Affinity;
         let prefix_length = int_in_range(
             "prefix_length",
             raw.prefix_length,
             PREFIX_LENGTH_RANGE_I,
-            DEFAULT_PREFIX_LENGTH_I,
+            if affinity {
+                DEFAULT_AFFINITY_PREFIX_LENGTH as u32
+            } else {
+                DEFAULT_PREFIX_LENGTH_I
+            },
         )?;
         let concurrency_threshold = int_in_range(
             "concurrency_threshold",
@@ -300,16 +391,58 @@ impl Config {
             DEFAULT_VIRTUAL_NODES,
         )?;
 
-        let load_factor = raw.load_factor.unwrap_or(DEFAULT_LOAD_FACTOR);
-        if !(LOAD_FACTOR_RANGE.0..=LOAD_FACTOR_RANGE.1).contains(&load_factor) {
-            return Err(err(
-                "load_factor",
-                format!(
-                    "must be between {} and {}, got {load_factor}",
-                    LOAD_FACTOR_RANGE.0, LOAD_FACTOR_RANGE.1
-                ),
-            ));
-        }
+        let default_lf = if affinity {
+            DEFAULT_AFFINITY_LOAD_FACTOR
+        } else {
+            DEFAULT_LOAD_FACTOR
+        };
+        let load_factor = float_in_range(
+            "load_factor",
+            raw.load_factor,
+            LOAD_FACTOR_RANGE,
+            default_lf,
+        )?;
+        let d = AffinityParams::default();
+        let affinity_params = AffinityParams {
+            min_match: float_in_range("min_match", raw.min_match, (0.0, 1.0), d.min_match)?,
+            routing_budget_ms: float_in_range(
+                "routing_budget_ms",
+                raw.routing_budget_ms,
+                (0.0, 600_000.0),
+                d.routing_budget_ms,
+            )?,
+            index_slots: int_in_range(
+                "index_slots",
+                raw.index_slots,
+                (1024u32, 1 << 20),
+                d.index_slots,
+            )?,
+            index_ttl_s: int_in_range(
+                "index_ttl_s",
+                raw.index_ttl_s,
+                (1u32, 86_400),
+                d.index_ttl_s,
+            )?,
+            prefill_ms_per_ktok: float_in_range(
+                "prefill_ms_per_ktok",
+                raw.prefill_ms_per_ktok,
+                (0.5, 100_000.0),
+                d.prefill_ms_per_ktok,
+            )?,
+            wait_ms_per_request: float_in_range(
+                "wait_ms_per_request",
+                raw.wait_ms_per_request,
+                (0.0, 10_000.0),
+                d.wait_ms_per_request,
+            )?,
+            learn_costs: raw.learn_costs.unwrap_or(d.learn_costs),
+            chars_per_token: float_in_range(
+                "chars_per_token",
+                raw.chars_per_token,
+                (1.0, 16.0),
+                d.chars_per_token,
+            )?,
+        };
 
         let affinity_header = raw
             .affinity_header
@@ -338,7 +471,7 @@ impl Config {
         }
 
         Ok(Config {
-            strategy: raw.strategy.unwrap_or(Strategy::Prefix),
+            strategy,
             endpoints,
             prefix_length: prefix_length as usize,
             affinity_header,
@@ -348,6 +481,7 @@ impl Config {
             decision_header,
             max_body_bytes: max_body_bytes as usize,
             virtual_nodes,
+            affinity: affinity_params,
         })
     }
 }
@@ -376,11 +510,15 @@ mod tests {
     #[test]
     fn defaults_and_canonical_order() {
         let c = parse(&format!("{{{EPS}}}")).unwrap();
-        assert_eq!(c.strategy, Strategy::Prefix);
+        assert_eq!(c.strategy, Strategy::Affinity);
         assert_eq!(c.endpoints, vec!["127.0.0.1:8000", "127.0.0.1:8001"]);
-        assert_eq!(c.prefix_length, DEFAULT_PREFIX_LENGTH);
+        assert_eq!(c.prefix_length, DEFAULT_AFFINITY_PREFIX_LENGTH);
         assert_eq!(c.concurrency_threshold, DEFAULT_CONCURRENCY_THRESHOLD);
-        assert_eq!(c.load_factor, DEFAULT_LOAD_FACTOR);
+        assert_eq!(c.load_factor, DEFAULT_AFFINITY_LOAD_FACTOR);
+        assert_eq!(c.affinity, AffinityParams::default());
+        let p = parse(&format!("{{{EPS},\"strategy\":\"prefix\"}}")).unwrap();
+        assert_eq!(p.prefix_length, DEFAULT_PREFIX_LENGTH);
+        assert_eq!(p.load_factor, DEFAULT_LOAD_FACTOR);
         assert_eq!(c.target_header, DEFAULT_TARGET_HEADER);
         assert_eq!(c.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
         assert!(c.affinity_header.is_none());
@@ -423,6 +561,33 @@ mod tests {
                 "between 1024 and",
             ),
             ("\"virtual_nodes\":0", "virtual_nodes", "between 1 and 4096"),
+            ("\"min_match\":1.5", "min_match", "between 0 and 1"),
+            (
+                "\"routing_budget_ms\":-1",
+                "routing_budget_ms",
+                "between 0 and 600000",
+            ),
+            (
+                "\"index_slots\":10",
+                "index_slots",
+                "between 1024 and 1048576",
+            ),
+            ("\"index_ttl_s\":0", "index_ttl_s", "between 1 and 86400"),
+            (
+                "\"prefill_ms_per_ktok\":0",
+                "prefill_ms_per_ktok",
+                "between 0.5 and 100000",
+            ),
+            (
+                "\"wait_ms_per_request\":1e9",
+                "wait_ms_per_request",
+                "between 0 and 10000",
+            ),
+            (
+                "\"chars_per_token\":0.5",
+                "chars_per_token",
+                "between 1 and 16",
+            ),
         ] {
             let e = parse(&format!("{{{EPS},{json}}}")).unwrap_err();
             assert_eq!(e.field, field, "{json}");

@@ -7,12 +7,17 @@
 /// Why the primary replica was chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Branch {
-    /// The ring owner of the key was accepted (cache hit expected).
+    /// The ring owner of the key was accepted, or (`affinity`) a replica known
+    /// to hold the prefix (cache hit expected).
     Hit,
-    /// The ring owner was over its bound; the next acceptable replica on the ring.
+    /// The ring owner was over its bound; the next acceptable replica on the
+    /// ring. `affinity`: the holders were too busy for the prefix's worth; a
+    /// new holder (hot prefixes grow this way).
     Spill,
     /// Every replica was over its bound; the least loaded one.
     LeastLoaded,
+    /// `affinity`: nothing known about this prefix; ring placement by load.
+    Cold,
     /// No key (no body, empty prompt, session without id): least request.
     NoKey,
     /// The body claimed JSON but did not parse: least request.
@@ -27,10 +32,11 @@ pub enum Branch {
 
 impl Branch {
     /// Every branch, for stat registration.
-    pub const ALL: [Branch; 8] = [
+    pub const ALL: [Branch; 9] = [
         Branch::Hit,
         Branch::Spill,
         Branch::LeastLoaded,
+        Branch::Cold,
         Branch::NoKey,
         Branch::BadInput,
         Branch::Random,
@@ -44,6 +50,7 @@ impl Branch {
             Branch::Hit => "hit",
             Branch::Spill => "spill",
             Branch::LeastLoaded => "least_loaded",
+            Branch::Cold => "cold",
             Branch::NoKey => "no_key",
             Branch::BadInput => "bad_input",
             Branch::Random => "random",

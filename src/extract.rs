@@ -134,6 +134,20 @@ pub fn extract(body: &[u8], limit: usize, block_units: usize) -> Result<Extracte
     let cache_salt = string_field("cache_salt", salt)?;
     let prompt_cache_key = string_field("prompt_cache_key", cache_key)?;
 
+    // Shapes the APIs allow: anything else is a malformed request.
+    let shape = |name: &str, raw: Option<&[u8]>, allowed: &[u8]| -> Result<(), Malformed> {
+        match raw.and_then(|r| r.first()) {
+            Some(c) if !allowed.contains(c) => {
+                Err(Malformed(format!("`{name}` has an impossible type")))
+            }
+            _ => Ok(()),
+        }
+    };
+    shape("messages", messages, b"[")?;
+    shape("prompt", prompt, b"\"[")?;
+    shape("instructions", instructions, b"\"n")?;
+    shape("input", input, b"\"[")?;
+
     let mut h = PrefixHasher::new(limit, block_units);
     let kind = if let Some(m) = messages {
         walk_text(m, &mut h, ELEMENT_END);

@@ -14,7 +14,8 @@
 //! allocation proportional to the body. Nesting is bounded by [`MAX_DEPTH`].
 //!
 //! Leniency: literals and numbers are checked by their character class only,
-//! and invalid UTF-8 inside strings is passed through as bytes. A body this
+//! and invalid UTF-8 inside strings is passed through as bytes (validating it
+//! would cost another pass over the body; the engine refuses such a body). A body this
 //! scanner accepts but a strict parser would refuse still gets routed (the
 //! engine answers it), which is the behaviour we want.
 
@@ -101,8 +102,21 @@ impl<'a> Scanner<'a> {
                             return Ok(&self.b[start..self.pos - 1]);
                         }
                         b'\\' => {
-                            if self.pos + 1 >= self.b.len() {
-                                return self.err("an escape");
+                            let ok = match self.b.get(self.pos + 1) {
+                                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
+                                    true
+                                }
+                                Some(b'u') => self
+                                    .b
+                                    .get(self.pos + 2..self.pos + 6)
+                                    .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)),
+                                _ => false,
+                            };
+                            if !ok {
+                                self.pos += 1;
+                                return self.err(
+                                    "a valid escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)",
+                                );
                             }
                             self.pos += 2;
                         }
@@ -472,6 +486,9 @@ mod tests {
             "{\"a\":\"tab\tinside\"}",
             r#"[1,2]"#,
             r#"{"a":{"b":1,"c"}}"#,
+            r#"{"a":"bad \q escape"}"#,
+            r#"{"a":"short \u12"}"#,
+            r#"{"a":"ok \u12aF \/ \b"}"#,
         ] {
             let strict =
                 serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(doc).is_ok();

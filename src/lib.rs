@@ -27,9 +27,9 @@
 
 pub mod affinity;
 pub mod config;
+pub mod cost;
 pub mod decision;
 pub mod extract;
-pub mod cost;
 pub mod hash;
 pub mod index;
 pub mod json;

@@ -5,10 +5,13 @@
 //! [`Decision`]. Both are pure: the wasm adapter and the simulator call the
 //! same two functions and differ only in where loads and tickets come from.
 
+use crate::affinity::{self, AffinityConfig, Choice, Reason};
 use crate::config::{Config, Strategy, MAX_ROUTING_ID_LEN};
+use crate::cost::{CostConfig, CostModel};
 use crate::decision::{Branch, Decision, KeySource};
 use crate::extract::{extract, raw_prefix, BodyKind};
 use crate::hash::{mix, seed, BLOCK_UNITS};
+use crate::index::{IndexConfig, PrefixIndex, SlotStore};
 use crate::ring::HashRing;
 use crate::select::{bounded, by_ticket, least_request, Bounds, Loads};
 
@@ -54,18 +57,107 @@ pub fn valid_routing_id(id: &[u8]) -> bool {
     !id.is_empty() && id.len() <= MAX_ROUTING_ID_LEN && id.iter().all(|b| (0x20..0x7f).contains(b))
 }
 
-/// Configuration plus the ring built from it.
+/// Configuration plus the ring (and, for `affinity`, the index layout and
+/// policy parameters) built from it.
 #[derive(Debug, Clone)]
 pub struct Router {
     config: Config,
     ring: HashRing,
+    index: PrefixIndex,
+    affinity: AffinityConfig,
 }
 
 impl Router {
     /// Build the ring for a validated configuration.
     pub fn new(config: Config) -> Router {
         let ring = HashRing::build(&config.endpoints, config.virtual_nodes);
-        Router { config, ring }
+        let a = config.affinity;
+        let index = PrefixIndex::new(IndexConfig {
+            slots: a.index_slots,
+            ..IndexConfig::default()
+        });
+        let affinity = AffinityConfig {
+            concurrency_threshold: config.concurrency_threshold,
+            load_factor: config.load_factor,
+            chars_per_token: a.chars_per_token,
+            min_match: a.min_match,
+            routing_budget_ms: a.routing_budget_ms,
+            max_age_ms: u64::from(a.index_ttl_s) * 1000,
+            ..AffinityConfig::default()
+        };
+        Router {
+            config,
+            ring,
+            index,
+            affinity,
+        }
+    }
+
+    /// The prefix index layout (`affinity`).
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    /// The `affinity` policy parameters.
+    pub fn affinity_config(&self) -> &AffinityConfig {
+        &self.affinity
+    }
+
+    /// Initial prices of the cost model (`affinity`).
+    pub fn cost_config(&self) -> CostConfig {
+        let a = self.config.affinity;
+        CostConfig {
+            prefill_ms_per_ktok: a.prefill_ms_per_ktok,
+            wait_ms_per_request: a.wait_ms_per_request,
+            learn: a.learn_costs,
+            ..CostConfig::default()
+        }
+    }
+
+    /// `affinity`: look the key up in the index, choose, record the choice.
+    /// `prompt_chars` estimates the prompt size (the body length will do).
+    /// Shared-data cost: the lookup's gets (≈ 1–11) and the record's sets
+    /// (≤ 34); see [`crate::index`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn select_affinity<S: SlotStore>(
+        &self,
+        key: &RoutingKey,
+        prompt_chars: usize,
+        loads: Loads<'_>,
+        store: &mut S,
+        cost: &CostModel,
+        now_ms: u64,
+        ticket: u64,
+    ) -> (Decision, Choice) {
+        let known = self.index.lookup(store, &key.blocks, now_ms);
+        let request = affinity::Request {
+            key,
+            prompt_chars,
+            known: known.as_ref(),
+            loads,
+            ticket,
+        };
+        let choice = affinity::choose(&self.ring, &request, cost, &self.affinity);
+        if choice.reason != Reason::NoKey {
+            self.index
+                .record(store, &key.blocks, known.as_ref(), choice.primary, now_ms);
+        }
+        (self.affinity_decision(key, &choice), choice)
+    }
+
+    fn affinity_decision(&self, key: &RoutingKey, c: &Choice) -> Decision {
+        let branch = match c.reason {
+            Reason::Warm => Branch::Hit,
+            Reason::Spill => Branch::Spill,
+            Reason::Cold => Branch::Cold,
+            Reason::NoKey if key.source == KeySource::Malformed => Branch::BadInput,
+            Reason::NoKey => Branch::NoKey,
+        };
+        Decision {
+            primary: c.primary,
+            secondary: c.secondary,
+            branch,
+        }
     }
 
     /// The configuration.
@@ -81,7 +173,10 @@ impl Router {
     /// Does this strategy need the body? (`random`, `round_robin` and
     /// `least_request` route at once on headers.)
     pub fn needs_body(&self) -> bool {
-        matches!(self.config.strategy, Strategy::Prefix | Strategy::Session)
+        matches!(
+            self.config.strategy,
+            Strategy::Prefix | Strategy::Session | Strategy::Affinity
+        )
     }
 
     /// Compute the key. `header_id` is the affinity header's value, if the
@@ -150,7 +245,9 @@ impl Router {
     }
 
     /// Choose the replica. `ticket` is a random number (`random`) or a rotating
-    /// counter (`round_robin`, least-request tie-breaks).
+    /// counter (`round_robin`, least-request tie-breaks). For `affinity` this
+    /// is the cold placement only (no index); the filter and the simulator call
+    /// [`Router::select_affinity`].
     pub fn select(&self, key: &RoutingKey, loads: Loads<'_>, ticket: u64) -> Decision {
         let n = self.ring.len();
         let bounds = Bounds {
@@ -161,6 +258,20 @@ impl Router {
             Strategy::Random => by_ticket(n, loads, ticket, Branch::Random),
             Strategy::RoundRobin => by_ticket(n, loads, ticket, Branch::RoundRobin),
             Strategy::LeastRequest => least_request(n, loads, ticket, Branch::LeastRequest),
+            Strategy::Affinity => {
+                let cost = CostModel::new(self.cost_config());
+                let request = affinity::Request {
+                    key,
+                    prompt_chars: key.units,
+                    known: None,
+                    loads,
+                    ticket,
+                };
+                self.affinity_decision(
+                    key,
+                    &affinity::choose(&self.ring, &request, &cost, &self.affinity),
+                )
+            }
             Strategy::Prefix | Strategy::Session => match key.key {
                 Some(k) => bounded(&self.ring, k, loads, bounds),
                 None if key.source == KeySource::Malformed => {
@@ -249,7 +360,7 @@ mod tests {
 
     #[test]
     fn fallbacks_are_labelled() {
-        let r = router("");
+        let r = router(r#","strategy":"prefix""#);
         let bad = r.key(Body::Complete(b"{\"messages\": [oops"), None);
         assert_eq!(bad.source, KeySource::Malformed);
         assert_eq!(
@@ -286,5 +397,61 @@ mod tests {
             let d = r.select(&r.key(Body::None, None), Loads::new(&[0, 0, 0]), 7);
             assert_eq!(d.branch, b);
         }
+    }
+
+    #[test]
+    fn affinity_follows_a_growing_conversation() {
+        use crate::index::VecStore;
+        let r = router("");
+        assert_eq!(r.config().strategy, Strategy::Affinity);
+        let mut store = VecStore::new(r.config().affinity.index_slots);
+        let cost = CostModel::new(r.cost_config());
+        // A conversation whose history grows each turn: every turn's full key
+        // differs, but the index knows the earlier turns' blocks.
+        let system = "You are a meticulous assistant. ".repeat(40);
+        let mut messages = vec![format!(r#"{{"role":"system","content":"{system}"}}"#)];
+        let mut first = None;
+        for turn in 0..6 {
+            messages.push(format!(
+                r#"{{"role":"user","content":"question {turn}: {}"}}"#,
+                "why? ".repeat(60)
+            ));
+            let body = format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","));
+            let key = r.key(Body::Complete(body.as_bytes()), None);
+            // Other traffic keeps the loads uneven but within bounds.
+            let loads = [1, 0, 2];
+            let (d, _) = r.select_affinity(
+                &key,
+                body.len(),
+                Loads::new(&loads),
+                &mut store,
+                &cost,
+                1000 * turn,
+                turn,
+            );
+            match first {
+                None => {
+                    assert_eq!(d.branch, Branch::Cold);
+                    first = Some(d.primary);
+                }
+                Some(p) => {
+                    assert_eq!(d.branch, Branch::Hit, "turn {turn}");
+                    assert_eq!(d.primary, p, "turn {turn} left the warm replica");
+                }
+            }
+            messages.push(format!(
+                r#"{{"role":"assistant","content":"answer {turn} {}"}}"#,
+                "because. ".repeat(50)
+            ));
+        }
+        // Malformed bodies and bodies without text are labelled, not recorded.
+        let bad = r.key(Body::Complete(b"{oops"), None);
+        let (d, _) = r.select_affinity(&bad, 5, Loads::new(&[0, 0, 0]), &mut store, &cost, 9000, 1);
+        assert_eq!(d.branch, Branch::BadInput);
+        let none = r.key(Body::None, None);
+        assert_eq!(
+            r.select(&none, Loads::new(&[0, 0, 0]), 0).branch,
+            Branch::NoKey
+        );
     }
 }

@@ -40,6 +40,7 @@ const NOT_FOUND: u32 = 1;
 const EMPTY: u32 = 7;
 
 const MAP_REQUEST_HEADERS: u32 = 0;
+const MAP_RESPONSE_HEADERS: u32 = 2;
 /// Buffer type of the request body.
 pub const BUFFER_REQUEST_BODY: u32 = 0;
 /// Buffer type of the plugin configuration.
@@ -201,6 +202,14 @@ pub fn request_header(name: &str) -> Result<Option<Vec<u8>>, HostError> {
     // SAFETY: pointer and length of a live str; valid out pointers.
     fetch(|d, s| unsafe {
         proxy_get_header_map_value(MAP_REQUEST_HEADERS, name.as_ptr(), name.len(), d, s)
+    })
+}
+
+/// A response header's value (first instance), raw bytes.
+pub fn response_header(name: &str) -> Result<Option<Vec<u8>>, HostError> {
+    // SAFETY: pointer and length of a live str; valid out pointers.
+    fetch(|d, s| unsafe {
+        proxy_get_header_map_value(MAP_RESPONSE_HEADERS, name.as_ptr(), name.len(), d, s)
     })
 }
 

@@ -6,15 +6,20 @@
 //! of stream (or until `max_body_bytes` is exceeded: then it routes on the raw
 //! first bytes and lets the rest stream) and reads the buffered body once;
 //! `on_http_request_trailers` routes if the body never signalled end of stream;
+//! `on_http_response_headers` moves the in-flight count if a retry or the
+//! fallback used another host, and notes whether the response streams;
+//! `on_http_response_body` (first chunk of a stream) teaches the `affinity`
+//! cost model the observed time to first token, without buffering anything;
 //! `on_log` releases the in-flight count exactly once, whatever happened.
 
 use super::host::{self, BUFFER_REQUEST_BODY};
 use super::root::Plugin;
+use super::slots::SharedSlots;
 use super::stats::HostFailure;
 use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
 use crate::decision::Decision;
 use crate::hash::hash_id;
-use crate::router::{Body, RoutingId};
+use crate::router::{Body, RoutingId, RoutingKey};
 use crate::select::Loads;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
@@ -32,8 +37,25 @@ pub struct RouterHttp {
     context_id: u32,
     /// Endpoint whose in-flight count this request holds.
     holding: Option<usize>,
+    /// The primary chosen at routing.
+    primary: Option<usize>,
     /// The request has been routed (headers set).
     routed: bool,
+    /// Host time of the routing decision, ms.
+    routed_at_ms: u64,
+    /// `affinity`: (expected uncached tokens, in-flight at routing), waiting
+    /// for the first token of a streamed response to teach the cost model.
+    pending_cost: Option<(f64, f64)>,
+    /// The response is a server-sent-event stream.
+    streaming: bool,
+}
+
+fn next_local_ticket() -> u64 {
+    TICKET.with(|t| {
+        let v = t.get().wrapping_add(1);
+        t.set(v);
+        v
+    })
 }
 
 impl RouterHttp {
@@ -43,7 +65,11 @@ impl RouterHttp {
             plugin,
             context_id,
             holding: None,
+            primary: None,
             routed: false,
+            routed_at_ms: 0,
+            pending_cost: None,
+            streaming: false,
         }
     }
 
@@ -53,11 +79,7 @@ impl RouterHttp {
                 hash_id(&(host::now_nanos() ^ u64::from(self.context_id) << 32).to_le_bytes())
             }
             Strategy::RoundRobin => self.shared_ticket(p),
-            _ => TICKET.with(|t| {
-                let v = t.get().wrapping_add(1);
-                t.set(v);
-                v
-            }),
+            _ => next_local_ticket(),
         }
     }
 
@@ -76,15 +98,12 @@ impl RouterHttp {
             }
         }
         p.stats.failure(HostFailure::SharedData);
-        TICKET.with(|t| {
-            t.set(t.get().wrapping_add(1));
-            t.get()
-        })
+        next_local_ticket()
     }
 
-    /// Route with what is known of the body; sets the headers and takes an
-    /// in-flight slot. Called at most once per request.
-    fn route(&mut self, body: Body<'_>) {
+    /// Route with what is known of the body (`prompt_chars`: its size); sets
+    /// the headers and takes an in-flight slot. Called at most once per request.
+    fn route(&mut self, body: Body<'_>, prompt_chars: usize) {
         let Some(p) = self.plugin.clone() else { return };
         self.routed = true;
         let cfg = p.router.config();
@@ -112,7 +131,14 @@ impl RouterHttp {
         let loads = snapshot
             .as_ref()
             .map_or(zeros.as_slice(), |s| s.0.as_slice());
-        let decision = p.router.select(&key, Loads::new(loads), self.ticket(&p));
+        let ticket = self.ticket(&p);
+        self.routed_at_ms = host::now_nanos() / 1_000_000;
+
+        let decision = if cfg.strategy == Strategy::Affinity {
+            self.select_affinity(&p, &key, prompt_chars, loads, ticket)
+        } else {
+            p.router.select(&key, Loads::new(loads), ticket)
+        };
 
         match p.in_flight.add(decision.primary, 1, snapshot) {
             Ok(now) => {
@@ -124,6 +150,7 @@ impl RouterHttp {
                 p.stats.failure(HostFailure::SharedData);
             }
         }
+        self.primary = Some(decision.primary);
         self.set_headers(&p, decision);
         p.stats
             .decision(decision.branch, key.source, decision.primary);
@@ -131,11 +158,12 @@ impl RouterHttp {
             p.stats.routing_id_rejected();
         }
         log::debug!(
-            "#{} key={:016x} source={} units={} branch={} primary={} secondary={}",
+            "#{} key={:016x} source={} units={} blocks={} branch={} primary={} secondary={}",
             self.context_id,
             key.key.unwrap_or(0),
             key.source.as_str(),
             key.units,
+            key.blocks.len(),
             decision.branch.as_str(),
             cfg.endpoints
                 .get(decision.primary)
@@ -145,6 +173,47 @@ impl RouterHttp {
                 .and_then(|s| cfg.endpoints.get(s))
                 .map_or("-", String::as_str),
         );
+    }
+
+    /// `affinity`: index lookup + choice + record over shared data.
+    fn select_affinity(
+        &mut self,
+        p: &Plugin,
+        key: &RoutingKey,
+        prompt_chars: usize,
+        loads: &[u32],
+        ticket: u64,
+    ) -> Decision {
+        // The VM is single-threaded, so the cost model is never borrowed twice;
+        // if it somehow were, use the configured prices rather than panic.
+        let fallback;
+        let cost = match p.cost.try_borrow() {
+            Ok(c) => c,
+            Err(_) => {
+                fallback =
+                    std::cell::RefCell::new(crate::cost::CostModel::new(p.router.cost_config()));
+                match fallback.try_borrow() {
+                    Ok(c) => c,
+                    Err(_) => return p.router.select(key, Loads::new(loads), ticket),
+                }
+            }
+        };
+        let mut slots = SharedSlots::new(&p.prefix);
+        let (d, choice) = p.router.select_affinity(
+            key,
+            prompt_chars,
+            Loads::new(loads),
+            &mut slots,
+            &cost,
+            self.routed_at_ms,
+            ticket,
+        );
+        if slots.failures.get() > 0 {
+            p.stats.failure(HostFailure::SharedData);
+        }
+        let in_flight = loads.get(d.primary).copied().unwrap_or(0);
+        self.pending_cost = Some((choice.expected_uncached_tokens(), f64::from(in_flight)));
+        d
     }
 
     fn set_headers(&self, p: &Plugin, d: Decision) {
@@ -181,9 +250,19 @@ impl RouterHttp {
 
     fn route_buffered(&mut self, size: usize) {
         match self.body(size) {
-            Some(b) => self.route(Body::Complete(&b)),
-            None => self.route(Body::None),
+            Some(b) => self.route(Body::Complete(&b), b.len()),
+            None => self.route(Body::None, 0),
         }
+    }
+
+    /// The host that actually serves the request (after retries / fallback).
+    fn upstream_endpoint(&self, p: &Plugin) -> Option<usize> {
+        let addr = host::property(&["upstream", "address"]).ok().flatten()?;
+        p.router
+            .config()
+            .endpoints
+            .iter()
+            .position(|e| e.as_bytes() == addr.as_slice())
     }
 }
 
@@ -201,7 +280,7 @@ impl HttpContext for RouterHttp {
         }
         let needs_body = self.plugin.as_ref().is_some_and(|p| p.router.needs_body());
         if end_of_stream || !needs_body {
-            self.route(Body::None);
+            self.route(Body::None, 0);
             return Action::Continue;
         }
         Action::Pause
@@ -218,8 +297,8 @@ impl HttpContext for RouterHttp {
         if size > cfg.max_body_bytes {
             // Too large to parse: route on the raw first bytes now and stream the rest.
             match self.body(cfg.prefix_length.min(size)) {
-                Some(b) => self.route(Body::Oversize(&b)),
-                None => self.route(Body::None),
+                Some(b) => self.route(Body::Oversize(&b), size),
+                None => self.route(Body::None, 0),
             }
             return Action::Continue;
         }
@@ -242,6 +321,65 @@ impl HttpContext for RouterHttp {
         Action::Continue
     }
 
+    fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        let Some(p) = self.plugin.clone() else {
+            return Action::Continue;
+        };
+        // A retry or the fallback used another host: count the request there.
+        if let (Some(held), Some(actual)) = (self.holding, self.upstream_endpoint(&p)) {
+            if held != actual {
+                let released = p.in_flight.add(held, -1, None);
+                let taken = p.in_flight.add(actual, 1, None);
+                match (released, taken) {
+                    (Ok(a), Ok(b)) => {
+                        p.stats.in_flight(held, a);
+                        p.stats.in_flight(actual, b);
+                        self.holding = Some(actual);
+                    }
+                    (Ok(a), Err(_)) => {
+                        p.stats.in_flight(held, a);
+                        self.holding = None;
+                        p.stats.failure(HostFailure::SharedData);
+                    }
+                    (Err(_), Ok(b)) => {
+                        // Two slots held: release the new one, keep the old.
+                        p.stats.in_flight(actual, b);
+                        if let Ok(b) = p.in_flight.add(actual, -1, None) {
+                            p.stats.in_flight(actual, b);
+                        }
+                        p.stats.failure(HostFailure::SharedData);
+                    }
+                    (Err(_), Err(_)) => p.stats.failure(HostFailure::SharedData),
+                }
+            }
+        }
+        if self.pending_cost.is_some() {
+            self.streaming = matches!(
+                host::response_header("content-type"),
+                Ok(Some(v)) if v.windows(17).any(|w| w.eq_ignore_ascii_case(b"text/event-stream"))
+            );
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, size: usize, _end_of_stream: bool) -> Action {
+        // First chunk of a stream = first token: teach the cost model. Nothing
+        // is buffered (buffering SSE would destroy the client's TTFT).
+        if self.streaming && size > 0 {
+            if let (Some(p), Some((uncached, in_flight))) = (&self.plugin, self.pending_cost.take())
+            {
+                let ttft_ms =
+                    (host::now_nanos() / 1_000_000).saturating_sub(self.routed_at_ms) as f64;
+                if let Ok(mut cost) = p.cost.try_borrow_mut() {
+                    cost.observe(uncached, in_flight, ttft_ms);
+                    let (prefill, wait) = cost.prices();
+                    p.stats.prices(prefill, wait);
+                }
+            }
+        }
+        Action::Continue
+    }
+
     fn on_log(&mut self) {
         let (Some(p), Some(idx)) = (self.plugin.clone(), self.holding.take()) else {
             return;
@@ -253,10 +391,12 @@ impl HttpContext for RouterHttp {
                 p.stats.failure(HostFailure::SharedData);
             }
         }
-        // Which host served the request (retries, fallback)?
+        // The primary was decided at routing; count requests another host served.
         if let Ok(Some(addr)) = host::property(&["upstream", "address"]) {
-            let primary = p.router.config().endpoints.get(idx).map(String::as_bytes);
-            if primary != Some(addr.as_slice()) {
+            let primary = self
+                .primary
+                .and_then(|i| p.router.config().endpoints.get(i));
+            if primary.is_some_and(|e| e.as_bytes() != addr.as_slice()) {
                 p.stats.upstream_mismatch();
             }
         }

@@ -9,12 +9,14 @@
 //!   requests and releases them exactly once in `on_log`;
 //! - [`host`]: host calls that return every status instead of panicking;
 //! - [`inflight`]: the shared per-endpoint in-flight counts (CAS);
+//! - [`slots`]: the `affinity` prefix index's slot table in shared data;
 //! - [`stats`]: Envoy stats.
 
 mod host;
 mod http;
 mod inflight;
 mod root;
+mod slots;
 mod stats;
 
 proxy_wasm::main! {{

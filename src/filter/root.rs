@@ -5,10 +5,12 @@ use super::http::RouterHttp;
 use super::inflight::InFlight;
 use super::stats::Stats;
 use crate::config::Config;
+use crate::cost::CostModel;
 use crate::hash::hash_id;
 use crate::router::Router;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
+use std::cell::RefCell;
 use std::rc::Rc;
 
 /// Everything a request needs, shared by the HTTP contexts of one VM.
@@ -19,6 +21,10 @@ pub struct Plugin {
     pub in_flight: InFlight,
     /// Shared round-robin counter key.
     pub rr_key: String,
+    /// Shared-data namespace of this plugin and configuration (`…/`).
+    pub prefix: String,
+    /// `affinity` prices, learned per worker from observed TTFTs.
+    pub cost: RefCell<CostModel>,
     /// Metric ids.
     pub stats: Stats,
 }
@@ -70,10 +76,14 @@ impl RootContext for RouterRoot {
             config.concurrency_threshold,
             config.load_factor
         );
+        let router = Router::new(config);
+        let cost = RefCell::new(CostModel::new(router.cost_config()));
         self.plugin = Some(Rc::new(Plugin {
-            router: Router::new(config),
+            router,
             in_flight,
             rr_key: format!("{prefix}rr"),
+            prefix,
+            cost,
             stats,
         }));
         true

@@ -5,7 +5,9 @@
 //! `prefix_router.routing_id.rejected`, `prefix_router.upstream.mismatch`,
 //! `prefix_router.error.<host_call>`; per endpoint (`.`/`:` → `_`):
 //! `prefix_router.endpoint.<ep>.routed` (counter) and
-//! `prefix_router.endpoint.<ep>.in_flight` (gauge).
+//! `prefix_router.endpoint.<ep>.in_flight` (gauge); `affinity` prices learned
+//! by the last worker that observed a stream: `prefix_router.cost.prefill_us_per_ktok`
+//! and `prefix_router.cost.wait_us_per_request` (gauges).
 //! Envoy exposes wasm-defined stats as they are named here (Prometheus:
 //! `/stats/prometheus` lists them with `.` → `_`).
 
@@ -23,6 +25,8 @@ pub struct Stats {
     error_body: Option<u32>,
     routed: Vec<Option<u32>>,
     in_flight: Vec<Option<u32>>,
+    prefill_us_per_ktok: Option<u32>,
+    wait_us_per_request: Option<u32>,
 }
 
 /// Errors counted in `prefix_router.error.<what>`.
@@ -80,6 +84,14 @@ impl Stats {
                     )
                 })
                 .collect(),
+            prefill_us_per_ktok: define(
+                MetricKind::Gauge,
+                "prefix_router.cost.prefill_us_per_ktok",
+            ),
+            wait_us_per_request: define(
+                MetricKind::Gauge,
+                "prefix_router.cost.wait_us_per_request",
+            ),
             in_flight: endpoints
                 .iter()
                 .map(|e| {
@@ -124,6 +136,18 @@ impl Stats {
             HostFailure::Header => self.error_header,
             HostFailure::Body => self.error_body,
         });
+    }
+
+    /// Publish the `affinity` cost model's current prices (this worker's).
+    pub fn prices(&self, prefill_ms_per_ktok: f64, wait_ms_per_request: f64) {
+        for (id, ms) in [
+            (self.prefill_us_per_ktok, prefill_ms_per_ktok),
+            (self.wait_us_per_request, wait_ms_per_request),
+        ] {
+            if let Some(id) = id {
+                host::record_metric(id, (ms * 1000.0).max(0.0) as u64);
+            }
+        }
     }
 
     /// Publish an endpoint's in-flight count.
