@@ -10,8 +10,11 @@
 //!
 //! Algorithm:
 //! 1. **Acceptable** replica: available, in-flight `< concurrency_threshold`
-//!    and `in_flight + 1 ≤ load_factor × (total + 1) / n` (KubeAI's bounded
-//!    load; the `+1`s keep the bound meaningful at low load).
+//!    and `in_flight + 1 ≤ load_factor × (mean + 1)`, `mean = total / n`. At
+//!    high load this is KubeAI's bounded load (`load_factor × mean`); the `+1`
+//!    is a slack of `load_factor` requests that keeps an idle or lightly loaded
+//!    cluster from spilling (the KubeAI form `(total + 1) / n` accepts nobody
+//!    when `n > load_factor` and the cluster is idle).
 //! 2. **Cold placement** `place(excluded)`: walk the ring from the request's
 //!    key, keep the first `cold_choices` acceptable replicas not excluded,
 //!    take the least loaded (ring order on ties). Deterministic given the
@@ -226,7 +229,7 @@ pub fn choose(
         loads,
         all,
         n,
-        cap: cfg.load_factor * (total as f64 + 1.0) / count.max(1) as f64,
+        cap: cfg.load_factor * (total as f64 / count.max(1) as f64 + 1.0),
         threshold: cfg.concurrency_threshold,
     };
     let cpt = cfg.chars_per_token.max(0.1);

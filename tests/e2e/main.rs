@@ -15,6 +15,7 @@
 
 mod harness;
 
+mod affinity;
 mod agreement;
 mod bad_config;
 mod failover;

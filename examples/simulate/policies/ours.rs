@@ -13,7 +13,7 @@
 use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::{CostConfig, CostModel};
 use prefix_router::index::{IndexConfig, PrefixIndex, VecStore};
-use prefix_router::{Loads, Router};
+use prefix_router::{Config, Loads, Router};
 
 use super::{Policy, Routed, View};
 use crate::engine::SimRequest;
@@ -35,13 +35,28 @@ pub struct OursParams {
 }
 
 impl Default for OursParams {
+    /// The filter's defaults, taken from the core's validated configuration
+    /// (`{"endpoints": [...]}` with nothing else set), so the simulator measures
+    /// exactly what the filter ships.
     fn default() -> Self {
-        OursParams {
-            prefix_length: 65536,
-            virtual_nodes: 256,
-            index: IndexConfig::default(),
-            affinity: AffinityConfig::default(),
-            cost: CostConfig::default(),
+        let shipped = Config::from_json(br#"{"endpoints":["127.0.0.1:1"]}"#)
+            .map(Router::new)
+            .ok();
+        match shipped {
+            Some(r) => OursParams {
+                prefix_length: r.config().prefix_length,
+                virtual_nodes: r.config().virtual_nodes,
+                index: r.index().config(),
+                affinity: *r.affinity_config(),
+                cost: r.cost_config(),
+            },
+            None => OursParams {
+                prefix_length: 65536,
+                virtual_nodes: 256,
+                index: IndexConfig::default(),
+                affinity: AffinityConfig::default(),
+                cost: CostConfig::default(),
+            },
         }
     }
 }

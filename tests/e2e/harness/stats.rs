@@ -6,10 +6,11 @@
 use std::collections::BTreeMap;
 
 /// Decision branches, as the filter names them.
-pub const BRANCHES: [&str; 8] = [
+pub const BRANCHES: [&str; 9] = [
     "hit",
     "spill",
     "least_loaded",
+    "cold",
     "no_key",
     "bad_input",
     "random",
