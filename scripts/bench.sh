@@ -30,6 +30,7 @@ mkdir -p .work/bench
 ensure_envoy
 started_at="$(date +%s)"
 
+# shellcheck disable=SC2317  # bench_* are called indirectly (run_part)
 bench_llama() {
   if [ ! -f scripts/llama.sh ]; then
     log "llama: scripts/llama.sh not found; skipped"
@@ -57,7 +58,8 @@ if [ "$part" = all ]; then
   echo
   echo "----- paste into README (benchmark section) -----"
   "$(bench_python)" scripts/bench/report.py combine .work/bench \
-    --command "./build.sh bench" --machine "$(machine_line)" --since "$started_at"
+    --command "./build.sh bench" --machine "$(machine_line)" --since "$started_at" \
+    --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "----- end -----"
 fi
 exit "$rc"

@@ -41,7 +41,10 @@ log "demo: building the filter and the tools (cached after the first run)"
 build_wasm 2>&1 | tail -1 >&2
 build_tools 2>&1 | tail -1 >&2
 ensure_envoy
-[ -x "$EMULATOR_BIN" ] && [ -x "$LOAD_BIN" ] || { echo "error: $EMULATOR_BIN or $LOAD_BIN missing after build" >&2; exit 1; }
+if [ ! -x "$EMULATOR_BIN" ] || [ ! -x "$LOAD_BIN" ]; then
+  echo "error: $EMULATOR_BIN or $LOAD_BIN missing after build" >&2
+  exit 1
+fi
 cluster_ports_free
 rm -rf "$DIR"; mkdir -p "$DIR"
 t_run=$SECONDS

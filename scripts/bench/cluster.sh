@@ -55,10 +55,10 @@ cluster_render_envoy() {
     expr+=(-e "s|\"$k\": *[0-9.]*|\"$k\": $v|")
   done
   sed "${expr[@]}" "$ROOT/envoy/envoy.yaml" >"$out"
-  grep -q "\"strategy\": \"$strategy\"" "$out" && grep -q "filename: $WASM" "$out" || {
+  if ! grep -q "\"strategy\": \"$strategy\"" "$out" || ! grep -q "filename: $WASM" "$out"; then
     echo "error: could not render strategy/wasm path into envoy/envoy.yaml (layout changed?)" >&2
     return 1
-  }
+  fi
   for kv in ${ROUTER_SET:-}; do
     grep -q "\"${kv%%=*}\": ${kv#*=}" "$out" || {
       echo "error: ROUTER_SET: field ${kv%%=*} not found in envoy/envoy.yaml's plugin config" >&2
@@ -81,7 +81,6 @@ cluster_start_envoy() {
   start_envoy "envoy-$strategy" "$logdir/envoy-$strategy.yaml" "$logdir/envoy-$strategy.log" \
     --concurrency "$conc"
   pid=$LAST_PID
-  CLUSTER_ENVOY_PID=$pid
   if ! wait_http "http://$CLUSTER_HOST:$CLUSTER_ADMIN/ready" 30 "$pid"; then
     echo "error: Envoy did not start; log:" >&2
     tail -20 "$logdir/envoy-$strategy.log" >&2

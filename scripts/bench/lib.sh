@@ -7,6 +7,7 @@
 # background of a shell that later exits gets SIGTERM (notes/envoy-facts.md §0), so the subshell
 # exits at once and we keep the PID it printed. Nothing here binds a non-loopback address.
 
+# shellcheck disable=SC2034  # used by the scripts that source this file
 BENCH_DIR_SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PROC_PIDS=()
 PROC_NAMES=()
@@ -105,6 +106,7 @@ start_envoy() {
       >"$logf" 2>&1 </dev/null & echo $! >"$pidf" )
   pid="$(cat "$pidf")"; rm -f "$pidf"
   proc_track "$pid" "$name"
+  # shellcheck disable=SC2034  # read by the caller
   LAST_PID="$pid"
 }
 

