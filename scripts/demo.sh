@@ -4,12 +4,14 @@
 # Builds the filter and the dev tools, starts 7 emulated vLLM-like replicas on
 # 127.0.0.1:18001-18007 and Envoy (envoy/envoy.yaml: listener :10000, admin :9901) with the
 # filter, replays one built-in workload (shared-prefix groups, multi-turn chats and unique
-# prompts, mixed) under `round_robin` and then under `prefix`, and prints them side by side:
+# prompts, mixed) under `round_robin`, `prefix` (consistent hashing with bounded load) and
+# `affinity` (the default: prefix index + cost model), and prints them side by side:
 # prefix-cache hit rate (the replicas' own counters), TTFT p50/p90/p99, requests per replica
 # (min/max share) and the router's hit/spill counts (Envoy stats).
 # Replicas restart between the runs (cold caches) and Envoy restarts to change strategy.
 # Everything runs on loopback; everything started is stopped by PID on exit and on Ctrl-C.
-# Knobs (environment): DEMO_REQUESTS (default 480), DEMO_RATE (requests/s, default 16).
+# Knobs (environment): DEMO_REQUESTS (default 480), DEMO_RATE (requests/s, default 16),
+# DEMO_STRATEGIES (default "round_robin prefix affinity"; the first one is the baseline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -49,7 +51,7 @@ cluster_ports_free
 rm -rf "$DIR"; mkdir -p "$DIR"
 t_run=$SECONDS
 
-strategies=(round_robin prefix)
+read -r -a strategies <<<"${DEMO_STRATEGIES:-round_robin prefix affinity}"
 for i in "${!strategies[@]}"; do
   s="${strategies[$i]}"
   log "demo $((i + 1))/${#strategies[@]}: strategy $s — starting 7 fresh replicas (cold caches) and Envoy"
@@ -60,12 +62,14 @@ for i in "${!strategies[@]}"; do
   cluster_stop
 done
 
+summaries=()
+for s in "${strategies[@]}"; do summaries+=("$DIR/$s.json"); done
 echo
 echo "prefix-router demo: ${REQUESTS} requests (mixed: shared prefixes, multi-turn chats, unique prompts)"
-echo "at ${RATE} req/s through Envoy to 7 emulated replicas, round_robin vs prefix"
+echo "at ${RATE} req/s through Envoy to 7 emulated replicas; strategies: ${strategies[*]}"
 echo
-"$LOAD_BIN" table "$DIR/round_robin.json" "$DIR/prefix.json"
-"$(bench_python)" scripts/bench/report.py demo "$DIR/round_robin.json" "$DIR/prefix.json"
+"$LOAD_BIN" table "${summaries[@]}"
+"$(bench_python)" scripts/bench/report.py demo "${summaries[@]}"
 echo
 echo "Run took $((SECONDS - t_run)) s (plus $((t_run - t0)) s of build checks). Summaries: .work/demo/*.json;"
 echo "replica and Envoy logs: .work/demo/logs-*/. Benchmarks: ./build.sh bench"

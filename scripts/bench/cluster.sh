@@ -50,6 +50,13 @@ cluster_render_envoy() {
   local strategy="$1" out="$2" kv k v expr=()
   expr+=(-e "s|\"strategy\": *\"[a-z_]*\"|\"strategy\": \"$strategy\"|")
   expr+=(-e "s|filename: target/wasm32-wasip1/release/prefix_router.wasm|filename: $WASM|")
+  # envoy.yaml's prefix_length is the affinity strategy's (the whole prompt, for its prefix
+  # index). prefix/session hash exactly prefix_length characters, so with that value every
+  # prompt with a unique suffix would get its own key: drop the line for them and let the
+  # filter use its default for the strategy (2048 characters, SageMaker's PrefixLength).
+  if [ "$strategy" != affinity ] && [[ " ${ROUTER_SET:-} " != *" prefix_length="* ]]; then
+    expr+=(-e '/"prefix_length": *[0-9]*,/d')
+  fi
   for kv in ${ROUTER_SET:-}; do
     k="${kv%%=*}"; v="${kv#*=}"
     expr+=(-e "s|\"$k\": *[0-9.]*|\"$k\": $v|")

@@ -3,7 +3,7 @@
 
 Subcommands:
   overhead DIR OUT_JSON ...   per-run wrk summaries in DIR/runs -> markdown table + OUT_JSON
-  demo BASE.json NEW.json     headline of the demo: NEW (prefix) against BASE (round_robin)
+  demo BASE.json NEW.json...  headline of the demo: each NEW against BASE (round_robin)
   routing OUT_JSON RUN.json.. routing-quality table (prefix-load summaries) + OUT_JSON
   combine BENCH_DIR ...       every part's JSON in BENCH_DIR -> one markdown block for the README
 
@@ -209,7 +209,14 @@ def spill(s):
 
 
 def demo(args):
-    base, new = load_summary(args.base), load_summary(args.new)
+    runs = [load_summary(p) for p in args.summaries]
+    status = 0
+    for new in runs[1:]:
+        status |= demo_pair(runs[0], new)
+    return status
+
+
+def demo_pair(base, new):
     problems = []
     for s in (base, new):
         if s["errors"]:
@@ -251,7 +258,7 @@ def routing(args):
     problems = []
     for (w, st), r in runs.items():
         t = r["ttft_ms"]
-        sp = spill(r) if st in ("prefix", "session") else None
+        sp = spill(r) if st in ("prefix", "session", "affinity") else None
         lines.append(
             f"| {w} | {st} | {pct(r.get('hit_rate'))} | {t['p50']:.0f} ms | {t['p90']:.0f} ms "
             f"| {t['p99']:.0f} ms | {pct(r.get('share_min'))} / {pct(r.get('share_max'))} "
@@ -261,7 +268,8 @@ def routing(args):
     lines.append("")
     ratios = {}
     for w in order:
-        p = runs.get((w, "prefix"))
+      for ours in ("prefix", "affinity"):
+        p = runs.get((w, ours))
         if not p:
             continue
         for base_name in ("round_robin", "least_request"):
@@ -269,32 +277,35 @@ def routing(args):
             if not b:
                 continue
             pt, bt = p["ttft_ms"], b["ttft_ms"]
-            ratios[f"{w}: prefix vs {base_name}"] = {
+            ratios[f"{w}: {ours} vs {base_name}"] = {
                 "hit_rate": [b.get("hit_rate"), p.get("hit_rate")],
                 "ttft_p50_change": (pt["p50"] - bt["p50"]) / bt["p50"] if bt["p50"] else None,
                 "ttft_p90_change": (pt["p90"] - bt["p90"]) / bt["p90"] if bt["p90"] else None,
                 "ttft_p99_change": (pt["p99"] - bt["p99"]) / bt["p99"] if bt["p99"] else None,
             }
             lines.append(
-                f"- **{w}**, prefix vs {base_name}: hit rate {pct(b.get('hit_rate'))} → "
+                f"- **{w}**, {ours} vs {base_name}: hit rate {pct(b.get('hit_rate'))} → "
                 f"{pct(p.get('hit_rate'))}; TTFT p50 {change(pt['p50'], bt['p50'])}, "
                 f"p90 {change(pt['p90'], bt['p90'])}, p99 {change(pt['p99'], bt['p99'])}")
-    sm = runs.get(("sagemaker", "prefix"))
-    checks = []
-    if sm:
-        hr = sm.get("hit_rate") or 0
-        checks.append(f"sagemaker hit rate ≥ 90 %: {pct(hr)} → {'met' if hr >= 0.9 else 'NOT met'}")
-        lo, hi = sm.get("share_min") or 0, sm.get("share_max") or 0
-        ok = lo >= 0.133 and hi <= 0.154
-        checks.append(f"sagemaker share 13.3–15.4 %: {pct(lo)}–{pct(hi)} → {'met' if ok else 'NOT met'}")
-    un, ul = runs.get(("unique", "prefix")), runs.get(("unique", "least_request"))
-    if un and ul and ul["ttft_ms"]["p90"]:
-        d = (un["ttft_ms"]["p90"] - ul["ttft_ms"]["p90"]) / ul["ttft_ms"]["p90"]
-        checks.append(f"unique TTFT p90 within 5 % of least_request: {d * 100:+.1f} % → "
-                      f"{'met' if d <= 0.05 else 'NOT met'}")
-    if checks:
-        lines.append("")
-        lines.append("SPEC §8 targets: " + "; ".join(checks) + ".")
+    for ours in ("prefix", "affinity"):
+        checks = []
+        sm = runs.get(("sagemaker", ours))
+        if sm:
+            hr = sm.get("hit_rate") or 0
+            checks.append(f"sagemaker hit rate ≥ 90 %: {pct(hr)} → "
+                          f"{'met' if hr >= 0.9 else 'NOT met'}")
+            lo, hi = sm.get("share_min") or 0, sm.get("share_max") or 0
+            ok = lo >= 0.133 and hi <= 0.154
+            checks.append(f"sagemaker share 13.3–15.4 %: {pct(lo)}–{pct(hi)} → "
+                          f"{'met' if ok else 'NOT met'}")
+        un, ul = runs.get(("unique", ours)), runs.get(("unique", "least_request"))
+        if un and ul and ul["ttft_ms"]["p90"]:
+            d = (un["ttft_ms"]["p90"] - ul["ttft_ms"]["p90"]) / ul["ttft_ms"]["p90"]
+            checks.append(f"unique TTFT p90 within 5 % of least_request: {d * 100:+.1f} % → "
+                          f"{'met' if d <= 0.05 else 'NOT met'}")
+        if checks:
+            lines.append("")
+            lines.append(f"SPEC §8 targets, {ours}: " + "; ".join(checks) + ".")
     lines.append("")
     lines.append(f"Replicas: replica-emulator {args.emulator}; open-loop Poisson arrivals, "
                  "replicas restarted (cold caches) and Envoy restarted for every run; hit rate = "
@@ -368,8 +379,7 @@ def main():
     c.add_argument("--since", type=float, default=0)
     c.add_argument("--commit", default="")
     d = sub.add_parser("demo")
-    d.add_argument("base")
-    d.add_argument("new")
+    d.add_argument("summaries", nargs="+", help="baseline first")
     r = sub.add_parser("routing")
     r.add_argument("out")
     r.add_argument("files", nargs="+")

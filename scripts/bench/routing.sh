@@ -13,7 +13,8 @@
 #   mixed      the demo mix at scale: 50 % on 12 shared 2,000-token prompts, 30 % multi-turn
 #              chats (40 x 5 turns), 20 % unique; 640 requests at 16 req/s
 #   unique     unique 128-token prompts ("do no harm" vs least_request); 320 requests at 16 req/s
-# Strategies (ROUTING_STRATEGIES, default "round_robin least_request prefix").
+# Strategies (ROUTING_STRATEGIES, default "round_robin least_request prefix affinity"); prefix
+# runs with its own default prefix_length (see cluster_render_envoy).
 #
 # Replica timing (emulator flags; documented in the README's benchmark section):
 #   --prefill-us-per-token 50   a miss on an 8,000-token prefix costs 400 ms of prefill, on a
@@ -45,7 +46,7 @@ routing_workload_args() {
 
 bench_routing() {
   local workloads="${ROUTING_WORKLOADS:-sagemaker mixed unique}"
-  local strategies="${ROUTING_STRATEGIES:-round_robin least_request prefix}"
+  local strategies="${ROUTING_STRATEGIES:-round_robin least_request prefix affinity}"
   local dir="$ROOT/.work/bench/routing" started=$SECONDS w s spec total files=() n=0 count=0
   build_tools 2>&1 | tail -1 >&2
   [ -f "$WASM" ] || build_wasm
