@@ -2,29 +2,28 @@
 # Source it from bench.sh (needs common.sh and bench/lib.sh); entry point: bench_overhead.
 #
 # Set-up (all on 127.0.0.1; ports from BENCH_PORT_BASE, default 19400):
-#   upstream Envoy (+3, --concurrency 1): buffer filter + direct_response 200, i.e. a real
-#     HTTP/1.1 server that reads the whole request and answers at once, with no model work
-#   Envoy under test (--concurrency 1, admin +0): listener A (+1) = wasm filter + router,
-#     listener B (+2) = router only, both to the same cluster and connection pool
+#   upstream Envoy (+4..+10, --concurrency 1): one listener on 7 addresses, buffer filter +
+#     direct_response 200, i.e. a real HTTP/1.1 server that reads the whole request and answers
+#     at once with a small chat-completion JSON, with no model work
+#   Envoy under test (--concurrency 1, admin +0), one cluster of those 7 addresses:
+#     listener A (+1) = wasm filter, strategy prefix + router
+#     listener C (+3) = wasm filter, strategy affinity (the shipped default) + router
+#     listener B (+2) = router only
 #   wrk (Debian package): closed loop, keep-alive, 1 thread; 1 connection for latency and
-#     8 connections for throughput; bodies from bench/chat-post.lua
+#     8 connections for throughput; bodies from bench/chat-post.lua (64 distinct prefixes)
 # Why --concurrency 1 for the Envoy under test: the machine this was built on has 2 cores that
 # also run wrk and the upstream. One worker keeps the three from fighting over cores (which adds
-# scheduler noise to A and B alike), and the filter's cost is per request on the worker that
-# handles it, so one worker measures it exactly; with 8 connections that worker is the
-# bottleneck, so the throughput ratio A/B is the filter's CPU cost per request.
-# A and B run back to back and interleaved (A B, B A, A B ...) for every body size, so slow
-# drift (other jobs on the machine) hits both alike; each figure is the median over rounds.
-#
-# Besides latency and throughput, the proxy Envoy's CPU time per request (from /proc, A vs B)
-# gives the filter's cost in CPU microseconds, which other jobs on the machine disturb far less
-# than tail latency.
-# Knobs: OVERHEAD_SECONDS (per run, default 3), OVERHEAD_LAT_ROUNDS (default 5),
+# scheduler noise to every listener alike), and the filter's cost is per request on the worker
+# that handles it, so one worker measures it exactly.
+# The listeners run back to back, interleaved in a rotating order (A C B, C B A, B A C, ...) for
+# every body size, so slow drift (other jobs on the machine) hits all alike; each figure is the
+# median over rounds. Besides latency and throughput, the proxy Envoy's CPU time per request
+# (from /proc, with vs without) gives the filter's cost in CPU microseconds, which other jobs on
+# the machine disturb less than tail latency does (but it includes idle-loop costs when the
+# worker is not saturated).
+# Knobs: OVERHEAD_SECONDS (per run, default 2), OVERHEAD_LAT_ROUNDS (default 5),
 # OVERHEAD_TPUT_ROUNDS (default 2), OVERHEAD_SIZES (bytes, default "1024 16384 65536 262144"),
-# OVERHEAD_TPUT_CONNS (default 8), OVERHEAD_STRATEGY (the filter's strategy on listener A, default
-# prefix; round_robin routes without reading the body, which separates the fixed per-request
-# cost from the body parse).
-
+# OVERHEAD_TPUT_CONNS (default 8).
 
 ensure_wrk() {
   command -v wrk >/dev/null 2>&1 && return 0
@@ -54,24 +53,26 @@ overhead_wrk() {
 }
 
 bench_overhead() {
-  local secs="${OVERHEAD_SECONDS:-3}" lat_rounds="${OVERHEAD_LAT_ROUNDS:-5}"
+  local secs="${OVERHEAD_SECONDS:-2}" lat_rounds="${OVERHEAD_LAT_ROUNDS:-5}"
   local tput_rounds="${OVERHEAD_TPUT_ROUNDS:-2}" conns="${OVERHEAD_TPUT_CONNS:-8}"
   local sizes="${OVERHEAD_SIZES:-1024 16384 65536 262144}"
   local base="${BENCH_PORT_BASE:-19400}"
-  local admin=$base a=$((base + 1)) b=$((base + 2)) up=$((base + 3))
+  local admin=$base a=$((base + 1)) b=$((base + 2)) c=$((base + 3)) up=$((base + 4))
   local dir="$ROOT/.work/bench/overhead" started=$SECONDS
   local py; py="$(bench_python)"
+  local ups=() eps=() i
+  for ((i = 0; i < 7; i++)); do ups+=("UP$((i + 1))=$((up + i))"); eps+=("\"127.0.0.1:$((up + i))\""); done
+  local endpoints; endpoints="$(IFS=,; echo "${eps[*]}")"
 
   ensure_wrk
   [ -f "$WASM" ] || build_wasm
   rm -rf "$dir"; mkdir -p "$dir/runs"
-  require_free_ports "$admin" "$a" "$b" "$up"
+  require_free_ports "$admin" "$a" "$b" "$c" $(seq "$up" $((up + 6)))
 
-  log "overhead: starting upstream Envoy (direct_response) on :$up and Envoy under test (A :$a filter, B :$b plain)"
-  render "$BENCH_DIR_SELF/overhead-upstream.yaml.tmpl" "$dir/upstream.yaml" "UPSTREAM_PORT=$up"
-  render "$BENCH_DIR_SELF/overhead-proxy.yaml.tmpl" "$dir/proxy.yaml" \
-    "ADMIN_PORT=$admin" "PORT_A=$a" "PORT_B=$b" "UPSTREAM_PORT=$up" "WASM=$WASM" \
-    "STRATEGY=${OVERHEAD_STRATEGY:-prefix}"
+  log "overhead: upstream Envoy (direct_response) on :$up-$((up + 6)); Envoy under test: A :$a prefix, C :$c affinity, B :$b no filter"
+  render "$BENCH_DIR_SELF/overhead-upstream.yaml.tmpl" "$dir/upstream.yaml" "${ups[@]}"
+  render "$BENCH_DIR_SELF/overhead-proxy.yaml.tmpl" "$dir/proxy.yaml" "${ups[@]}" \
+    "ADMIN_PORT=$admin" "PORT_A=$a" "PORT_B=$b" "PORT_C=$c" "WASM=$WASM" "ENDPOINTS=$endpoints"
   start_envoy upstream "$dir/upstream.yaml" "$dir/upstream.log" --concurrency 1
   local up_pid=$LAST_PID
   start_envoy proxy "$dir/proxy.yaml" "$dir/proxy.log" --concurrency 1
@@ -80,42 +81,43 @@ bench_overhead() {
   wait_http "http://127.0.0.1:$admin/ready" 30 "$px_pid" || { tail -20 "$dir/proxy.log" >&2; return 1; }
   wait_http "http://127.0.0.1:$a/" 10 "$px_pid" || { tail -20 "$dir/proxy.log" >&2; return 1; }
 
-  # Sanity: both listeners answer 200 to a chat POST, and A really ran the filter.
+  # Sanity: every listener answers 200 to a chat POST, and A and C really ran the filter.
   local l code
-  for l in "$a" "$b"; do
+  for l in "$a" "$b" "$c"; do
     code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'content-type: application/json' \
       -d '{"model":"m","messages":[{"role":"user","content":"hello"}]}' "http://127.0.0.1:$l/v1/chat/completions")"
     [ "$code" = 200 ] || { echo "error: listener :$l answered $code, expected 200" >&2; tail -20 "$dir/proxy.log" >&2; return 1; }
   done
   local before; before="$(envoy_stats "$admin" 'wasmcustom.prefix_router.branch' | awk -F': ' '{s+=$2} END{print s+0}')"
-  [ "$before" -ge 1 ] || { echo "error: the filter counted no decision on listener A (stats: $before)" >&2; return 1; }
+  [ "$before" -ge 2 ] || { echo "error: the filter counted $before decisions for 2 requests on A and C" >&2; return 1; }
 
   log "overhead: warm-up (2 s on each listener)"
   overhead_wrk "$a" 16384 1 2 "$dir/runs/warm-a.json"
+  overhead_wrk "$c" 16384 1 2 "$dir/runs/warm-c.json"
   overhead_wrk "$b" 16384 1 2 "$dir/runs/warm-b.json"
 
-  local total=0 n=0 size r mode c order lis
-  for size in $sizes; do total=$((total + 2 * (lat_rounds + tput_rounds))); done
+  local total=0 n=0 size r mode conn rounds order lis orders=("A C B" "C B A" "B A C")
+  for size in $sizes; do total=$((total + 3 * (lat_rounds + tput_rounds))); done
   for size in $sizes; do
     for mode in latency throughput; do
-      if [ "$mode" = latency ]; then c=1; rounds=$lat_rounds; else c=$conns; rounds=$tput_rounds; fi
+      if [ "$mode" = latency ]; then conn=1; rounds=$lat_rounds; else conn=$conns; rounds=$tput_rounds; fi
       for ((r = 1; r <= rounds; r++)); do
-        if ((r % 2)); then order="A B"; else order="B A"; fi
+        order="${orders[$(((r - 1) % 3))]}"
         for lis in $order; do
           n=$((n + 1))
           progress "$(printf '[%2d/%d] %6d B body, %-10s c=%d, round %d, listener %s' \
-            "$n" "$total" "$size" "$mode" "$c" "$r" "$lis")"
-          if [ "$lis" = A ]; then l=$a; else l=$b; fi
-          overhead_wrk "$l" "$size" "$c" "$secs" "$dir/runs/$size-$mode-$lis-$r.json" "$px_pid"
+            "$n" "$total" "$size" "$mode" "$conn" "$r" "$lis")"
+          case "$lis" in A) l=$a ;; B) l=$b ;; C) l=$c ;; esac
+          overhead_wrk "$l" "$size" "$conn" "$secs" "$dir/runs/$size-$mode-$lis-$r.json" "$px_pid"
         done
       done
     done
   done
   progress_end
 
-  # Every request on A went through the filter: its decision counters grew by A's requests.
+  # Every request on A and C went through the filter: its decision counters grew by as many.
   local after; after="$(envoy_stats "$admin" 'wasmcustom.prefix_router.branch' | awk -F': ' '{s+=$2} END{print s+0}')"
-  envoy_stats "$admin" 'prefix_router|with_filter.downstream_rq_[2-5]xx|without_filter.downstream_rq_[2-5]xx' \
+  envoy_stats "$admin" 'prefix_router|with_.*downstream_rq_[2-5]xx|without_filter.downstream_rq_[2-5]xx' \
     >"$dir/envoy-stats.txt"
   proc_stop "$px_pid"; proc_stop "$up_pid"; proc_untrack "$px_pid"; proc_untrack "$up_pid"
 
