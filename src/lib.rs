@@ -6,22 +6,34 @@
 //! The crate has two layers:
 //! - a **pure routing core** with no proxy-wasm dependency, built and tested
 //!   natively (and on wasm32 with `wasm-bindgen-test`), reused by the simulator:
-//!   [`config`] (serde + validation), [`extract`] (body → prefix text hashes),
-//!   [`hash`] (chained xxh3 blocks), [`ring`] (consistent hashing with virtual
-//!   nodes), [`select`] (bounded-load selection), [`decision`] (the reason of
-//!   every decision), [`router`] (the facade);
+//!   [`config`] (serde + validation), [`extract`] and [`json`] (body → prefix
+//!   text, one zero-copy pass), [`hash`] (chained xxh3 blocks), [`ring`]
+//!   (consistent hashing with virtual nodes), [`select`] (bounded-load
+//!   selection), [`index`] (direct-mapped index of recently routed blocks),
+//!   [`affinity`] (longest known prefix, cost-aware spill), [`cost`] (prices
+//!   learned from observed TTFT), [`decision`] (the reason of every decision),
+//!   [`router`] (the facade);
 //! - a **thin proxy-wasm adapter** (`filter`, only on `wasm32-wasip1`) that
-//!   buffers the body, keeps per-host in-flight counts in shared data, sets the
-//!   `override_host` header and counts every decision in Envoy stats.
+//!   buffers the body, keeps per-host in-flight counts and the prefix index in
+//!   shared data, sets the `override_host` header and counts every decision in
+//!   Envoy stats.
 //!
 //! ```
+//! use prefix_router::cost::CostModel;
+//! use prefix_router::index::VecStore;
 //! use prefix_router::{Body, Config, Loads, Router};
 //! let cfg = Config::from_json(br#"{"endpoints":["10.0.0.1:8000","10.0.0.2:8000"]}"#).unwrap();
-//! let router = Router::new(cfg);
+//! let router = Router::new(cfg); // strategy `affinity` by default
+//! let mut index = VecStore::new(router.config().affinity.index_slots); // shared data in the filter
+//! let cost = CostModel::new(router.cost_config());
 //! let body = br#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
 //! let key = router.key(Body::Complete(body), None);
-//! let decision = router.select(&key, Loads::new(&[0, 0]), 0);
-//! assert_eq!(decision.branch.as_str(), "hit");
+//! let loads = [0, 0];
+//! let (first, _) = router.select_affinity(&key, body.len(), Loads::new(&loads), &mut index, &cost, 0, 0);
+//! assert_eq!(first.branch.as_str(), "cold"); // nothing known: ring placement
+//! let (again, _) = router.select_affinity(&key, body.len(), Loads::new(&loads), &mut index, &cost, 10, 1);
+//! assert_eq!(again.branch.as_str(), "hit"); // the index knows who has it
+//! assert_eq!(again.primary, first.primary);
 //! ```
 #![warn(missing_docs)]
 
