@@ -264,25 +264,50 @@ pub fn unescape(raw: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Call `f` with the unescaped contents of a JSON string body, in pieces: runs
-/// of plain bytes borrowed from `raw`, and single decoded characters. Runs to
-/// the first unescaped `"` (returns its index) or the end of `raw`, or until
-/// `f` returns false (returns `None`). Cost: O(bytes visited), SWAR scan.
+/// Call `f` with the unescaped contents of a JSON string body, in pieces.
+/// Runs to the first unescaped `"` (returns its index) or the end of `raw`, or
+/// until `f` returns false (returns `None`).
+///
+/// Escapes split the text into short runs; to keep the per-call overhead of
+/// `f` off the per-escape path, runs and decoded characters are gathered in a
+/// 1 KiB stack buffer and handed over when it fills (long runs go straight
+/// through). Pieces never split a character. Cost: O(bytes visited), SWAR scan.
 fn for_each_piece(raw: &[u8], mut f: impl FnMut(&[u8]) -> bool) -> Option<usize> {
+    const CAP: usize = 1024;
+    let mut buf = [0u8; CAP];
+    let mut len = 0usize;
     let mut i = 0;
+    // Hand the buffer over; false = stop.
+    let mut flush = |buf: &[u8], len: &mut usize, f: &mut dyn FnMut(&[u8]) -> bool| -> bool {
+        let go = *len == 0 || f(&buf[..*len]);
+        *len = 0;
+        go
+    };
     while i < raw.len() {
         let run = find_special(&raw[i..]).unwrap_or(raw.len() - i);
-        if run > 0 && !f(&raw[i..i + run]) {
-            return None;
+        if run > 0 {
+            let piece = &raw[i..i + run];
+            if len + run <= CAP {
+                buf[len..len + run].copy_from_slice(piece);
+                len += run;
+            } else if !flush(&buf, &mut len, &mut f) || !f(piece) {
+                return None;
+            }
         }
         i += run;
         match raw.get(i) {
             Some(b'\\') => {}
-            Some(b'"') => return Some(i),
+            Some(b'"') => return flush(&buf, &mut len, &mut f).then_some(i),
             // A control byte (refused by validation) or the end.
-            _ => return None,
+            _ => {
+                flush(&buf, &mut len, &mut f);
+                return None;
+            }
         }
-        let &kind = raw.get(i + 1)?;
+        let Some(&kind) = raw.get(i + 1) else {
+            flush(&buf, &mut len, &mut f);
+            return None;
+        };
         let (ch, used) = match kind {
             b'n' => ('\n', 2),
             b't' => ('\t', 2),
@@ -292,12 +317,13 @@ fn for_each_piece(raw: &[u8], mut f: impl FnMut(&[u8]) -> bool) -> Option<usize>
             b'u' => decode_u(&raw[i..]),
             other => (char::from(other), 2),
         };
-        let mut buf = [0u8; 4];
-        if !f(ch.encode_utf8(&mut buf).as_bytes()) {
+        if len + 4 > CAP && !flush(&buf, &mut len, &mut f) {
             return None;
         }
+        len += ch.encode_utf8(&mut buf[len..]).len();
         i += used;
     }
+    flush(&buf, &mut len, &mut f);
     None
 }
 
