@@ -278,7 +278,7 @@ fn for_each_piece(raw: &[u8], mut f: impl FnMut(&[u8]) -> bool) -> Option<usize>
     let mut len = 0usize;
     let mut i = 0;
     // Hand the buffer over; false = stop.
-    let mut flush = |buf: &[u8], len: &mut usize, f: &mut dyn FnMut(&[u8]) -> bool| -> bool {
+    let flush = |buf: &[u8], len: &mut usize, f: &mut dyn FnMut(&[u8]) -> bool| -> bool {
         let go = *len == 0 || f(&buf[..*len]);
         *len = 0;
         go
