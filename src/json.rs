@@ -137,29 +137,20 @@ impl<'a> Scanner<'a> {
                 Some(b'"') => {
                     self.string_raw()?;
                 }
-                Some(b'{') => {
+                Some(open @ (b'{' | b'[')) => {
                     self.pos += 1;
                     if stack.len() >= MAX_DEPTH {
                         return self.err("less nesting");
                     }
-                    if self.peek() == Some(b'}') {
+                    let close = if open == b'{' { b'}' } else { b']' };
+                    if self.peek() == Some(close) {
                         self.pos += 1;
                     } else {
-                        stack.push(b'}');
-                        self.string_raw()?;
-                        self.eat(b':', "':'")?;
-                        continue;
-                    }
-                }
-                Some(b'[') => {
-                    self.pos += 1;
-                    if stack.len() >= MAX_DEPTH {
-                        return self.err("less nesting");
-                    }
-                    if self.peek() == Some(b']') {
-                        self.pos += 1;
-                    } else {
-                        stack.push(b']');
+                        stack.push(close);
+                        if open == b'{' {
+                            self.string_raw()?;
+                            self.eat(b':', "':'")?;
+                        }
                         continue;
                     }
                 }
