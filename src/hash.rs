@@ -146,6 +146,9 @@ impl PrefixHasher {
 #[inline]
 fn chars_in_word(w: u64) -> usize {
     const HIGH: u64 = 0x8080_8080_8080_8080;
+    if w & HIGH == 0 {
+        return 8; // ASCII: the common case, no population count
+    }
     8 - (w & !(w << 1) & HIGH).count_ones() as usize
 }
 
