@@ -2,11 +2,14 @@
 # prefix-router benchmarks (kept out of the test suite). Run from anywhere:
 #   ./build.sh bench [overhead|routing|llama|all]     (default: all)
 # Parts:
-#   overhead  the filter's added latency and throughput cost: one real Envoy, a listener with
-#             the filter and one without, same upstream, bodies 1 KiB..256 KiB (wrk)
+#   overhead  the filter's added latency, throughput and CPU cost: one real Envoy, listeners
+#             with the filter (prefix, affinity) and one without, same upstream, bodies
+#             1 KiB..256 KiB (wrk; ~3 min)
 #   routing   routing quality through Envoy: 7 emulated replicas, round_robin vs least_request
-#             vs prefix on the demo workloads at scale and a SageMaker-style 8k-token workload
-#   llama     real llama.cpp replicas (scripts/llama.sh bench; skips if llama-server is absent)
+#             vs prefix vs affinity on a SageMaker-style 8k-token workload, the demo mix at
+#             scale and unique prompts (~7 min)
+#   llama     real llama.cpp replicas (scripts/llama.sh bench; skips if llama-server is absent;
+#             ~3 min when built)
 # Each part prints a markdown table and writes JSON under .work/bench/; `all` ends with one
 # markdown block for the README (command, date, machine, every table).
 # Everything runs on 127.0.0.1 and everything started is stopped by PID, also on Ctrl-C.
@@ -21,7 +24,7 @@ source scripts/bench/routing.sh
 part="${1:-all}"
 case "$part" in
   overhead|routing|llama|all) ;;
-  -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
   *) echo "usage: ./build.sh bench [overhead|routing|llama|all]" >&2; exit 2 ;;
 esac
 
