@@ -271,7 +271,7 @@ impl PrefixIndex {
 
     /// Slot of a block key.
     pub fn slot(&self, key: u64) -> u32 {
-        ((key >> 32) % u64::from(self.cfg.slots)) as u32
+        ((key >> 32) % u64::from(self.cfg.slots.max(1))) as u32
     }
 
     fn probe<S: SlotStore>(&self, store: &S, key: u64) -> Option<Entry> {
