@@ -122,10 +122,15 @@ pub fn extract(body: &[u8], limit: usize, block_units: usize) -> Result<Extracte
         b"instructions",
         b"input",
     ];
-    Scanner::new(body)
-        .object_members(|k, v| {
+    // Chat `messages` (the common case) is hashed during the validating scan
+    // itself: one pass over the body. Other fields are walked afterwards.
+    let mut h = PrefixHasher::new(limit, block_units);
+    let chat = Scanner::new(body)
+        .object_members_walking(Some((b"messages", &mut h)), |k, v| {
             if let Some(i) = NAMES.iter().position(|n| *n == k) {
-                fields[i] = Some(v);
+                if fields[i].is_none() {
+                    fields[i] = Some(v);
+                }
             }
         })
         .map_err(|e| Malformed(e.to_string()))?;
@@ -148,9 +153,7 @@ pub fn extract(body: &[u8], limit: usize, block_units: usize) -> Result<Extracte
     shape("instructions", instructions, b"\"n")?;
     shape("input", input, b"\"[")?;
 
-    let mut h = PrefixHasher::new(limit, block_units);
-    let kind = if let Some(m) = messages {
-        walk_text(m, &mut h, ELEMENT_END);
+    let kind = if chat && messages.is_some() {
         BodyKind::Chat
     } else if instructions.is_some() || input.is_some() {
         if let Some(i) = instructions {
@@ -269,8 +272,30 @@ mod tests {
             "{not json",
             r#"{"messages":"#,
             r#"{"model":1}"#,
+            r#"{"model":"m","messages":5}"#,
+            r#"{"messages":[{"content":"\q"}]}"#,
+            r#"{"prompt":{"a":1}}"#,
+            r#"{"input":7}"#,
+            r#"{"messages":[{"content":"x"} {"content":"y"}]}"#,
+            r#"{"messages":[1,]}"#,
+            r#"{"messages":[{"content":"x",}]}"#,
+            r#"{"messages":[{"content" "x"}]}"#,
         ] {
             assert!(extract(bad.as_bytes(), 2048, 256).is_err(), "{bad}");
+        }
+        // Faults after the hashed budget are still found (one pass validates all).
+        let long = "y".repeat(3000);
+        for bad in [
+            format!(r#"{{"messages":[{{"content":"{long}\q"}}]}}"#),
+            format!(r#"{{"messages":[{{"content":"{long}"}},{{"content":"z"]}}"#),
+            format!(r#"{{"messages":[{{"content":"{long}"}}],"model":}}"#),
+            format!("{{\"messages\":[{{\"content\":\"{long}\"}},{{\"content\":\"tab\tx\"}}]}}"),
+        ] {
+            assert!(
+                extract(bad.as_bytes(), 2048, 256).is_err(),
+                "{}",
+                &bad[3000..]
+            );
         }
     }
 

@@ -88,41 +88,32 @@ impl<'a> Scanner<'a> {
     fn string_raw(&mut self) -> Result<&'a [u8]> {
         self.eat(b'"', "a string")?;
         let start = self.pos;
+        self.string_rest()?;
+        Ok(&self.b[start..self.pos - 1])
+    }
+
+    /// Finish a string whose opening quote is consumed: cursor after the
+    /// closing quote; escapes and control bytes checked.
+    fn string_rest(&mut self) -> Result<()> {
         loop {
-            match find_special(&self.b[self.pos..]) {
-                None => {
-                    self.pos = self.b.len();
-                    return self.err("a closing quote");
+            let Some(i) = find_special(&self.b[self.pos..]) else {
+                self.pos = self.b.len();
+                return self.err("a closing quote");
+            };
+            self.pos += i;
+            match self.b[self.pos] {
+                b'"' => {
+                    self.pos += 1;
+                    return Ok(());
                 }
-                Some(i) => {
-                    self.pos += i;
-                    match self.b[self.pos] {
-                        b'"' => {
-                            self.pos += 1;
-                            return Ok(&self.b[start..self.pos - 1]);
-                        }
-                        b'\\' => {
-                            let ok = match self.b.get(self.pos + 1) {
-                                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
-                                    true
-                                }
-                                Some(b'u') => self
-                                    .b
-                                    .get(self.pos + 2..self.pos + 6)
-                                    .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)),
-                                _ => false,
-                            };
-                            if !ok {
-                                self.pos += 1;
-                                return self.err(
-                                    "a valid escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)",
-                                );
-                            }
-                            self.pos += 2;
-                        }
-                        _ => return self.err("no control character in a string"),
+                b'\\' => match escape_len(&self.b[self.pos..]) {
+                    Some(n) => self.pos += n.min(2),
+                    None => {
+                        self.pos += 1;
+                        return self.err(BAD_ESCAPE);
                     }
-                }
+                },
+                _ => return self.err("no control character in a string"),
             }
         }
     }
@@ -218,7 +209,19 @@ impl<'a> Scanner<'a> {
 
     /// Visit the members of a top-level object: `f(raw key, raw value)`.
     /// Checks that nothing but whitespace follows the object.
-    pub fn object_members(&mut self, mut f: impl FnMut(&'a [u8], &'a [u8])) -> Result<()> {
+    pub fn object_members(&mut self, f: impl FnMut(&'a [u8], &'a [u8])) -> Result<()> {
+        self.object_members_walking(None, f).map(|_| ())
+    }
+
+    /// [`Scanner::object_members`], except that the first member named `walk.0`
+    /// is hashed into `walk.1` while it is validated ([`walk_text`]'s rules, one
+    /// pass instead of a skip and a walk). Returns whether that member was seen.
+    pub fn object_members_walking(
+        &mut self,
+        mut walk: Option<(&[u8], &mut PrefixHasher)>,
+        mut f: impl FnMut(&'a [u8], &'a [u8]),
+    ) -> Result<bool> {
+        let mut walked = false;
         self.eat(b'{', "'{'")?;
         if self.peek() == Some(b'}') {
             self.pos += 1;
@@ -226,7 +229,16 @@ impl<'a> Scanner<'a> {
             loop {
                 let key = self.string_raw()?;
                 self.eat(b':', "':'")?;
-                let value = self.value_raw()?;
+                let value = match walk.as_mut() {
+                    Some((name, h)) if !walked && *name == key => {
+                        walked = true;
+                        self.ws();
+                        let start = self.pos;
+                        self::walk(self, h, ELEMENT_END, 0)?;
+                        &self.b[start..self.pos]
+                    }
+                    _ => self.value_raw()?,
+                };
                 f(key, value);
                 match self.peek() {
                     Some(b',') => self.pos += 1,
@@ -241,18 +253,44 @@ impl<'a> Scanner<'a> {
         if self.peek().is_some() {
             return self.err("the end of the body");
         }
-        Ok(())
+        Ok(walked)
     }
 }
 
 /// Unescape a raw JSON string's contents into a `String` (short fields only).
 pub fn unescape(raw: &[u8]) -> String {
     let mut out = Vec::with_capacity(raw.len());
-    for_each_piece(raw, |piece| {
+    let _ = for_each_piece(raw, |piece| {
         out.extend_from_slice(piece);
         true
     });
     String::from_utf8_lossy(&out).into_owned()
+}
+
+const BAD_ESCAPE: &str = "a valid escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)";
+
+/// Length of the valid escape starting at `s[0] == '\\'` (2, or 6 for `\\uXXXX`).
+fn escape_len(s: &[u8]) -> Option<usize> {
+    match s.get(1)? {
+        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Some(2),
+        b'u' => s
+            .get(2..6)
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+            .map(|_| 6),
+        _ => None,
+    }
+}
+
+/// Where [`for_each_piece`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pieces {
+    /// At the closing quote, at this index.
+    Quote(usize),
+    /// `f` asked to stop; everything before this index was handed over, and
+    /// the index is at a character or escape boundary.
+    Stopped(usize),
+    /// A control byte, an invalid escape, or the end of the input.
+    Bad,
 }
 
 /// Call `f` with the unescaped contents of a JSON string body, in pieces.
@@ -263,7 +301,7 @@ pub fn unescape(raw: &[u8]) -> String {
 /// `f` off the per-escape path, runs and decoded characters are gathered in a
 /// 1 KiB stack buffer and handed over when it fills (long runs go straight
 /// through). Pieces never split a character. Cost: O(bytes visited), SWAR scan.
-fn for_each_piece(raw: &[u8], mut f: impl FnMut(&[u8]) -> bool) -> Option<usize> {
+fn for_each_piece(raw: &[u8], mut f: impl FnMut(&[u8]) -> bool) -> Pieces {
     const CAP: usize = 1024;
     let mut buf = [0u8; CAP];
     let mut len = 0usize;
@@ -281,41 +319,56 @@ fn for_each_piece(raw: &[u8], mut f: impl FnMut(&[u8]) -> bool) -> Option<usize>
             if len + run <= CAP {
                 buf[len..len + run].copy_from_slice(piece);
                 len += run;
-            } else if !flush(&buf, &mut len, &mut f) || !f(piece) {
-                return None;
+            } else if !flush(&buf, &mut len, &mut f) {
+                return Pieces::Stopped(i);
+            } else if !f(piece) {
+                return Pieces::Stopped(i + run);
             }
         }
         i += run;
         match raw.get(i) {
             Some(b'\\') => {}
-            Some(b'"') => return flush(&buf, &mut len, &mut f).then_some(i),
-            // A control byte (refused by validation) or the end.
-            _ => {
-                flush(&buf, &mut len, &mut f);
-                return None;
+            Some(b'"') => {
+                return if flush(&buf, &mut len, &mut f) {
+                    Pieces::Quote(i)
+                } else {
+                    Pieces::Stopped(i)
+                };
             }
+            // The end (what was decoded is handed over) or a control byte.
+            None => {
+                flush(&buf, &mut len, &mut f);
+                return Pieces::Bad;
+            }
+            _ => return Pieces::Bad,
         }
-        let Some(&kind) = raw.get(i + 1) else {
+        let Some(used) = escape_len(&raw[i..]) else {
             flush(&buf, &mut len, &mut f);
-            return None;
+            return Pieces::Bad;
         };
-        let (ch, used) = match kind {
-            b'n' => ('\n', 2),
-            b't' => ('\t', 2),
-            b'r' => ('\r', 2),
-            b'b' => ('\u{8}', 2),
-            b'f' => ('\u{c}', 2),
-            b'u' => decode_u(&raw[i..]),
-            other => (char::from(other), 2),
+        let ch = match raw[i + 1] {
+            b'n' => '\n',
+            b't' => '\t',
+            b'r' => '\r',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'u' => decode_u(&raw[i..]).0,
+            other => char::from(other),
+        };
+        let used = if raw[i + 1] == b'u' {
+            decode_u(&raw[i..]).1
+        } else {
+            used
         };
         if len + 4 > CAP && !flush(&buf, &mut len, &mut f) {
-            return None;
+            return Pieces::Stopped(i);
         }
         len += ch.encode_utf8(&mut buf[len..]).len();
         i += used;
     }
+    // The end without a closing quote: hand over what was decoded.
     flush(&buf, &mut len, &mut f);
-    None
+    Pieces::Bad
 }
 
 /// Index of the first `"`, `\` or control byte (< 0x20) in `b`.
@@ -392,74 +445,66 @@ const MEDIA_FIELDS: &[&[u8]] = &[
 /// markers). Stops as soon as the budget is spent.
 pub fn walk_text(raw: &[u8], h: &mut PrefixHasher, element_end: &[u8]) {
     let mut s = Scanner::new(raw);
-    // The value was validated by `skip_value`; errors here only end the walk.
+    // The value was validated by `skip_value` already; an error only ends the walk.
     let _ = walk(&mut s, h, element_end, 0);
 }
 
+/// Walk one value, feeding its text into `h` while the budget lasts, and
+/// validating all of it either way (as [`Scanner::skip_value`] would): the
+/// cursor ends after the value. Once the budget is spent the rest is skipped.
 fn walk(s: &mut Scanner<'_>, h: &mut PrefixHasher, element_end: &[u8], depth: usize) -> Result<()> {
-    if h.is_full() || depth > MAX_DEPTH {
-        return Ok(());
+    if depth > MAX_DEPTH {
+        return s.err("less nesting");
+    }
+    if h.is_full() {
+        return s.skip_value();
     }
     match s.peek() {
         Some(b'"') => {
-            // Stream up to the budget, without scanning the rest of the string
-            // (the whole body was validated before the walk).
+            // Hash up to the budget; validate the rest without hashing.
             s.pos += 1;
             match for_each_piece(&s.b[s.pos..], |piece| {
                 h.push_utf8(piece);
                 !h.is_full()
             }) {
-                Some(quote) => s.pos += quote + 1,
-                None => return Ok(()),
+                Pieces::Quote(q) => s.pos += q + 1,
+                Pieces::Stopped(at) => {
+                    s.pos += at;
+                    s.string_rest()?;
+                }
+                Pieces::Bad => return s.string_rest(),
             }
         }
-        Some(b'[') => {
+        Some(open @ (b'[' | b'{')) => {
             s.pos += 1;
-            if s.peek() == Some(b']') {
+            let close = if open == b'[' { b']' } else { b'}' };
+            if s.peek() == Some(close) {
                 s.pos += 1;
                 return Ok(());
             }
             loop {
-                walk(s, h, b"", depth + 1)?;
-                h.push_marker(element_end);
-                if h.is_full() {
-                    return Ok(());
-                }
-                match s.peek() {
-                    Some(b',') => s.pos += 1,
-                    _ => {
-                        s.pos += 1;
-                        return Ok(());
-                    }
-                }
-            }
-        }
-        Some(b'{') => {
-            s.pos += 1;
-            if s.peek() == Some(b'}') {
-                s.pos += 1;
-                return Ok(());
-            }
-            loop {
-                let key = s.string_raw()?;
-                s.eat(b':', "':'")?;
-                if TEXT_FIELDS.contains(&key) {
+                if open == b'[' {
                     walk(s, h, b"", depth + 1)?;
-                } else if MEDIA_FIELDS.contains(&key) {
-                    let v = s.value_raw()?;
-                    h.push_marker(v);
+                    h.push_marker(element_end);
                 } else {
-                    s.skip_value()?;
-                }
-                if h.is_full() {
-                    return Ok(());
+                    let key = s.string_raw()?;
+                    s.eat(b':', "':'")?;
+                    if TEXT_FIELDS.contains(&key) {
+                        walk(s, h, b"", depth + 1)?;
+                    } else if MEDIA_FIELDS.contains(&key) {
+                        let v = s.value_raw()?;
+                        h.push_marker(v);
+                    } else {
+                        s.skip_value()?;
+                    }
                 }
                 match s.peek() {
                     Some(b',') => s.pos += 1,
-                    _ => {
+                    Some(c) if c == close => {
                         s.pos += 1;
                         return Ok(());
                     }
+                    _ => return s.err("',' or a closing bracket"),
                 }
             }
         }
@@ -470,7 +515,7 @@ fn walk(s: &mut Scanner<'_>, h: &mut PrefixHasher, element_end: &[u8], depth: us
                 h.push_marker(b" ");
             }
         }
-        None => {}
+        None => return s.err("a value"),
     }
     Ok(())
 }
@@ -524,6 +569,8 @@ mod tests {
     #[test]
     fn unescapes() {
         assert_eq!(unescape(br#"a\nb\u00e9\"\\\/\ud83e\udd8a"#), "a\nbé\"\\/🦊");
-        assert_eq!(unescape(br#"bad\u12"#), "bad\u{fffd}");
+        // Invalid escapes never reach `unescape` (the scanner refuses them
+        // first); it keeps what precedes one.
+        assert_eq!(unescape(br#"bad\u12"#), "bad");
     }
 }
