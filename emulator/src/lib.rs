@@ -22,3 +22,21 @@ use std::sync::{Mutex, MutexGuard};
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// A tokio runtime: current-thread for `threads <= 1` (the default: cheapest on a
+/// 2-core machine shared with Envoy), else multi-thread with `threads` workers.
+///
+/// # Errors
+/// The runtime could not be built.
+pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+    }
+}

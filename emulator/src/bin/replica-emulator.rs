@@ -9,17 +9,7 @@ use replica_emulator::server::{self, Emulator};
 
 fn main() {
     let args = EmulatorArgs::parse();
-    let rt = if args.threads <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(args.threads)
-            .enable_all()
-            .build()
-    };
-    let rt = match rt {
+    let rt = match replica_emulator::runtime(args.threads) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("replica-emulator: runtime: {e}");

@@ -280,17 +280,7 @@ pub fn main() -> i32 {
         Some(Cmd::Run(a)) => a,
         None => cli.run,
     };
-    let rt = if args.threads <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(args.threads)
-            .enable_all()
-            .build()
-    };
-    let rt = match rt {
+    let rt = match crate::runtime(args.threads) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("prefix-load: runtime: {e}");
