@@ -264,33 +264,21 @@ mod tests {
 
     #[test]
     fn light_load_does_not_spill() {
+        const LIGHT: Bounds = Bounds {
+            concurrency_threshold: 256,
+            load_factor: 1.25,
+        };
         // 7 replicas, the owner holds one request, nothing else in flight.
         let r = ring(7);
         let key = hash_id(b"light");
         let owner = r.owner(key).unwrap();
         let mut loads = [0u32; 7];
         loads[owner] = 1;
-        let d = bounded(
-            &r,
-            key,
-            Loads::new(&loads),
-            Bounds {
-                concurrency_threshold: 256,
-                load_factor: 1.25,
-            },
-        );
+        let d = bounded(&r, key, Loads::new(&loads), LIGHT);
         assert_eq!((d.primary, d.branch), (owner, Branch::Hit));
         // Two in flight on the owner alone is above 1.25 × (2/7 + 1).
         loads[owner] = 2;
-        let d = bounded(
-            &r,
-            key,
-            Loads::new(&loads),
-            Bounds {
-                concurrency_threshold: 256,
-                load_factor: 1.25,
-            },
-        );
+        let d = bounded(&r, key, Loads::new(&loads), LIGHT);
         assert_eq!(d.branch, Branch::Spill);
     }
 

@@ -48,6 +48,9 @@ pub struct RouterHttp {
     pending_cost: Option<(f64, f64)>,
     /// The response is a server-sent-event stream.
     streaming: bool,
+    /// `upstream.address` as read at response headers (final: a response that
+    /// has started is never retried), so `on_log` need not read it again.
+    upstream: Option<Vec<u8>>,
 }
 
 fn next_local_ticket() -> u64 {
@@ -70,6 +73,7 @@ impl RouterHttp {
             routed_at_ms: 0,
             pending_cost: None,
             streaming: false,
+            upstream: None,
         }
     }
 
@@ -255,14 +259,18 @@ impl RouterHttp {
         }
     }
 
-    /// The host that actually serves the request (after retries / fallback).
-    fn upstream_endpoint(&self, p: &Plugin) -> Option<usize> {
-        let addr = host::property(&["upstream", "address"]).ok().flatten()?;
+    /// The host that actually serves the request (after retries / fallback),
+    /// read once and remembered.
+    fn upstream_endpoint(&mut self, p: &Plugin) -> Option<usize> {
+        if self.upstream.is_none() {
+            self.upstream = host::property(&["upstream", "address"]).ok().flatten();
+        }
+        let addr = self.upstream.as_deref()?;
         p.router
             .config()
             .endpoints
             .iter()
-            .position(|e| e.as_bytes() == addr.as_slice())
+            .position(|e| e.as_bytes() == addr)
     }
 }
 
@@ -392,11 +400,14 @@ impl HttpContext for RouterHttp {
             }
         }
         // The primary was decided at routing; count requests another host served.
-        if let Ok(Some(addr)) = host::property(&["upstream", "address"]) {
+        if self.upstream.is_none() {
+            self.upstream = host::property(&["upstream", "address"]).ok().flatten();
+        }
+        if let Some(addr) = self.upstream.as_deref() {
             let primary = self
                 .primary
                 .and_then(|i| p.router.config().endpoints.get(i));
-            if primary.is_some_and(|e| e.as_bytes() != addr.as_slice()) {
+            if primary.is_some_and(|e| e.as_bytes() != addr) {
                 p.stats.upstream_mismatch();
             }
         }
