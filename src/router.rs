@@ -10,8 +10,9 @@ use crate::config::{Config, Strategy, MAX_ROUTING_ID_LEN};
 use crate::cost::{CostConfig, CostModel};
 use crate::decision::{Branch, Decision, KeySource};
 use crate::extract::{extract, raw_prefix, BodyKind};
+use crate::feedback::Horizons;
 use crate::hash::{mix, seed, BLOCK_UNITS};
-use crate::index::{IndexConfig, PrefixIndex, SlotStore};
+use crate::index::{IndexConfig, Known, PrefixIndex, SlotStore};
 use crate::ring::HashRing;
 use crate::select::{bounded, by_ticket, least_request, Bounds, Loads};
 
@@ -129,7 +130,37 @@ impl Router {
         now_ms: u64,
         ticket: u64,
     ) -> (Decision, Choice) {
-        let known = self.index.lookup(store, &key.blocks, now_ms);
+        let none = Horizons::default();
+        let (d, c, _) = self.select_affinity_fed(
+            key,
+            prompt_chars,
+            loads,
+            store,
+            cost,
+            (now_ms, ticket),
+            &none,
+        );
+        (d, c)
+    }
+
+    /// [`Router::select_affinity`] with the engines' feedback: holders whose
+    /// entry is older than their eviction horizon are not holders
+    /// ([`crate::feedback`]). Also returns what the index knew (its entry
+    /// time is what a surprise raises the horizon to). `at` = (now ms, ticket).
+    #[allow(clippy::too_many_arguments)]
+    pub fn select_affinity_fed<S: SlotStore>(
+        &self,
+        key: &RoutingKey,
+        prompt_chars: usize,
+        loads: Loads<'_>,
+        store: &mut S,
+        cost: &CostModel,
+        at: (u64, u64),
+        horizons: &Horizons,
+    ) -> (Decision, Choice, Option<Known>) {
+        let (now_ms, ticket) = at;
+        let found = self.index.lookup(store, &key.blocks, now_ms);
+        let known = found.and_then(|k| horizons.fresh(k));
         let request = affinity::Request {
             key,
             prompt_chars,
@@ -142,7 +173,7 @@ impl Router {
             self.index
                 .record(store, &key.blocks, known.as_ref(), choice.primary, now_ms);
         }
-        (self.affinity_decision(key, &choice), choice)
+        (self.affinity_decision(key, &choice), choice, known)
     }
 
     fn affinity_decision(&self, key: &RoutingKey, c: &Choice) -> Decision {

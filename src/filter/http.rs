@@ -12,6 +12,7 @@
 //! cost model the observed time to first token, without buffering anything;
 //! `on_log` releases the in-flight count exactly once, whatever happened.
 
+use super::delivered::Delivery;
 use super::host::{self, BUFFER_REQUEST_BODY};
 use super::root::Plugin;
 use super::slots::SharedSlots;
@@ -51,6 +52,8 @@ pub struct RouterHttp {
     /// `upstream.address` as read at response headers (final: a response that
     /// has started is never retried), so `on_log` need not read it again.
     upstream: Option<Vec<u8>>,
+    /// Predicted vs delivered cached tokens.
+    delivery: Delivery,
 }
 
 fn next_local_ticket() -> u64 {
@@ -74,6 +77,7 @@ impl RouterHttp {
             pending_cost: None,
             streaming: false,
             upstream: None,
+            delivery: Delivery::default(),
         }
     }
 
@@ -155,6 +159,8 @@ impl RouterHttp {
             }
         }
         self.primary = Some(decision.primary);
+        self.delivery
+            .routed(decision.branch.as_str(), decision.primary);
         self.set_headers(&p, decision);
         p.stats
             .decision(decision.branch, key.source, decision.primary);
@@ -177,6 +183,9 @@ impl RouterHttp {
                 .and_then(|s| cfg.endpoints.get(s))
                 .map_or("-", String::as_str),
         );
+        if cfg.strategy == Strategy::Affinity {
+            self.delivery.keep_blocks(key.blocks);
+        }
     }
 
     /// `affinity`: index lookup + choice + record over shared data.
@@ -203,14 +212,22 @@ impl RouterHttp {
             }
         };
         let mut slots = SharedSlots::new(&p.prefix);
-        let (d, choice) = p.router.select_affinity(
-            key,
-            prompt_chars,
-            Loads::new(loads),
-            &mut slots,
-            &cost,
+        let (d, choice, known) = p.delivered.with_horizons(self.routed_at_ms, |h| {
+            p.router.select_affinity_fed(
+                key,
+                prompt_chars,
+                Loads::new(loads),
+                &mut slots,
+                &cost,
+                (self.routed_at_ms, ticket),
+                h,
+            )
+        });
+        self.delivery.expect(
+            choice.expected_cached_tokens,
+            choice.prompt_tokens,
+            known.as_ref(),
             self.routed_at_ms,
-            ticket,
         );
         if slots.failures.get() > 0 {
             p.stats.failure(HostFailure::SharedData);
@@ -361,6 +378,7 @@ impl HttpContext for RouterHttp {
                 }
             }
         }
+        self.delivery.on_headers();
         if self.pending_cost.is_some() {
             self.streaming = matches!(
                 host::response_header("content-type"),
@@ -370,7 +388,11 @@ impl HttpContext for RouterHttp {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, size: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if let Some(p) = self.plugin.clone() {
+            let served = self.upstream_endpoint(&p);
+            self.delivery.on_chunk(&p, size, end_of_stream, served);
+        }
         // First chunk of a stream = first token: teach the cost model. Nothing
         // is buffered (buffering SSE would destroy the client's TTFT).
         if self.streaming && size > 0 {
@@ -389,6 +411,10 @@ impl HttpContext for RouterHttp {
     }
 
     fn on_log(&mut self) {
+        if let Some(p) = self.plugin.clone() {
+            let served = self.upstream_endpoint(&p);
+            self.delivery.finish(&p, served);
+        }
         let (Some(p), Some(idx)) = (self.plugin.clone(), self.holding.take()) else {
             return;
         };

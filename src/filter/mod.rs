@@ -10,8 +10,11 @@
 //! - [`host`]: host calls that return every status instead of panicking;
 //! - [`inflight`]: the shared per-endpoint in-flight counts (CAS);
 //! - [`slots`]: the `affinity` prefix index's slot table in shared data;
-//! - [`stats`]: Envoy stats.
+//! - [`stats`]: Envoy stats;
+//! - [`delivered`]: predicted vs delivered cached tokens, read from the
+//!   response as it passes, and the index feedback.
 
+mod delivered;
 mod host;
 mod http;
 mod inflight;

@@ -1,0 +1,220 @@
+//! Predicted vs delivered (`src/filter/delivered.rs`): the filter reads the engine's
+//! `cached_tokens` from the response as it passes (JSON and SSE), compares it with what
+//! it predicted, counts surprises per endpoint, writes an access-log field, and corrects
+//! its index when a replica evicted prefixes behind its back.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::harness::client::Client;
+use crate::harness::procs::wait_for;
+use crate::harness::workload::{text, MODEL};
+use crate::harness::World;
+
+/// A request of prefix group `g` (a 6,000-character system prompt) with a unique question.
+fn request(g: usize, i: usize, stream: bool) -> String {
+    let mut v = json!({
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": text(&format!("group{g}"), 6000)},
+            {"role": "user", "content": format!("question {i} of group {g}: what now?")}
+        ],
+        "max_tokens": 4,
+        "stream": stream
+    });
+    if stream {
+        v["stream_options"] = json!({"include_usage": true});
+    }
+    v.to_string()
+}
+
+/// `key=value` pairs of the access log's `usage=` field.
+fn usage_fields(line: &str) -> BTreeMap<String, String> {
+    let Some((_, rest)) = line.split_once(" usage=") else {
+        return BTreeMap::new();
+    };
+    rest.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn cached_in(body: &str) -> Option<u64> {
+    // JSON body, or the SSE event that carries the usage.
+    let from = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    if let Ok(v) = serde_json::from_str::<Value>(body) {
+        return from(&v);
+    }
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find_map(|v| from(&v))
+}
+
+fn prometheus(w: &World) -> String {
+    w.envoy.admin("/stats/prometheus")
+}
+
+/// Six groups, five requests each, half of them streamed with `include_usage`: the filter
+/// reads every response's usage (JSON and SSE), its prediction matches what the replicas
+/// delivered within 2 % overall, no surprise is counted, every access-log line carries
+/// `branch= predicted= delivered=`, and Prometheus gets the per-replica stats as one family
+/// with an `endpoint` label.
+#[test]
+fn predicted_matches_delivered_on_a_steady_workload() {
+    let w = World::start("delivered-steady", &World::replicas(3), |c| c);
+    let mut delivered_by_client = 0u64;
+    for i in 0..5 {
+        for g in 0..6 {
+            let stream = (i + g) % 2 == 1;
+            let reply = w.chat(&request(g, i, stream));
+            assert_eq!(reply.status, 200, "{}", reply.body);
+            delivered_by_client += cached_in(&reply.body)
+                .unwrap_or_else(|| panic!("no usage in the response: {}", reply.body));
+        }
+    }
+    let s = w.envoy.wait_idle();
+    assert_eq!(
+        s.get("prefix_router.delivered.responses"),
+        30,
+        "{}",
+        s.dump("delivered")
+    );
+    assert_eq!(s.get("prefix_router.delivered.unreported"), 0);
+    let cached = s.get("prefix_router.delivered.cached_tokens");
+    let predicted = s.get("prefix_router.delivered.predicted_tokens");
+    assert_eq!(
+        cached, delivered_by_client,
+        "the filter read what the client got"
+    );
+    assert!(cached > 20_000, "the groups hit: {cached}");
+    let err = (predicted as f64 - cached as f64).abs() / cached as f64;
+    assert!(
+        err <= 0.02,
+        "predicted {predicted} vs delivered {cached} cached tokens: {:.1} % apart",
+        err * 100.0
+    );
+    let surprises: u64 = s.matching("surprise").iter().map(|(_, v)| *v).sum();
+    assert_eq!(surprises, 0, "{}", s.dump("surprise"));
+
+    let lines = w.envoy.wait_access_log(30);
+    let fields: Vec<_> = lines.iter().map(|l| usage_fields(l)).collect();
+    assert_eq!(fields.len(), 30, "{lines:#?}");
+    let mut logged = 0u64;
+    for (f, line) in fields.iter().zip(&lines) {
+        for k in ["branch", "predicted", "delivered", "prompt", "surprise"] {
+            assert!(f.contains_key(k), "{k} missing: {line}");
+        }
+        assert_eq!(f["surprise"], "none", "{line}");
+        logged += f["delivered"]
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("{line}"));
+        if f["branch"] == "hit" {
+            assert!(f["predicted"].parse::<u64>().unwrap() > 1000, "{line}");
+        }
+    }
+    assert_eq!(logged, cached);
+
+    // One Prometheus family per stat, the replica as a label (histograms appear after
+    // Envoy's stats flush, every 5 s).
+    let text = wait_for(Duration::from_secs(12), || {
+        let t = prometheus(&w);
+        t.contains("wasmcustom_prefix_router_endpoint_delivered_cached_tokens_count{")
+            .then_some(t)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no delivered histogram in Prometheus output:\n{}",
+            prometheus(&w)
+        )
+    });
+    for ep in w.fleet.endpoints() {
+        let label = format!("endpoint=\"{}\"", ep.replace(['.', ':'], "_"));
+        assert!(
+            text.lines().any(
+                |l| l.starts_with("wasmcustom_prefix_router_endpoint_routed{")
+                    && l.contains(&label)
+            ),
+            "no routed counter labelled {label}"
+        );
+    }
+    assert!(
+        !text.contains("wasmcustom_prefix_router_endpoint_127_0_0_1"),
+        "endpoint left in a metric name"
+    );
+}
+
+/// Four groups are warmed on one replica, whose cache is then reset behind the router's
+/// back (what a restart does). The newest group's next request is predicted a hit and
+/// delivered a miss: one `expected_hit_got_miss`. That raises the replica's eviction
+/// horizon, so the three older groups are no longer predicted hits (no further surprise:
+/// without the feedback there would be four), and every group hits again, as predicted,
+/// on its next request.
+#[test]
+fn an_evicted_replica_is_detected_and_the_index_recovers() {
+    let w = World::start("delivered-evict", &World::replicas(1), |c| c);
+    for g in 0..4 {
+        for i in 0..2 {
+            assert_eq!(w.chat(&request(g, i, false)).status, 200);
+        }
+    }
+    // Entries strictly older than the requests that follow (the index clock is 100 ms).
+    std::thread::sleep(Duration::from_millis(250));
+    let ep = w.fleet.endpoints()[0].clone();
+    let r = Client::new(Duration::from_secs(5))
+        .post(&format!("http://{ep}/admin/reset-cache"), b"", &[])
+        .expect("reset-cache");
+    assert_eq!(r.status, 200);
+    let miss_name = format!(
+        "prefix_router.endpoint.{}.surprise.expected_hit_got_miss",
+        ep.replace(['.', ':'], "_")
+    );
+    let before = w.envoy.stats().get(&miss_name);
+    assert_eq!(before, 0);
+
+    // Newest group first: predicted hit, delivered miss.
+    let reply = w.chat(&request(3, 10, false));
+    assert!(cached_in(&reply.body).unwrap_or(0) < 100, "{}", reply.body);
+    assert_eq!(
+        w.envoy.stats().get(&miss_name),
+        1,
+        "the surprise is counted"
+    );
+    // Older groups: no longer predicted (the horizon), so no further surprise.
+    for g in 0..3 {
+        let reply = w.chat(&request(g, 10, false));
+        assert!(cached_in(&reply.body).unwrap_or(0) < 100, "{}", reply.body);
+    }
+    assert_eq!(
+        w.envoy.stats().get(&miss_name),
+        1,
+        "older prefixes of the evicted replica were still predicted hits"
+    );
+    // Recovered: every group hits again, as predicted.
+    for g in 0..4 {
+        let reply = w.chat(&request(g, 11, false));
+        assert!(cached_in(&reply.body).unwrap_or(0) > 1000, "{}", reply.body);
+    }
+    let s = w.envoy.wait_idle();
+    assert_eq!(s.get(&miss_name), 1);
+    let lines = w.envoy.wait_access_log(16);
+    let last: Vec<_> = lines[lines.len() - 4..]
+        .iter()
+        .map(|l| usage_fields(l))
+        .collect();
+    for f in &last {
+        assert_eq!(f.get("branch").map(String::as_str), Some("hit"), "{f:?}");
+        assert_eq!(f.get("surprise").map(String::as_str), Some("none"), "{f:?}");
+    }
+    let after_reset: Vec<_> = lines[8..12].iter().map(|l| usage_fields(l)).collect();
+    assert_eq!(
+        after_reset[0].get("surprise").map(String::as_str),
+        Some("expected_hit_got_miss"),
+        "{after_reset:?}"
+    );
+    for f in &after_reset[1..] {
+        assert_eq!(f.get("branch").map(String::as_str), Some("cold"), "{f:?}");
+    }
+}
