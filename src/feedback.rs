@@ -55,9 +55,10 @@ impl Horizons {
         }
     }
 
-    /// `known` without the holders for which its entry is stale; `None` if
-    /// no holder is left.
-    pub fn fresh(&self, known: Known) -> Option<Known> {
+    /// `known` without the holders for which its entry is stale (possibly
+    /// none: pass this to `record`, which then rewrites the entry for the
+    /// chosen replica with the current time).
+    pub fn filter(&self, known: Known) -> Known {
         let mut holders = [None; MAX_HOLDERS];
         let mut m = 0;
         for h in known.entry.holders() {
@@ -66,12 +67,17 @@ impl Horizons {
                 m += 1;
             }
         }
-        if m == 0 {
-            return None;
-        }
         let mut k = known;
         k.entry.holders = holders;
-        Some(k)
+        k
+    }
+
+    /// [`Horizons::filter`], `None` if no holder is left (what the policy
+    /// may treat as known).
+    pub fn fresh(&self, known: Known) -> Option<Known> {
+        let k = self.filter(known);
+        let any = k.entry.holders().next().is_some();
+        any.then_some(k)
     }
 
     /// Replica `r` evicted the prefix whose entry was written at

@@ -159,8 +159,13 @@ impl Router {
         horizons: &Horizons,
     ) -> (Decision, Choice, Option<Known>) {
         let (now_ms, ticket) = at;
-        let found = self.index.lookup(store, &key.blocks, now_ms);
-        let known = found.and_then(|k| horizons.fresh(k));
+        // Stale holders dropped; an entry left without holders is still
+        // rewritten by the record (its depth is right, its holders were not).
+        let found = self
+            .index
+            .lookup(store, &key.blocks, now_ms)
+            .map(|k| horizons.filter(k));
+        let known = found.filter(|k| k.entry.holders().next().is_some());
         let request = affinity::Request {
             key,
             prompt_chars,
@@ -171,7 +176,7 @@ impl Router {
         let choice = affinity::choose(&self.ring, &request, cost, &self.affinity);
         if choice.reason != Reason::NoKey {
             self.index
-                .record(store, &key.blocks, known.as_ref(), choice.primary, now_ms);
+                .record(store, &key.blocks, found.as_ref(), choice.primary, now_ms);
         }
         (self.affinity_decision(key, &choice), choice, known)
     }

@@ -327,6 +327,25 @@ pub struct Prediction {
     pub prompt_tokens: f64,
 }
 
+/// The cached tokens to predict for a choice: `expected_cached` is what the
+/// index proves (`affinity`'s `expected_cached_tokens`: `depth` known blocks of
+/// `block_tokens`); when the prompt goes on past them (`depth < blocks`) it
+/// diverges somewhere inside the next block, half a block further on average.
+/// Capped by the prompt; 0 stays 0.
+pub fn predict(
+    expected_cached: f64,
+    depth: usize,
+    blocks: usize,
+    block_tokens: f64,
+    prompt_tokens: f64,
+) -> f64 {
+    if expected_cached > 0.0 && depth < blocks {
+        (expected_cached + block_tokens / 2.0).min(prompt_tokens.max(expected_cached))
+    } else {
+        expected_cached
+    }
+}
+
 /// Outcome of [`compare`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Surprise {
@@ -539,6 +558,22 @@ mod tests {
         assert_eq!(
             Surprise::ExpectedHitGotMiss.as_str(),
             "expected_hit_got_miss"
+        );
+    }
+
+    #[test]
+    fn prediction_adds_half_a_block_inside_the_prompt() {
+        assert_eq!(predict(1472.0, 23, 24, 64.0, 1518.0), 1504.0);
+        assert_eq!(
+            predict(1472.0, 23, 23, 64.0, 1518.0),
+            1472.0,
+            "whole prompt known"
+        );
+        assert_eq!(predict(0.0, 0, 24, 64.0, 1518.0), 0.0);
+        assert_eq!(
+            predict(1500.0, 23, 24, 64.0, 1510.0),
+            1510.0,
+            "capped by the prompt"
         );
     }
 }

@@ -34,16 +34,20 @@
 //! eviction horizon (shared data key `<ns>horizon`, CAS; every worker rereads
 //! it at most once per [`HORIZON_REFRESH_MS`]); a request served by another
 //! replica than the primary (retry, fallback) records that replica as the
-//! prefix's holder.
+//! prefix's holder; when the engine served more cached tokens than predicted
+//! (the index's ladder only proves a lower bound, or another gateway put the
+//! prefix there), the confirmed depth is written
+//! ([`crate::index::PrefixIndex::confirm`], ≤ 31 sets, only then).
 
 use super::host::{self, HostError, MetricKind};
 use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::endpoint_label;
+use crate::affinity::Choice;
 use crate::feedback::Horizons;
 use crate::hash::BLOCK_UNITS;
 use crate::index::{decis, Known};
-use crate::usage::{compare, Prediction, Surprise, UsageScanner};
+use crate::usage::{compare, predict, Prediction, Surprise, UsageScanner};
 use std::cell::RefCell;
 
 /// Buffer type of the response body (proxy-wasm ABI).
@@ -223,17 +227,26 @@ impl Delivery {
     }
 
     /// `affinity`: the prediction for the primary and what the index knew.
+    /// `blocks` = the request's block count, `block_tokens` = tokens per block.
     pub fn expect(
         &mut self,
-        expected_cached: f64,
-        prompt_tokens: f64,
+        choice: &Choice,
         known: Option<&Known>,
+        blocks: usize,
+        block_tokens: f64,
         now_ms: u64,
     ) {
         self.routed_at = decis(now_ms);
+        let depth = known.map_or(0, |k| k.depth);
         self.prediction = Some(Prediction {
-            cached_tokens: expected_cached,
-            prompt_tokens,
+            cached_tokens: predict(
+                choice.expected_cached_tokens,
+                depth,
+                blocks,
+                block_tokens,
+                choice.prompt_tokens,
+            ),
+            prompt_tokens: choice.prompt_tokens,
         });
         self.entry_time = known.map(|k| k.entry.time);
     }
@@ -330,13 +343,26 @@ impl Delivery {
             (Surprise::ExpectedMissGotHit, Some(e), _) => add(e.miss_got_hit, 1),
             _ => {}
         }
-        if let (true, Some(r), false) = (elsewhere, served, self.blocks.is_empty()) {
-            // The prefix is now on the replica that served it, not on the primary.
+        if let (Some(r), false) = (served, self.blocks.is_empty()) {
             let now = host::now_nanos() / 1_000_000;
             let mut slots = SharedSlots::new(&p.prefix);
-            p.router
-                .index()
-                .record(&mut slots, &self.blocks, None, r, now);
+            if elsewhere {
+                // The prefix is now on the replica that served it, not on the primary.
+                p.router
+                    .index()
+                    .record(&mut slots, &self.blocks, None, r, now);
+            }
+            // The engine had more of the prefix than the index could show:
+            // confirm that depth so the next request sharing it is predicted exactly.
+            let confirmed = (cached as f64 / hit_tokens) as usize;
+            if confirmed as f64 * hit_tokens > predicted.unwrap_or(0) as f64 + 0.5 {
+                p.router
+                    .index()
+                    .confirm(&mut slots, &self.blocks, confirmed, r, now);
+            }
+            if slots.failures.get() > 0 {
+                p.stats.failure(super::stats::HostFailure::SharedData);
+            }
         }
         self.log_field(
             predicted,

@@ -223,10 +223,13 @@ impl RouterHttp {
                 h,
             )
         });
+        let block_tokens =
+            crate::hash::BLOCK_UNITS as f64 / p.router.affinity_config().chars_per_token;
         self.delivery.expect(
-            choice.expected_cached_tokens,
-            choice.prompt_tokens,
+            &choice,
             known.as_ref(),
+            key.blocks.len(),
+            block_tokens,
             self.routed_at_ms,
         );
         if slots.failures.get() > 0 {

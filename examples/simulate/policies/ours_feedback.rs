@@ -6,7 +6,9 @@
 //! 2. at the first token (the engine's `cached_tokens` is known),
 //!    [`prefix_router::usage::compare`] the prediction with what was
 //!    delivered; an expected hit that got a miss raises the replica's horizon
-//!    to the time of the index entry that predicted it.
+//!    to the time of the index entry that predicted it; a delivery deeper
+//!    than predicted writes the confirmed depth
+//!    ([`prefix_router::index::PrefixIndex::confirm`]).
 //!
 //! `ours_feedback_2x`: two gateways, each with its own index, horizons, cost
 //! model and in-flight counts, requests split at random (as `ours_2x`); each
@@ -17,7 +19,7 @@ use prefix_router::cost::CostModel;
 use prefix_router::feedback::Horizons;
 use prefix_router::hash::BLOCK_UNITS;
 use prefix_router::index::{decis, PrefixIndex, VecStore};
-use prefix_router::usage::{compare, Prediction, Surprise};
+use prefix_router::usage::{compare, predict, Prediction, Surprise};
 use prefix_router::{Loads, Router};
 
 use super::ours::OursParams;
@@ -57,6 +59,7 @@ pub struct OursFeedback {
     surprises: [u64; 3],
     predicted_tokens: f64,
     delivered_tokens: f64,
+    confirms: u64,
 }
 
 impl OursFeedback {
@@ -83,6 +86,7 @@ impl OursFeedback {
             surprises: [0; 3],
             predicted_tokens: 0.0,
             delivered_tokens: 0.0,
+            confirms: 0,
         }
     }
 }
@@ -108,10 +112,11 @@ impl Policy for OursFeedback {
         } else {
             view.in_flight
         };
-        let known = self
+        let found = self
             .index
             .lookup(&gw.store, &key.blocks, now_ms)
-            .and_then(|k| gw.horizons.fresh(k));
+            .map(|k| gw.horizons.filter(k));
+        let known = found.filter(|k| k.entry.holders().next().is_some());
         self.ticket += 1;
         let request = affinity::Request {
             key,
@@ -125,7 +130,7 @@ impl Policy for OursFeedback {
         self.index.record(
             &mut gw.store,
             &key.blocks,
-            known.as_ref(),
+            found.as_ref(),
             c.primary,
             now_ms,
         );
@@ -138,7 +143,13 @@ impl Policy for OursFeedback {
         self.pending[idx as usize] = Pending {
             gateway: g as u8,
             primary: c.primary as u32,
-            predicted: c.expected_cached_tokens as f32,
+            predicted: predict(
+                c.expected_cached_tokens,
+                known.map_or(0, |k| k.depth),
+                key.blocks.len(),
+                BLOCK_UNITS as f64 / self.cfg.chars_per_token.max(0.1),
+                c.prompt_tokens,
+            ) as f32,
             uncached: c.expected_uncached_tokens() as f32,
             load,
             entry_time: known.map(|k| k.entry.time),
@@ -169,6 +180,20 @@ impl Policy for OursFeedback {
         } else {
             0.0
         };
+        // The engine had more than the index could show: confirm that depth.
+        let block_tokens = BLOCK_UNITS as f64 / self.cfg.chars_per_token.max(0.1);
+        let confirmed = (f64::from(cached) / block_tokens) as usize;
+        if confirmed as f64 * block_tokens > predicted + 0.5 {
+            if let (Some(gw), Some(key)) = (
+                self.gateways.get_mut(p.gateway as usize),
+                req.keys.core.get(self.key),
+            ) {
+                let now_ms = u64::from(p.routed_at) * 100;
+                self.index
+                    .confirm(&mut gw.store, &key.blocks, confirmed, replica, now_ms);
+                self.confirms += 1;
+            }
+        }
         self.predicted_tokens += predicted;
         self.delivered_tokens += f64::from(cached);
         let pr = Prediction {
@@ -219,6 +244,7 @@ impl Policy for OursFeedback {
             ("expected_hit_got_miss".into(), self.surprises[0] as f64 / n),
             ("expected_miss_got_hit".into(), self.surprises[1] as f64 / n),
             ("horizon_raises".into(), self.surprises[2] as f64),
+            ("confirms_per_req".into(), self.confirms as f64 / n),
             (
                 "predicted_over_delivered".into(),
                 self.predicted_tokens / self.delivered_tokens.max(1.0),
