@@ -7,14 +7,17 @@
 //! - **Expected a hit, got a miss** on replica `r`: the engine no longer held
 //!   the prefix whose index entry was last written at time `t` (eviction,
 //!   restart, a cache reset). Engines evict least-recently-used blocks first,
-//!   so every prefix whose entry on `r` is *older* than `t` is gone too. The
-//!   feedback raises `r`'s **eviction horizon** to `t`
+//!   so every prefix whose entry on `r` is *older* than `t` is likely gone
+//!   too. A second such miss on `r` within [`CORROBORATE_DECIS`] (a lone one
+//!   is common under cache pressure and, acted upon, cost hit rate in the
+//!   simulator) raises `r`'s **eviction horizon** to the newer `t`
 //!   ([`Horizons::raise`]); lookups then drop `r` from the holders of any
 //!   entry written at or before its horizon ([`Horizons::fresh`]), and a
 //!   prefix with no holder left is treated as unknown (cold placement). The
 //!   request that revealed the miss re-filled the engine's cache and its entry
 //!   was rewritten at routing with the current time, so it stays valid.
-//!   After a restart each surprise raises the horizon further: the index
+//!   After a restart the second surprise forgets everything older than the
+//!   newer of the two, later ones raise the horizon further: the index
 //!   recovers within a few requests instead of waiting for `index_ttl_s`.
 //! - **Expected a miss, got a hit**: the prefix was already on the replica
 //!   that served the request (another gateway, or a retry that reached
@@ -22,9 +25,9 @@
 //!   as a holder ([`crate::index::PrefixIndex::record`]), so the next request
 //!   of the prefix goes where the cache is.
 //!
-//! State: one `u32` per replica (deciseconds on the index clock, 0 = never),
-//! `4 × replicas` bytes ([`Horizons::encode`]) — one shared-data key in the
-//! filter. Cost: O(holders) per lookup, O(1) per surprise.
+//! State: three `u32` per replica (horizon, last miss, its entry time;
+//! deciseconds on the index clock, 0 = never), `12 × replicas` bytes
+//! ([`Horizons::encode`]) — one shared-data key in the filter. Cost: O(holders) per lookup, O(1) per surprise.
 //!
 //! Invariant: a horizon only moves forward (a stale, delayed report never
 //! un-forgets newer evidence), and an entry written after the horizon is
@@ -32,9 +35,29 @@
 
 use crate::index::{Known, MAX_HOLDERS};
 
-/// Per-replica eviction horizons (deciseconds, index clock; 0 = none).
+/// Two misses on one replica at most this far apart (deciseconds)
+/// corroborate each other; a lone miss raises no horizon.
+pub const CORROBORATE_DECIS: u32 = 50;
+
+/// Misses in a row on one replica (no delivered hit in between, each within
+/// [`CORROBORATE_DECIS`] of the previous) that raise its horizon.
+pub const CORROBORATING_MISSES: u32 = 3;
+
+/// Misses in a row on one replica, not yet acted upon.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Misses {
+    /// Routing time of the last one (deciseconds; 0 = none).
+    pub at: u32,
+    /// Newest index entry time among them.
+    pub entry: u32,
+    /// How many.
+    pub count: u32,
+}
+
+/// Per-replica eviction horizons (deciseconds, index clock; 0 = none) and
+/// misses in a row.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Horizons(pub Vec<u32>);
+pub struct Horizons(pub Vec<u32>, pub Vec<Misses>);
 
 /// `a` is at or before `b` on the wrapping decisecond clock.
 fn not_after(a: u32, b: u32) -> bool {
@@ -44,7 +67,7 @@ fn not_after(a: u32, b: u32) -> bool {
 impl Horizons {
     /// No horizon for `n` replicas.
     pub fn new(n: usize) -> Horizons {
-        Horizons(vec![0; n])
+        Horizons(vec![0; n], vec![Misses::default(); n])
     }
 
     /// Is an entry written at `time` stale for replica `r`?
@@ -81,16 +104,48 @@ impl Horizons {
     }
 
     /// Replica `r` evicted the prefix whose entry was written at
-    /// `entry_time`, found missing by a request routed at `routed_at`: raise
-    /// its horizon to `entry_time`, or to just before `routed_at` if the
-    /// entry is as new as the request (the request's own record, written at
-    /// `routed_at`, must stay valid: the engine re-filled its cache). Never
-    /// lowers it. Returns whether it moved.
+    /// `entry_time`, found missing by a request routed at `routed_at`.
+    /// Misses under cache pressure are common and say little about the rest
+    /// of the replica's cache (acting on each cost hit rate in the
+    /// simulator), so only [`CORROBORATING_MISSES`] in a row, each within
+    /// [`CORROBORATE_DECIS`] of the previous and no delivered hit between
+    /// them ([`Horizons::hit`]), raise the horizon: to the newest of their
+    /// entry times, or to just before the request if that entry is as new as
+    /// the request (the request's own record, written when it was routed,
+    /// must stay valid: the engine re-filled its cache). Never lowers it.
+    /// Returns whether it moved.
     pub fn raise(&mut self, r: usize, entry_time: u32, routed_at: u32) -> bool {
-        let t = if not_after(routed_at, entry_time) {
+        let Some(m) = self.1.get_mut(r) else {
+            return false;
+        };
+        let follows = m.at != 0
+            && not_after(m.at, routed_at)
+            && routed_at.wrapping_sub(m.at) <= CORROBORATE_DECIS;
+        *m = if follows {
+            Misses {
+                at: routed_at.max(1),
+                entry: if not_after(m.entry, entry_time) {
+                    entry_time
+                } else {
+                    m.entry
+                },
+                count: m.count.saturating_add(1),
+            }
+        } else {
+            Misses {
+                at: routed_at.max(1),
+                entry: entry_time,
+                count: 1,
+            }
+        };
+        if m.count < CORROBORATING_MISSES {
+            return false;
+        }
+        let newest = m.entry;
+        let t = if not_after(routed_at, newest) {
             routed_at.wrapping_sub(1)
         } else {
-            entry_time
+            newest
         };
         let t = t.max(1);
         match self.0.get_mut(r) {
@@ -102,20 +157,48 @@ impl Horizons {
         }
     }
 
-    /// Little-endian bytes (shared data).
+    /// A predicted hit on replica `r` was delivered: the replica still holds
+    /// what the index says, so pending misses were cache pressure, not a
+    /// restart — forget them. Returns whether anything changed.
+    pub fn hit(&mut self, r: usize) -> bool {
+        match self.1.get_mut(r) {
+            Some(m) if m.at != 0 => {
+                *m = Misses::default();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Are misses pending on replica `r`?
+    pub fn armed(&self, r: usize) -> bool {
+        self.1.get(r).is_some_and(|m| m.at != 0)
+    }
+
+    /// Little-endian bytes (shared data): per replica the horizon and the
+    /// pending misses (16 bytes).
     pub fn encode(&self) -> Vec<u8> {
-        self.0.iter().flat_map(|h| h.to_le_bytes()).collect()
+        self.0
+            .iter()
+            .zip(&self.1)
+            .flat_map(|(h, m)| [*h, m.at, m.entry, m.count])
+            .flat_map(u32::to_le_bytes)
+            .collect()
     }
 
     /// From [`Horizons::encode`] bytes, for `n` replicas (missing → 0).
     pub fn decode(b: &[u8], n: usize) -> Horizons {
-        let mut v: Vec<u32> = b
-            .chunks_exact(4)
-            .take(n)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        v.resize(n, 0);
-        Horizons(v)
+        let mut h = Horizons::new(n);
+        for (i, c) in b.chunks_exact(16).take(n).enumerate() {
+            let w = |k: usize| u32::from_le_bytes([c[k], c[k + 1], c[k + 2], c[k + 3]]);
+            h.0[i] = w(0);
+            h.1[i] = Misses {
+                at: w(4),
+                entry: w(8),
+                count: w(12),
+            };
+        }
+        h
     }
 }
 
@@ -138,62 +221,89 @@ mod tests {
         }
     }
 
+    fn misses(h: &mut Horizons, r: usize, entries: &[u32], at: u32) -> bool {
+        let mut moved = false;
+        for (k, &e) in entries.iter().enumerate() {
+            moved = h.raise(r, e, at.wrapping_add(k as u32));
+        }
+        moved
+    }
+
     #[test]
     fn horizon_drops_stale_holders_only() {
         let mut h = Horizons::new(4);
         let k = known(100, [Some(2), Some(0), None]);
         assert_eq!(h.fresh(k), Some(k));
-        assert!(h.raise(2, 100, 200));
+        // Misses in a row raise to the newest of their entries; fewer only arm.
+        assert!(!misses(&mut h, 2, &[100, 90], 200));
+        assert!(h.armed(2));
+        assert_eq!(h.fresh(k), Some(k));
+        assert!(h.raise(2, 80, 202));
         assert_eq!(
             h.fresh(k).map(|k| k.entry.holders),
             Some([Some(0), None, None])
         );
-        assert!(h.raise(0, 150, 200));
+        assert_eq!(h.filter(k).entry.holders, [Some(0), None, None]);
+        // A delivered hit in between, or a long pause, starts the count again.
+        assert!(!misses(&mut h, 0, &[150, 150], 300));
+        assert!(h.hit(0) && !h.armed(0) && !h.hit(0));
+        assert!(!misses(&mut h, 0, &[150, 150], 310));
+        assert!(!h.raise(0, 150, 311 + CORROBORATE_DECIS + 1));
+        assert!(misses(&mut h, 0, &[150, 150], 311 + CORROBORATE_DECIS + 2));
         assert_eq!(h.fresh(k), None);
+        assert_eq!(h.filter(k).entry.holders, [None, None, None]);
         // Newer entries survive; the horizon never moves back.
         assert!(h.fresh(known(151, [Some(0), None, None])).is_some());
-        assert!(!h.raise(0, 120, 200));
-        // An entry as new as the request: the horizon stops just before the request.
-        assert!(h.raise(1, 300, 300));
-        assert!(h.stale(1, 299) && !h.stale(1, 300));
+        assert!(!misses(&mut h, 0, &[120, 120, 120], 400));
         assert!(h.stale(0, 150) && !h.stale(0, 151) && !h.stale(3, 1));
+        // An entry as new as the request: the horizon stops just before the request.
+        assert!(misses(&mut h, 1, &[500, 500, 502], 500));
+        assert!(h.stale(1, 501) && !h.stale(1, 502));
         // Out of range replicas are ignored.
-        assert!(!h.raise(9, 5, 6));
+        assert!(!misses(&mut h, 9, &[5, 5, 5], 6));
         // Wrapping clock.
         let mut w = Horizons::new(1);
-        w.raise(0, u32::MAX - 5, 2);
-        assert!(w.stale(0, u32::MAX - 10) && !w.stale(0, 3));
+        assert!(misses(&mut w, 0, &[u32::MAX - 5, u32::MAX - 4, 1], 3));
+        assert!(w.stale(0, u32::MAX - 10) && w.stale(0, 1) && !w.stale(0, 2));
     }
 
     #[test]
     fn encode_roundtrip() {
         let mut h = Horizons::new(3);
-        h.raise(1, 77, 80);
+        misses(&mut h, 1, &[77, 70, 60], 80);
+        h.raise(2, 5, 9);
         assert_eq!(Horizons::decode(&h.encode(), 3), h);
         assert_eq!(Horizons::decode(&[1, 0, 0], 2), Horizons::new(2));
         assert_eq!(Horizons::decode(&h.encode(), 5).0, vec![0, 77, 0, 0, 0]);
     }
 
     #[test]
-    fn a_restart_is_forgotten_after_one_surprise_per_older_entry() {
-        // Prefixes A (t=10 s) then B (t=20 s) recorded on replica 1, which then restarts.
+    fn a_restart_is_forgotten_after_three_surprises() {
+        // Prefixes 0..6 recorded on replica 1 at 10, 11, … 15 s; it then restarts.
         let idx = PrefixIndex::new(IndexConfig::default());
         let mut st = VecStore::new(IndexConfig::default().slots);
-        let a: Vec<u64> = (1..=8).map(|i| i * 0x1000_0000_0001).collect();
-        let b: Vec<u64> = (1..=8).map(|i| i * 0x2000_0000_0003).collect();
-        idx.record(&mut st, &a, None, 1, 10_000);
-        idx.record(&mut st, &b, None, 1, 20_000);
+        let chains: Vec<Vec<u64>> = (1..=6u64)
+            .map(|m| (1..=8).map(|i| i * (m << 40 | 0x1_0001)).collect())
+            .collect();
+        for (k, c) in chains.iter().enumerate() {
+            idx.record(&mut st, c, None, 1, 10_000 + 1000 * k as u64);
+        }
         let mut h = Horizons::new(3);
-        // B is requested first after the restart: predicted hit, delivered miss.
-        let kb = idx.lookup(&st, &b, 30_000).unwrap();
-        assert!(h.raise(1, kb.entry.time, decis(30_000)));
-        // A (older than B) is now unknown: no second surprise needed.
-        let ka = idx.lookup(&st, &a, 30_000).unwrap();
-        assert_eq!(h.fresh(ka), None);
-        // B's own request re-filled the cache and was recorded at 30 s: still known.
-        idx.record(&mut st, &b, Some(&kb), 1, 30_000);
-        let kb = idx.lookup(&st, &b, 31_000).unwrap();
-        assert_eq!(kb.entry.time, decis(30_000));
-        assert!(h.fresh(kb).is_some());
+        // Prefixes 5, 0, 1 are requested after the restart: predicted hits, delivered misses.
+        let mut now = 30_000;
+        for (k, raised) in [(5, false), (0, false), (1, true)] {
+            let known = idx.lookup(&st, &chains[k], now).unwrap();
+            assert_eq!(h.raise(1, known.entry.time, decis(now)), raised);
+            idx.record(&mut st, &chains[k], Some(&known), 1, now);
+            now += 300;
+        }
+        // Prefixes 2, 3, 4 (older than 5) are now unknown: no further surprise.
+        for c in &chains[2..5] {
+            assert_eq!(h.fresh(idx.lookup(&st, c, now).unwrap()), None);
+        }
+        // The re-filled ones were recorded after the restart: still known.
+        for k in [5, 0, 1] {
+            assert!(h.fresh(idx.lookup(&st, &chains[k], now).unwrap()).is_some());
+        }
     }
 }

@@ -361,7 +361,9 @@ impl PrefixIndex {
 
     /// The engine confirmed (its `cached_tokens`) that `replica` holds the
     /// first `depth` blocks of `blocks`: write the blocks after the deepest
-    /// ladder position below `depth` up to block `depth − 1`, holders `[r]`,
+    /// ladder position below `depth` up to block `depth − 1`, with the holders
+    /// of `known` (what the request's lookup found) and `r` in front, as
+    /// `record` does,
     /// so that [`PrefixIndex::lookup`] finds this exact depth for every
     /// request sharing it (a shared system prompt rarely ends on a ladder
     /// position). Sets only, at most the gap between two ladder positions
@@ -371,6 +373,7 @@ impl PrefixIndex {
         store: &mut S,
         blocks: &[u64],
         depth: usize,
+        known: Option<&Known>,
         replica: usize,
         now_ms: u64,
     ) -> usize {
@@ -381,12 +384,13 @@ impl PrefixIndex {
             .find(|&p| on_ladder(p, bits))
             .map_or(0, |p| p + 1);
         let r = replica.min(u16::MAX as usize - 1) as u16;
+        let holders = known.map_or([Some(r), None, None], |k| k.entry.with_front(r));
         let mut sets = 0;
         for &key in blocks.get(start..top).unwrap_or(&[]) {
             let e = Entry {
                 tag: tag_of(key),
                 time: decis(now_ms),
-                holders: [Some(r), None, None],
+                holders,
             };
             store.set(self.slot(key), e.encode());
             sets += 1;
@@ -569,17 +573,17 @@ mod tests {
             "ladder lower bound"
         );
         // The engine served b with 23 blocks cached: confirm them.
-        assert_eq!(idx.confirm(&mut st, &b, 23, 2, 0), 3);
+        assert_eq!(idx.confirm(&mut st, &b, 23, None, 2, 0), 3);
         let c = chain(5, 23, 3, 25);
         let before = st.gets();
         let k = idx.lookup(&st, &c, 0).unwrap();
         assert_eq!((k.depth, k.entry.holders[0]), (23, Some(2)));
         assert!(st.gets() - before <= 9);
         // Confirming a ladder depth or nothing writes nothing; past the end is capped.
-        assert_eq!(idx.confirm(&mut st, &b, 20, 2, 0), 0);
-        assert_eq!(idx.confirm(&mut st, &b, 0, 2, 0), 0);
+        assert_eq!(idx.confirm(&mut st, &b, 20, None, 2, 0), 0);
+        assert_eq!(idx.confirm(&mut st, &b, 0, None, 2, 0), 0);
         assert_eq!(
-            idx.confirm(&mut st, &b, 99, 2, 0),
+            idx.confirm(&mut st, &b, 99, None, 2, 0),
             1,
             "after ladder position 23"
         );

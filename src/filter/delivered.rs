@@ -30,8 +30,9 @@
 //! surprise=<none|expected_hit_got_miss|expected_miss_got_hit>`; log it with
 //! `%FILTER_STATE(wasm.prefix_router:PLAIN)%`.
 //!
-//! Feedback: an expected hit that got a miss raises the served replica's
-//! eviction horizon (shared data key `<ns>horizon`, CAS; every worker rereads
+//! Feedback: expected hits that got misses raise the served replica's
+//! eviction horizon (three in a row, [`crate::feedback`]; shared data key
+//! `<ns>horizon`, CAS; every worker rereads
 //! it at most once per [`HORIZON_REFRESH_MS`]); a request served by another
 //! replica than the primary (retry, fallback) records that replica as the
 //! prefix's holder; when the engine served more cached tokens than predicted
@@ -167,18 +168,33 @@ impl Shared {
         f(&cell.0)
     }
 
-    /// Raise replica `r`'s horizon to `time` in shared data (CAS) and here.
+    /// A miss on replica `r` ([`Horizons::raise`]), in shared data (CAS) and here.
     fn raise(&self, r: usize, time: u32, routed_at: u32) {
+        self.update(|h| {
+            h.raise(r, time, routed_at);
+        });
+    }
+
+    /// A delivered predicted hit on replica `r` ([`Horizons::hit`]): only
+    /// when this worker saw misses pending there (no shared-data call otherwise).
+    fn hit(&self, r: usize) {
+        let armed = self.horizons.try_borrow().is_ok_and(|cell| cell.0.armed(r));
+        if armed {
+            self.update(|h| {
+                h.hit(r);
+            });
+        }
+    }
+
+    /// Apply `f` to the shared horizons (CAS) and to this worker's copy.
+    fn update(&self, f: impl Fn(&mut Horizons)) {
         let n = self.endpoints.len();
         for _ in 0..CAS_ATTEMPTS {
             let Ok((bytes, cas)) = host::shared_get(&self.horizon_key) else {
                 break;
             };
             let mut h = bytes.map_or_else(|| Horizons::new(n), |b| Horizons::decode(&b, n));
-            if !h.raise(r, time, routed_at) {
-                self.store_local(h);
-                return;
-            }
+            f(&mut h);
             match host::shared_set(&self.horizon_key, &h.encode(), cas) {
                 Ok(()) => {
                     self.store_local(h);
@@ -191,9 +207,9 @@ impl Shared {
                 }
             }
         }
-        // Shared data failed: at least this worker forgets.
+        // Shared data failed: at least this worker learns.
         if let Ok(mut cell) = self.horizons.try_borrow_mut() {
-            cell.0.raise(r, time, routed_at);
+            f(&mut cell.0);
         }
     }
 
@@ -210,6 +226,8 @@ pub struct Delivery {
     branch: &'static str,
     primary: Option<usize>,
     prediction: Option<Prediction>,
+    /// What the index knew (holders kept by a confirmed depth).
+    known: Option<Known>,
     /// Index entry time behind a warm prediction, and the routing time (deciseconds).
     entry_time: Option<u32>,
     routed_at: u32,
@@ -249,6 +267,7 @@ impl Delivery {
             prompt_tokens: choice.prompt_tokens,
         });
         self.entry_time = known.map(|k| k.entry.time);
+        self.known = known.copied();
     }
 
     /// `affinity`: keep the block keys (moved, not copied).
@@ -341,6 +360,7 @@ impl Delivery {
                 }
             }
             (Surprise::ExpectedMissGotHit, Some(e), _) => add(e.miss_got_hit, 1),
+            (Surprise::None, _, Some(r)) if predicted.unwrap_or(0) as f64 >= hit_tokens => d.hit(r),
             _ => {}
         }
         if let (Some(r), false) = (served, self.blocks.is_empty()) {
@@ -356,9 +376,14 @@ impl Delivery {
             // confirm that depth so the next request sharing it is predicted exactly.
             let confirmed = (cached as f64 / hit_tokens) as usize;
             if confirmed as f64 * hit_tokens > predicted.unwrap_or(0) as f64 + 0.5 {
-                p.router
-                    .index()
-                    .confirm(&mut slots, &self.blocks, confirmed, r, now);
+                p.router.index().confirm(
+                    &mut slots,
+                    &self.blocks,
+                    confirmed,
+                    self.known.as_ref(),
+                    r,
+                    now,
+                );
             }
             if slots.failures.get() > 0 {
                 p.stats.failure(super::stats::HostFailure::SharedData);

@@ -162,18 +162,19 @@ fn predicted_matches_delivered_on_a_steady_workload() {
     );
 }
 
-/// Four groups are warmed on one replica, whose cache is then reset behind the router's
-/// back (what a restart does). The newest group's next request is predicted a hit and
-/// delivered a miss: one `expected_hit_got_miss`. That raises the replica's eviction
-/// horizon, so the three older groups are no longer predicted hits (no further surprise:
-/// without the feedback there would be four), and every group hits again, as predicted,
+/// Six groups are warmed on one replica, whose cache is then reset behind the router's
+/// back (what a restart does). The newest group's next request, then the two oldest
+/// ones', are predicted hits and delivered misses: three `expected_hit_got_miss`. Three
+/// misses in a row raise the replica's eviction horizon to the newest entry among them,
+/// so the three groups in between are no longer predicted hits (no further surprise:
+/// without the feedback there would be six), and every group hits again, as predicted,
 /// on its next request.
 #[test]
 fn an_evicted_replica_is_detected_and_the_index_recovers() {
     let w = World::start("delivered-evict", &World::replicas(1), |c| {
         c.with("strategy", json!("affinity"))
     });
-    for g in 0..4 {
+    for g in 0..6 {
         for i in 0..2 {
             assert_eq!(w.chat(&request(g, i, false)).status, 200);
         }
@@ -189,50 +190,48 @@ fn an_evicted_replica_is_detected_and_the_index_recovers() {
         "prefix_router.endpoint.{}.surprise.expected_hit_got_miss",
         ep.replace(['.', ':'], "_")
     );
-    let before = w.envoy.stats().get(&miss_name);
-    assert_eq!(before, 0);
+    assert_eq!(w.envoy.stats().get(&miss_name), 0);
 
-    // Newest group first: predicted hit, delivered miss.
-    let reply = w.chat(&request(3, 10, false));
-    assert!(cached_in(&reply.body).unwrap_or(0) < 100, "{}", reply.body);
-    assert_eq!(
-        w.envoy.stats().get(&miss_name),
-        1,
-        "the surprise is counted"
-    );
-    // Older groups: no longer predicted (the horizon), so no further surprise.
-    for g in 0..3 {
+    // Newest group, then the oldest two: predicted hits, delivered misses.
+    for (n, g) in [(1, 5), (2, 0), (3, 1)] {
+        let reply = w.chat(&request(g, 10, false));
+        assert!(cached_in(&reply.body).unwrap_or(0) < 100, "{}", reply.body);
+        assert_eq!(
+            w.envoy.stats().get(&miss_name),
+            n,
+            "the surprise is counted"
+        );
+    }
+    // The groups in between: no longer predicted (the horizon), so no further surprise.
+    for g in 2..5 {
         let reply = w.chat(&request(g, 10, false));
         assert!(cached_in(&reply.body).unwrap_or(0) < 100, "{}", reply.body);
     }
     assert_eq!(
         w.envoy.stats().get(&miss_name),
-        1,
+        3,
         "older prefixes of the evicted replica were still predicted hits"
     );
     // Recovered: every group hits again, as predicted.
-    for g in 0..4 {
+    for g in 0..6 {
         let reply = w.chat(&request(g, 11, false));
         assert!(cached_in(&reply.body).unwrap_or(0) > 1000, "{}", reply.body);
     }
     let s = w.envoy.wait_idle();
-    assert_eq!(s.get(&miss_name), 1);
-    let lines = w.envoy.wait_access_log(16);
-    let last: Vec<_> = lines[lines.len() - 4..]
-        .iter()
-        .map(|l| usage_fields(l))
-        .collect();
-    for f in &last {
-        assert_eq!(f.get("branch").map(String::as_str), Some("hit"), "{f:?}");
-        assert_eq!(f.get("surprise").map(String::as_str), Some("none"), "{f:?}");
+    assert_eq!(s.get(&miss_name), 3);
+    let lines = w.envoy.wait_access_log(24);
+    assert_eq!(lines.len(), 24, "{lines:#?}");
+    let fields: Vec<_> = lines.iter().map(|l| usage_fields(l)).collect();
+    let get = |i: usize, k: &str| fields[i].get(k).cloned().unwrap_or_default();
+    for i in 12..15 {
+        assert_eq!(get(i, "surprise"), "expected_hit_got_miss", "{}", lines[i]);
     }
-    let after_reset: Vec<_> = lines[8..12].iter().map(|l| usage_fields(l)).collect();
-    assert_eq!(
-        after_reset[0].get("surprise").map(String::as_str),
-        Some("expected_hit_got_miss"),
-        "{after_reset:?}"
-    );
-    for f in &after_reset[1..] {
-        assert_eq!(f.get("branch").map(String::as_str), Some("cold"), "{f:?}");
+    for i in 15..18 {
+        assert_eq!(get(i, "branch"), "cold", "{}", lines[i]);
+        assert_eq!(get(i, "surprise"), "none", "{}", lines[i]);
+    }
+    for i in 18..24 {
+        assert_eq!(get(i, "branch"), "hit", "{}", lines[i]);
+        assert_eq!(get(i, "surprise"), "none", "{}", lines[i]);
     }
 }

@@ -18,7 +18,7 @@ use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::CostModel;
 use prefix_router::feedback::Horizons;
 use prefix_router::hash::BLOCK_UNITS;
-use prefix_router::index::{decis, PrefixIndex, VecStore};
+use prefix_router::index::{decis, Known, PrefixIndex, VecStore};
 use prefix_router::usage::{compare, predict, Prediction, Surprise};
 use prefix_router::{Loads, Router};
 
@@ -42,6 +42,7 @@ struct Pending {
     load: u32,
     entry_time: Option<u32>,
     routed_at: u32,
+    known: Option<Known>,
 }
 
 /// OURS with feedback, over `m` gateways.
@@ -154,6 +155,7 @@ impl Policy for OursFeedback {
             load,
             entry_time: known.map(|k| k.entry.time),
             routed_at: decis(now_ms),
+            known,
         };
         self.routed += 1;
         Routed {
@@ -189,8 +191,14 @@ impl Policy for OursFeedback {
                 req.keys.core.get(self.key),
             ) {
                 let now_ms = u64::from(p.routed_at) * 100;
-                self.index
-                    .confirm(&mut gw.store, &key.blocks, confirmed, replica, now_ms);
+                self.index.confirm(
+                    &mut gw.store,
+                    &key.blocks,
+                    confirmed,
+                    p.known.as_ref(),
+                    replica,
+                    now_ms,
+                );
                 self.confirms += 1;
             }
         }
@@ -214,12 +222,18 @@ impl Policy for OursFeedback {
                 if let (Some(gw), Some(t)) =
                     (self.gateways.get_mut(p.gateway as usize), p.entry_time)
                 {
-                    if gw.horizons.raise(replica, t, p.routed_at) {
+                    if std::env::var("NOHZ").is_err() && gw.horizons.raise(replica, t, p.routed_at)
+                    {
                         self.surprises[2] += 1;
                     }
                 }
             }
             Surprise::ExpectedMissGotHit => self.surprises[1] += 1,
+            Surprise::None if predicted >= hit_tokens => {
+                if let Some(gw) = self.gateways.get_mut(p.gateway as usize) {
+                    gw.horizons.hit(replica);
+                }
+            }
             Surprise::None => {}
         }
     }
