@@ -14,7 +14,8 @@
 //!   learned from observed TTFT), [`decision`] (the reason of every decision),
 //!   [`router`] (the facade), [`usage`] (what the engine delivered, read
 //!   from the response as it passes), [`feedback`] (the index corrected by
-//!   what was delivered);
+//!   what was delivered), [`responses`] (Responses API conversations pinned
+//!   to the replica that stores them);
 //! - a **thin proxy-wasm adapter** (`filter`, only on `wasm32-wasip1`) that
 //!   buffers the body, keeps per-host in-flight counts and the prefix index in
 //!   shared data, sets the `override_host` header and counts every decision in
@@ -48,6 +49,7 @@ pub mod feedback;
 pub mod hash;
 pub mod index;
 pub mod json;
+pub mod responses;
 pub mod ring;
 pub mod router;
 pub mod select;

@@ -30,6 +30,10 @@
 //! surprise=<none|expected_hit_got_miss|expected_miss_got_hit>`; log it with
 //! `%FILTER_STATE(wasm.prefix_router:PLAIN)%`.
 //!
+//! Responses API: the response `id` is remembered with the replica that
+//! served it ([`crate::responses`], shared data `<ns>resp/`), and a request
+//! whose `previous_response_id` is known goes to that replica ([`Shared::pinned`]).
+//!
 //! Feedback: expected hits that got misses raise the served replica's
 //! eviction horizon (three in a row, [`crate::feedback`]; shared data key
 //! `<ns>horizon`, CAS; every worker rereads
@@ -45,9 +49,11 @@ use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::endpoint_label;
 use crate::affinity::Choice;
+use crate::extract::previous_response_id;
 use crate::feedback::Horizons;
 use crate::hash::BLOCK_UNITS;
 use crate::index::{decis, Known};
+use crate::responses;
 use crate::usage::{compare, predict, Prediction, Surprise, UsageScanner};
 use std::cell::RefCell;
 
@@ -100,6 +106,8 @@ pub struct Shared {
     responses: Option<u32>,
     unreported: Option<u32>,
     horizon_key: String,
+    /// Shared-data namespace of the response id → replica table.
+    responses_ns: String,
     /// This worker's copy of the horizons and when it was read (ms).
     horizons: RefCell<(Horizons, Option<u64>)>,
 }
@@ -143,6 +151,7 @@ impl Shared {
             responses: define(c, "prefix_router.delivered.responses"),
             unreported: define(c, "prefix_router.delivered.unreported"),
             horizon_key: format!("{ns}horizon"),
+            responses_ns: format!("{ns}resp/"),
             horizons: RefCell::new((Horizons::new(endpoints.len()), None)),
         }
     }
@@ -166,6 +175,14 @@ impl Shared {
             cell.1 = Some(now_ms);
         }
         f(&cell.0)
+    }
+
+    /// Responses API: the replica that produced the body's
+    /// `previous_response_id`, if known ([`crate::responses`]).
+    pub fn pinned(&self, body: &[u8], now_ms: u64) -> Option<usize> {
+        let id = previous_response_id(body)?;
+        let r = responses::find(&SharedSlots::new(&self.responses_ns), &id, now_ms)?;
+        (r < self.endpoints.len()).then_some(r)
     }
 
     /// A miss on replica `r` ([`Horizons::raise`]), in shared data (CAS) and here.
@@ -234,6 +251,8 @@ pub struct Delivery {
     /// `affinity`: the request's block keys (to record the replica that served it).
     blocks: Vec<u64>,
     scanner: Option<UsageScanner>,
+    /// A Responses API request: remember which replica produced the response.
+    responses_api: bool,
     done: bool,
 }
 
@@ -268,6 +287,11 @@ impl Delivery {
         });
         self.entry_time = known.map(|k| k.entry.time);
         self.known = known.copied();
+    }
+
+    /// A Responses API request (its response id is remembered).
+    pub fn responses_api(&mut self) {
+        self.responses_api = true;
     }
 
     /// `affinity`: keep the block keys (moved, not copied).
@@ -336,6 +360,10 @@ impl Delivery {
             self.log_field(predicted, None, None, None, &fmt);
             return;
         };
+        if let (true, Some(id), Some(r)) = (self.responses_api, usage.id.as_deref(), served) {
+            let now = host::now_nanos() / 1_000_000;
+            responses::remember(&mut SharedSlots::new(&d.responses_ns), id, r, now);
+        }
         let prompt = usage.prompt();
         add(d.responses, 1);
         add(d.cached_tokens, cached);

@@ -18,7 +18,7 @@ use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::HostFailure;
 use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
-use crate::decision::Decision;
+use crate::decision::{Branch, Decision, KeySource};
 use crate::hash::hash_id;
 use crate::router::{Body, RoutingId, RoutingKey};
 use crate::select::Loads;
@@ -142,7 +142,21 @@ impl RouterHttp {
         let ticket = self.ticket(&p);
         self.routed_at_ms = host::now_nanos() / 1_000_000;
 
-        let decision = if cfg.strategy == Strategy::Affinity {
+        let pinned = match body {
+            Body::Complete(b) if key.source == KeySource::Responses => {
+                self.delivery.responses_api();
+                p.delivered.pinned(b, self.routed_at_ms)
+            }
+            _ => None,
+        };
+        let decision = if let Some(r) = pinned {
+            // The replica that stores the previous response (vLLM: per instance).
+            Decision {
+                primary: r,
+                secondary: None,
+                branch: Branch::Hit,
+            }
+        } else if cfg.strategy == Strategy::Affinity {
             self.select_affinity(&p, &key, prompt_chars, loads, ticket)
         } else {
             p.router.select(&key, Loads::new(loads), ticket)

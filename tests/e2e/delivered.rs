@@ -235,3 +235,52 @@ fn an_evicted_replica_is_detected_and_the_index_recovers() {
         assert_eq!(get(i, "surprise"), "none", "{}", lines[i]);
     }
 }
+
+/// Responses API: a chain of five `store: true` responses, each continuing the previous
+/// one with only its new input (so its prompt alone says nothing about where the
+/// conversation lives), stays on the replica that stores the conversation (the emulator,
+/// like vLLM, answers 404 for an id it does not hold), and the replica's cache serves
+/// the growing conversation.
+#[test]
+fn a_previous_response_id_chain_stays_on_one_replica() {
+    let w = World::start("delivered-responses", &World::replicas(4), |c| {
+        c.with("strategy", json!("affinity"))
+    });
+    let mut replicas = std::collections::BTreeSet::new();
+    let mut previous: Option<String> = None;
+    for turn in 0..5 {
+        let mut body = json!({
+            "model": MODEL,
+            "input": format!("turn {turn}: {}", text(&format!("t{turn}"), 1500)),
+            "max_output_tokens": 8,
+            "store": true
+        });
+        if turn == 0 {
+            body["instructions"] = json!(text("responses-chain", 3000));
+        }
+        if let Some(p) = &previous {
+            body["previous_response_id"] = json!(p);
+        }
+        let reply = w.post("/v1/responses", &body.to_string());
+        assert_eq!(reply.status, 200, "turn {turn}: {}", reply.body);
+        replicas.insert(w.served_by(&reply));
+        let v: Value = serde_json::from_str(&reply.body).unwrap();
+        if turn > 0 {
+            let cached = v["usage"]["input_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0);
+            assert!(
+                cached > 500,
+                "turn {turn}: conversation not reused: {}",
+                reply.body
+            );
+        }
+        previous = v["id"].as_str().map(str::to_string);
+    }
+    assert_eq!(replicas.len(), 1, "the chain moved: {replicas:?}");
+    // An id nobody produced is routed like any request; the replica answers 404.
+    let lost = json!({"model": MODEL, "input": "hello", "previous_response_id": "resp_unknown"});
+    assert_eq!(w.post("/v1/responses", &lost.to_string()).status, 404);
+    let s = w.envoy.wait_idle();
+    assert_eq!(s.get("prefix_router.source.responses"), 6);
+}
