@@ -39,6 +39,48 @@ pub const MAX_KEY: usize = 16;
 /// Longest response id kept; a longer id is ignored.
 pub const MAX_ID: usize = 64;
 
+/// Position of the first byte of `hay` equal to one of `needles` (SWAR: eight
+/// bytes per step; the lowest flagged byte of a word is always exact).
+fn find_any<const N: usize>(hay: &[u8], needles: [u8; N]) -> Option<usize> {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let mut chunks = hay.chunks_exact(8);
+    let mut base = 0;
+    for c in chunks.by_ref() {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        let w = u64::from_le_bytes(w);
+        let mut hit = 0;
+        for n in needles {
+            let x = w ^ (LO * u64::from(n));
+            hit |= x.wrapping_sub(LO) & !x & HI;
+        }
+        if hit != 0 {
+            return Some(base + (hit.trailing_zeros() / 8) as usize);
+        }
+        base += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|b| needles.contains(b))
+        .map(|p| base + p)
+}
+
+/// Can an SSE chunk hold a field the scanner wants, other than `id`? (Every
+/// wanted numeric key ends in `_tokens"` or `_n"`.)
+fn may_hold_usage(chunk: &[u8]) -> bool {
+    let mut from = 0;
+    while let Some(p) = chunk.get(from..).and_then(|h| find_any(h, [b'_'])) {
+        let rest = &chunk[from + p + 1..];
+        if rest.starts_with(b"tokens\"") || rest.starts_with(b"n\"") {
+            return true;
+        }
+        from += p + 1;
+    }
+    false
+}
+
 /// Interesting keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Field {
@@ -121,6 +163,8 @@ pub struct UsageScanner {
     /// A number being read: (field, value so far, overflowed).
     number: Option<(Field, u64, bool)>,
     bytes: u64,
+    /// The response is an event stream: whole events may be skipped.
+    sse: bool,
 }
 
 impl Default for UsageScanner {
@@ -146,6 +190,19 @@ impl UsageScanner {
             expect: None,
             number: None,
             bytes: 0,
+            sse: false,
+        }
+    }
+
+    /// A scanner for a `text/event-stream` response: a chunk that starts
+    /// between events, ends with a blank line (the end of an event) and holds
+    /// no wanted key is skipped after one fast search, once the id is known
+    /// (token events are most of a stream; the usage comes last). Same
+    /// results as [`UsageScanner::new`] on well-formed streams.
+    pub fn sse() -> UsageScanner {
+        UsageScanner {
+            sse: true,
+            ..UsageScanner::new()
         }
     }
 
@@ -167,6 +224,14 @@ impl UsageScanner {
     /// Scan the next chunk.
     pub fn feed(&mut self, chunk: &[u8]) {
         self.bytes = self.bytes.saturating_add(chunk.len() as u64);
+        if self.sse
+            && self.usage.id.is_some()
+            && self.between_events()
+            && chunk.ends_with(b"\n\n")
+            && !may_hold_usage(chunk)
+        {
+            return;
+        }
         let mut i = 0;
         while i < chunk.len() {
             if self.in_string {
@@ -232,6 +297,14 @@ impl UsageScanner {
         }
     }
 
+    fn between_events(&self) -> bool {
+        !self.in_string
+            && self.depth == 0
+            && self.pending.is_none()
+            && self.expect.is_none()
+            && self.number.is_none()
+    }
+
     /// Inside a string from `chunk[i]`; returns where to go on.
     fn string_bytes(&mut self, chunk: &[u8], mut i: usize) -> usize {
         while i < chunk.len() {
@@ -262,10 +335,8 @@ impl UsageScanner {
                 }
                 _ if self.spoiled => {
                     // Nothing to keep: jump to the next byte that matters.
-                    let skip = chunk[i..]
-                        .iter()
-                        .position(|&c| c == b'"' || c == b'\\' || c == b'\n')
-                        .unwrap_or(chunk.len() - i);
+                    let skip =
+                        find_any(&chunk[i..], [b'"', b'\\', b'\n']).unwrap_or(chunk.len() - i);
                     i += skip;
                 }
                 _ => {
@@ -466,10 +537,11 @@ mod tests {
             let whole = scan(b);
             assert!(whole.cached().is_some());
             for cut in 0..=b.len() {
-                let mut s = UsageScanner::new();
-                s.feed(&b[..cut]);
-                s.feed(&b[cut..]);
-                assert_eq!(s.usage(), whole, "cut at {cut}");
+                for mut s in [UsageScanner::new(), UsageScanner::sse()] {
+                    s.feed(&b[..cut]);
+                    s.feed(&b[cut..]);
+                    assert_eq!(s.usage(), whole, "cut at {cut}");
+                }
             }
             // Three pieces, and one byte at a time.
             for cut in (0..b.len()).step_by(7) {
@@ -485,6 +557,35 @@ mod tests {
             }
             assert_eq!(s.usage(), whole);
             assert_eq!(s.bytes(), b.len() as u64);
+        }
+    }
+
+    #[test]
+    fn the_sse_fast_path_gives_the_same_result() {
+        let events: Vec<&str> = SSE.split_inclusive("\n\n").collect();
+        assert_eq!(events.len(), 4);
+        let mut s = UsageScanner::sse();
+        for e in &events {
+            s.feed(e.as_bytes());
+        }
+        assert_eq!(s.usage(), scan(SSE.as_bytes()));
+        // llama.cpp timings in an event are not skipped either.
+        let mut s = UsageScanner::sse();
+        s.feed(b"data: {\"id\":\"x\"}\n\n");
+        s.feed(b"data: {\"timings\":{\"cache_n\":9,\"prompt_n\":1}}\n\n");
+        assert_eq!(
+            (s.usage().cached(), s.usage().prompt()),
+            (Some(9), Some(10))
+        );
+        assert!(may_hold_usage(b"\"cached_tokens\":1") && !may_hold_usage(b"finish_reason"));
+        for (hay, want) in [
+            (&b"abcdefghijklmnop\"q"[..], Some(16)),
+            (b"ab\\", Some(2)),
+            (b"\n", Some(0)),
+            (b"abcdefgh", None),
+            (b"", None),
+        ] {
+            assert_eq!(find_any(hay, [b'"', b'\\', b'\n']), want);
         }
     }
 

@@ -304,16 +304,19 @@ impl Delivery {
         if self.primary.is_none() {
             return;
         }
-        let scan = match host::response_header("content-type") {
+        self.scanner = match host::response_header("content-type") {
             Ok(Some(v)) => {
                 let has = |n: &[u8]| v.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n));
-                has(b"json") || has(b"text/event-stream")
+                if has(b"text/event-stream") {
+                    Some(UsageScanner::sse())
+                } else if has(b"json") {
+                    Some(UsageScanner::new())
+                } else {
+                    None
+                }
             }
-            _ => false,
+            _ => None,
         };
-        if scan {
-            self.scanner = Some(UsageScanner::new());
-        }
     }
 
     /// One response chunk of `size` bytes; `end` on the last one.
