@@ -47,7 +47,7 @@
 use super::host::{self, HostError, MetricKind};
 use super::root::Plugin;
 use super::slots::SharedSlots;
-use super::stats::endpoint_label;
+use super::stats::{define, endpoint_label};
 use crate::affinity::Choice;
 use crate::extract::previous_response_id;
 use crate::feedback::Horizons;
@@ -75,16 +75,6 @@ fn set_property(name: &str, value: &str) -> Result<(), HostError> {
     match unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) } {
         0 => Ok(()),
         e => Err(HostError(e)),
-    }
-}
-
-fn define(kind: MetricKind, name: &str) -> Option<u32> {
-    match host::define_metric(kind, name) {
-        Ok(id) => Some(id),
-        Err(e) => {
-            log::warn!("cannot define metric {name}: {e}");
-            None
-        }
     }
 }
 
