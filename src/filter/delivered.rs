@@ -289,9 +289,10 @@ impl Delivery {
         self.blocks = blocks;
     }
 
-    /// Response headers: scan the body if it is JSON or an event stream.
-    pub fn on_headers(&mut self) {
-        if self.primary.is_none() {
+    /// Response headers: scan the body if it is JSON or an event stream
+    /// (and `read_usage` is on).
+    pub fn on_headers(&mut self, p: &Plugin) {
+        if self.primary.is_none() || !p.router.config().read_usage {
             return;
         }
         self.scanner = match host::response_header("content-type") {

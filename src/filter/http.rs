@@ -395,7 +395,7 @@ impl HttpContext for RouterHttp {
                 }
             }
         }
-        self.delivery.on_headers();
+        self.delivery.on_headers(&p);
         if self.pending_cost.is_some() {
             self.streaming = matches!(
                 host::response_header("content-type"),

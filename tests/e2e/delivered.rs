@@ -296,3 +296,24 @@ fn a_previous_response_id_chain_stays_on_one_replica() {
     let s = w.envoy.wait_idle();
     assert_eq!(s.get("prefix_router.source.responses"), 6);
 }
+
+/// `read_usage: false` turns the feature off: no response byte is read, nothing is counted
+/// and the access-log field stays empty, while routing is unchanged.
+#[test]
+fn read_usage_false_reads_nothing() {
+    let w = World::start("delivered-off", &World::replicas(2), |c| {
+        c.with("strategy", json!("affinity"))
+            .with("read_usage", json!(false))
+    });
+    for i in 0..3 {
+        let reply = w.chat(&request(0, i, i == 1));
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    let s = w.envoy.wait_idle();
+    assert_eq!(s.branch("hit"), 2, "{}", s.dump("prefix_router"));
+    assert_eq!(s.get("prefix_router.delivered.responses"), 0);
+    assert_eq!(s.get("prefix_router.delivered.unreported"), 0);
+    for line in w.envoy.wait_access_log(3) {
+        assert!(line.ends_with("usage=-"), "{line}");
+    }
+}
