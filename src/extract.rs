@@ -392,6 +392,25 @@ mod tests {
     }
 
     #[test]
+    fn invalid_utf8_is_hashed_as_bytes_not_refused() {
+        // The engine refuses such a body; routing it anywhere is fine, never a panic.
+        let mut a = br#"{"messages":[{"role":"user","content":"ok "#.to_vec();
+        a.extend_from_slice(&[0xff, 0xfe, 0xc3]);
+        a.extend_from_slice(br#""}]}"#);
+        let e = extract(&a, 2048, 256).unwrap();
+        assert_eq!(e.kind, BodyKind::Chat);
+        let mut b = a.clone();
+        b[a.len() - 6] = 0xfd;
+        assert_ne!(
+            e.prefix.last(),
+            extract(&b, 2048, 256).unwrap().prefix.last()
+        );
+        // Raw bodies of random bytes: hashed as they are.
+        let raw: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
+        assert_eq!(extract(&raw, 2048, 256).unwrap().prefix.units, 2048);
+    }
+
+    #[test]
     fn media_key_ignores_json_spelling() {
         let a = r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/a.png","detail":"low"}},{"type":"text","text":"x"}]}]}"#;
         let b = "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\": { \"detail\" : \"low\",\n \"url\":\"http:\\/\\/x\\/a.png\" } },{\"type\":\"text\",\"text\":\"x\"}]}]}";
