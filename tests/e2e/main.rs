@@ -23,4 +23,5 @@ mod hostile;
 mod load;
 mod routing;
 mod safety;
+mod soak;
 mod strategies;

@@ -363,6 +363,20 @@ impl Envoy {
             .unwrap_or_default()
     }
 
+    /// The Envoy process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
+    }
+
+    /// Resident memory of the Envoy process (kB, `/proc/<pid>/status` `VmRSS`).
+    pub fn rss_kb(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+    }
+
     /// Current stats.
     pub fn stats(&self) -> Stats {
         Stats::parse(&self.admin("/stats"))
