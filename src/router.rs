@@ -440,6 +440,21 @@ mod tests {
     }
 
     #[test]
+    fn prompt_size_is_the_text_not_the_body() {
+        let r = router("");
+        let image = "A".repeat(100_000);
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":[{{"type":"image_url","image_url":{{"url":"data:image/png;base64,{image}"}}}},{{"type":"text","text":"describe"}}]}}],"tools":[{{"type":"function","function":{{"name":"f","description":"{image}"}}}}]}}"#
+        );
+        let k = r.key(Body::Complete(body.as_bytes()), None);
+        assert_eq!(prompt_chars(&k, body.len()), "describe".len());
+        // Raw and oversize bodies: their length.
+        let raw = "plain text ".repeat(10);
+        let k = r.key(Body::Complete(raw.as_bytes()), None);
+        assert_eq!(prompt_chars(&k, raw.len()), raw.len());
+    }
+
+    #[test]
     fn strategies_without_key() {
         for (s, b) in [
             ("random", Branch::Random),
