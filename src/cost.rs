@@ -207,24 +207,33 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    #[test]
-    fn learns_the_prices_of_a_linear_system() {
-        let mut m = CostModel::new(CostConfig::default());
-        assert_eq!(m.prices(), (50.0, 10.0));
-        // True system: 20 ms + 33 ms per 1000 tokens + 4 ms per in-flight.
-        let mut s = 1u64;
+    /// Feed 5000 observations of the system 20 ms + 33 ms per 1000 tokens + 4 ms
+    /// per in-flight request (± 5 ms of noise if `noisy`), then check the prices.
+    fn learn_linear_system(m: &mut CostModel, seed: u64, noisy: bool) {
+        let mut s = seed;
         for _ in 0..5000 {
             s = s
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let u = ((s >> 33) % 9000) as f64;
             let l = ((s >> 20) % 40) as f64;
-            let noise = ((s >> 50) % 11) as f64 - 5.0;
+            let noise = if noisy {
+                ((s >> 50) % 11) as f64 - 5.0
+            } else {
+                0.0
+            };
             m.observe(u, l, 20.0 + 0.033 * u + 4.0 * l + noise);
         }
         let (b, c) = m.prices();
         assert!((b - 33.0).abs() < 1.0, "prefill {b}");
         assert!((c - 4.0).abs() < 0.3, "wait {c}");
+    }
+
+    #[test]
+    fn learns_the_prices_of_a_linear_system() {
+        let mut m = CostModel::new(CostConfig::default());
+        assert_eq!(m.prices(), (50.0, 10.0));
+        learn_linear_system(&mut m, 1, true);
         assert_eq!(m.observations(), 5000);
     }
 
@@ -266,11 +275,15 @@ mod tests {
 
     #[test]
     fn no_windup_after_a_long_unexciting_stretch() {
-        let mut m = CostModel::new(CostConfig::default());
-        // A million identical observations (an idle cluster, one prompt size):
-        // without a bound the covariance grows by 1/0.999 per step in the
-        // unexcited directions and overflows after about 710 000 of them.
-        for _ in 0..1_000_000 {
+        let mut m = CostModel::new(CostConfig {
+            forget: 0.99,
+            ..CostConfig::default()
+        });
+        // 100 000 identical observations (an idle cluster, one prompt size):
+        // without a bound the covariance grows by 1/0.99 per step in the
+        // unexcited directions and overflows after about 70 000 of them (with
+        // the default 0.999, after about 700 000).
+        for _ in 0..100_000 {
             m.observe(0.0, 0.0, 20.0);
         }
         assert!(
@@ -280,17 +293,6 @@ mod tests {
         );
         assert!(m.covariance_trace().is_finite());
         // It still learns a new system afterwards.
-        let mut s = 7u64;
-        for _ in 0..5000 {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let u = ((s >> 33) % 9000) as f64;
-            let l = ((s >> 20) % 40) as f64;
-            m.observe(u, l, 20.0 + 0.033 * u + 4.0 * l);
-        }
-        let (b, c) = m.prices();
-        assert!((b - 33.0).abs() < 1.0, "prefill {b}");
-        assert!((c - 4.0).abs() < 0.3, "wait {c}");
+        learn_linear_system(&mut m, 7, false);
     }
 }
