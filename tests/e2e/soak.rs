@@ -11,20 +11,56 @@
 //! after the start (no VM restart), and Envoy's resident memory after the warm-up and
 //! at the end differ by at most 10 %.
 //!
-//! Not covered: configuration pushes (the harness renders a static listener; pushing
-//! the filter configuration needs an LDS file source).
+//! Configuration pushes: the listener (with the Wasm filter) comes from an LDS file
+//! (`path_config_source` + `watched_directory`); a push rewrites it atomically (rename)
+//! with another filter configuration (`min_match` changes), and Envoy must accept each
+//! one (`listener_manager.lds.update_success`).
 
 use std::io::Write;
 use std::net::TcpStream;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::harness::procs::wait_for;
+use crate::harness::procs::{free_port, wait_for};
 use crate::harness::workload::{chat, chat_with, text};
-use crate::harness::{workdir, Client, Envoy, EnvoyConfig, Fleet, ReplicaOpts};
+use crate::harness::{wasm_path, workdir, Client, Envoy, EnvoyConfig, Fleet, ReplicaOpts};
+
+/// Split a rendered bootstrap into one whose listeners come from the LDS file `lds`
+/// (in the watched directory `dir`) and that file's content.
+fn with_lds(yaml: &str, lds: &Path, dir: &Path) -> (String, String) {
+    let (a, b) = (
+        yaml.find("  listeners:\n").expect("listeners"),
+        yaml.find("  clusters:\n").expect("clusters"),
+    );
+    let listeners: Vec<&str> = yaml[a + "  listeners:\n".len()..b]
+        .lines()
+        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+        .collect();
+    let resources = listeners.join("\n").replacen(
+        "- name:",
+        "- \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n  name:",
+        1,
+    );
+    let bootstrap = format!(
+        "{}{}dynamic_resources:\n  lds_config:\n    resource_api_version: V3\n    path_config_source:\n      path: {}\n      watched_directory: {{path: {}}}\n",
+        &yaml[..a],
+        &yaml[b..],
+        lds.display(),
+        dir.display()
+    );
+    (bootstrap, format!("resources:\n{resources}\n"))
+}
+
+/// Write the LDS file atomically (a rename in the watched directory).
+fn push_lds(lds: &Path, text: &str) {
+    let tmp = lds.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write LDS");
+    std::fs::rename(&tmp, lds).expect("rename LDS");
+}
 
 /// xorshift64: deterministic per seed, good enough for fault timing.
 fn next(x: &mut u64) -> u64 {
@@ -69,7 +105,18 @@ fn fault_soak() {
     let fleet = Mutex::new(Fleet::start_each(&dir, &opts));
     let eps = fleet.lock().unwrap().endpoints();
     let cfg = EnvoyConfig::new(&eps).with("index_slots", json!(4096));
-    let envoy = Envoy::start(&dir, "envoy", &cfg);
+    let ports = (free_port(), free_port());
+    let wasm = wasm_path().to_string_lossy().to_string();
+    let lds_dir = dir.join("lds");
+    std::fs::create_dir_all(&lds_dir).expect("mkdir lds");
+    let lds = lds_dir.join("listeners.yaml");
+    let render = |c: &EnvoyConfig| with_lds(&c.render(ports.0, ports.1, &wasm), &lds, &lds_dir);
+    let (bootstrap, listeners) = render(&cfg);
+    push_lds(&lds, &listeners);
+    let mut envoy = Envoy::spawn_yaml(&dir, "envoy", &bootstrap, ports, &eps, cfg.concurrency);
+    envoy.wait_ready();
+    let lds_updates = |e: &Envoy| e.stats().get("listener_manager.lds.update_success");
+    let lds_at_start = lds_updates(&envoy);
     let url = envoy.url("/v1/chat/completions");
     let groups: Vec<String> = (0..30).map(|g| text(&format!("soak-{g}"), 3000)).collect();
 
@@ -94,6 +141,7 @@ fn fault_soak() {
     let outcomes: Mutex<Vec<Outcome>> = Mutex::new(Vec::new());
     let faults: Mutex<Vec<(Instant, Instant, String)>> = Mutex::new(Vec::new());
     let resets = AtomicU64::new(0);
+    let pushes = AtomicU64::new(0);
     std::thread::scope(|s| {
         // Load: 4 threads × 5 requests/s, a mix of kinds.
         for t in 0..4u64 {
@@ -166,7 +214,8 @@ fn fault_soak() {
         }
         // Faults: every 3–6 s one replica is killed (restarted 2 s later), fails (503 and
         // failing health checks) or stalls (hang) for 2 s. One fault at a time.
-        let (fleet, faults, dir, opts) = (&fleet, &faults, &dir, &opts);
+        let (fleet, faults, dir, opts, pushes) = (&fleet, &faults, &dir, &opts, &pushes);
+        let (cfg, render, lds) = (&cfg, &render, &lds);
         s.spawn(move || {
             let mut x = 0x9e37_79b9_7f4a_7c15u64;
             let mut generation = 1;
@@ -177,9 +226,18 @@ fn fault_soak() {
                 }
                 std::thread::sleep(wait);
                 let k = (next(&mut x) % 4) as usize;
-                let kind = ["kill", "503", "hang"][(next(&mut x) % 3) as usize];
+                let kind = ["kill", "503", "hang", "push"][(next(&mut x) % 4) as usize];
                 let t0 = Instant::now();
                 match kind {
+                    "push" => {
+                        // A new filter configuration; requests must not notice.
+                        let n = pushes.fetch_add(1, Ordering::Relaxed) + 1;
+                        let c = cfg
+                            .clone()
+                            .with("min_match", json!(0.2 + 0.01 * (n % 10) as f64));
+                        push_lds(lds, &render(&c).1);
+                        continue;
+                    }
                     "kill" => {
                         fleet.lock().unwrap().replicas[k].kill();
                         std::thread::sleep(Duration::from_secs(2));
@@ -220,6 +278,8 @@ fn fault_soak() {
         })
         .collect();
     let vms_at_end = vm_stats(&envoy);
+    let pushes = pushes.load(Ordering::Relaxed);
+    let pushes_accepted = lds_updates(&envoy) - lds_at_start;
     let rss_end = envoy.rss_kb().expect("Envoy RSS");
 
     // A failure is unavoidable if the request overlapped a fault (plus 3 s for health
@@ -235,7 +295,7 @@ fn fault_soak() {
     let unavoidable = outcomes.iter().filter(|o| !o.2 && overlaps(o)).count();
     let other = outcomes.iter().filter(|o| !o.2 && !overlaps(o)).count();
     let report = format!(
-        "soak {secs} s: sent {} (+{} resets by design), answered {answered}, failed during a fault {unavoidable}, other failures {other}; faults {}: {:?}; in-flight at end {}; Envoy rq_active {:?}; Wasm VMs created before / during the soak {vms_at_start} / {}; Envoy RSS {rss_start} kB -> {rss_end} kB ({:+.1} %)",
+        "soak {secs} s: sent {} (+{} resets by design), answered {answered}, failed during a fault {unavoidable}, other failures {other}; faults {}: {:?}; in-flight at end {}; Envoy rq_active {:?}; Wasm VMs created before / during the soak {vms_at_start} / {}; Envoy RSS {rss_start} kB -> {rss_end} kB ({:+.1} %); config pushes {pushes} (accepted {pushes_accepted})",
         outcomes.len(),
         resets.load(Ordering::Relaxed),
         faults.len(),
@@ -269,5 +329,6 @@ fn fault_soak() {
         "no fault injected: {report}"
     );
     assert_eq!(other, 0, "{report}");
+    assert_eq!(pushes_accepted, pushes, "{report}");
     assert!(answered * 10 >= outcomes.len() * 8, "{report}");
 }
