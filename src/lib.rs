@@ -49,6 +49,7 @@ pub mod feedback;
 pub mod hash;
 pub mod index;
 pub mod json;
+pub mod paths;
 pub mod responses;
 pub mod ring;
 pub mod router;

@@ -38,8 +38,8 @@
 //! eviction horizon (three in a row, [`crate::feedback`]; shared data key
 //! `<ns>horizon`, CAS; every worker rereads
 //! it at most once per [`HORIZON_REFRESH_MS`]); a request served by another
-//! replica than the primary (retry, fallback) records that replica as the
-//! prefix's holder; when the engine served more cached tokens than predicted
+//! replica than the primary (retry, fallback) is recorded for that replica
+//! by the record after a 2xx (`http.rs`); when the engine served more cached tokens than predicted
 //! (the index's ladder only proves a lower bound, or another gateway put the
 //! prefix there), the confirmed depth is written
 //! ([`crate::index::PrefixIndex::confirm`], ≤ 31 sets, only then).
@@ -388,12 +388,6 @@ impl Delivery {
         if let (Some(r), false) = (served, self.blocks.is_empty()) {
             let now = host::now_nanos() / 1_000_000;
             let mut slots = SharedSlots::new(&p.prefix);
-            if elsewhere {
-                // The prefix is now on the replica that served it, not on the primary.
-                p.router
-                    .index()
-                    .record(&mut slots, &self.blocks, None, r, now);
-            }
             // The engine had more of the prefix than the index could show:
             // confirm that depth so the next request sharing it is predicted exactly.
             let confirmed = (cached as f64 / hit_tokens) as usize;

@@ -10,6 +10,7 @@
 //! - [`host`]: host calls that return every status instead of panicking;
 //! - [`inflight`]: the shared per-endpoint in-flight counts (CAS);
 //! - [`slots`]: the `affinity` prefix index's slot table in shared data;
+//! - [`secret`]: the per-process secret keying the index's slot hash;
 //! - [`stats`]: Envoy stats;
 //! - [`delivered`]: predicted vs delivered cached tokens, read from the
 //!   response as it passes, and the index feedback.
@@ -19,6 +20,7 @@ mod host;
 mod http;
 mod inflight;
 mod root;
+mod secret;
 mod slots;
 mod stats;
 

@@ -78,7 +78,14 @@ impl RootContext for RouterRoot {
             config.concurrency_threshold,
             config.load_factor
         );
-        let router = Router::new(config);
+        let secret = match super::secret::get_or_create(hash_id(&bytes) as u32) {
+            Ok(s) => s,
+            Err(e) => {
+                log::error!("cannot read or store the index secret: {e}");
+                return false;
+            }
+        };
+        let router = Router::new(config).with_index_secret(secret);
         let cost = RefCell::new(CostModel::new(router.cost_config()));
         let delivered = super::delivered::Shared::new(&router.config().endpoints, &prefix);
         self.plugin = Some(Rc::new(Plugin {

@@ -2,7 +2,8 @@
 //! engines report (`cached_tokens` of each response), as the filter does
 //! (`src/filter/delivered.rs`):
 //! 1. lookup, then drop the holders older than their replica's eviction
-//!    horizon ([`prefix_router::feedback::Horizons::fresh`]), choose, record;
+//!    horizon ([`prefix_router::feedback::Horizons::filter`]), choose; record
+//!    when the response starts (as `ours` and the filter do);
 //! 2. at the first token (the engine's `cached_tokens` is known),
 //!    [`prefix_router::usage::compare`] the prediction with what was
 //!    delivered; an expected hit that got a miss raises the replica's horizon
@@ -128,13 +129,6 @@ impl Policy for OursFeedback {
         };
         let c = affinity::choose(self.router.ring(), &request, &gw.cost, &self.cfg);
         let load = loads.get(c.primary).copied().unwrap_or(0);
-        self.index.record(
-            &mut gw.store,
-            &key.blocks,
-            found.as_ref(),
-            c.primary,
-            now_ms,
-        );
         if let Some(x) = gw.in_flight.get_mut(c.primary) {
             *x += 1;
         }
@@ -155,7 +149,7 @@ impl Policy for OursFeedback {
             load,
             entry_time: known.map(|k| k.entry.time),
             routed_at: decis(now_ms),
-            known,
+            known: found,
         };
         self.routed += 1;
         Routed {
@@ -164,9 +158,16 @@ impl Policy for OursFeedback {
         }
     }
 
-    fn on_first_token(&mut self, idx: u32, _req: &SimRequest, _r: usize, ttft: f64, _now: f64) {
+    fn on_first_token(&mut self, idx: u32, req: &SimRequest, r: usize, ttft: f64, now: f64) {
         if let Some(p) = self.pending.get(idx as usize) {
             if let Some(gw) = self.gateways.get_mut(p.gateway as usize) {
+                // Recorded once the response starts, for the replica that served it (as the
+                // filter records after a 2xx).
+                if let Some(key) = req.keys.core.get(self.key) {
+                    let now_ms = (now * 1000.0) as u64;
+                    self.index
+                        .record(&mut gw.store, &key.blocks, p.known.as_ref(), r, now_ms);
+                }
                 gw.cost
                     .observe(f64::from(p.uncached), f64::from(p.load), ttft * 1000.0);
             }
