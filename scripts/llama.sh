@@ -7,13 +7,16 @@
 #   scripts/llama.sh stop                  stop exactly the replicas `start` recorded
 #   scripts/llama.sh smoke                 3 replicas + real Envoy + our .wasm: a shared ~1,000-token
 #                                          prefix must land on one replica that reports cached tokens
-#   scripts/llama.sh bench [--out FILE]    round_robin vs prefix on 3 replicas behind Envoy
+#   scripts/llama.sh bench [--out FILE]    round_robin vs prefix vs affinity on 3 replicas behind
+#                                          Envoy: 8 prefix groups, 3 fit per replica's cache
 #                                          (JSON to FILE, default .work/bench/llama.json)
 #
 # Environment: LLAMA_RUN_DIR (start/stop PID file and logs, default $CACHE_DIR/run),
-# LLAMA_SKIP_WASM_BUILD=1 (reuse an existing .wasm), LLAMA_SMOKE_STRATEGY (default prefix;
-# round_robin shows the smoke test failing), PREFIX_ROUTER_CACHE (overrides $CACHE_DIR).
-# Replica flags: -c 2048 -t 1 -np 1 --metrics --no-webui -cram 64 (the host-RAM prompt cache
+# LLAMA_SKIP_WASM_BUILD=1 (reuse an existing .wasm), LLAMA_SMOKE_STRATEGY (default affinity;
+# round_robin shows the smoke test failing), PREFIX_ROUTER_CACHE (overrides $CACHE_DIR),
+# LLAMA_CRAM (smoke/start, default 64) and LLAMA_BENCH_CRAM (bench, default 16): MiB of host-RAM
+# prompt cache per replica.
+# Replica flags: -c 2048 -t 1 -np 1 --metrics --no-webui -cram N (the host-RAM prompt cache
 # defaults to 8 GiB: always set it). Everything listens on loopback only; every process started
 # here is stopped by PID (traps cover errors and Ctrl-C).
 set -euo pipefail
@@ -31,8 +34,22 @@ model_path() {
 }
 
 cmd_build() {
-  local t0=$SECONDS
   mkdir -p "$CACHE_DIR"
+  # One build at a time per cache dir: two concurrent builds in the same tree corrupt it
+  # (ninja's log and half-written objects). The lock is released when the subshell exits.
+  (
+    exec 9> "$CACHE_DIR/build.lock"
+    if ! flock -n 9; then
+      log "another llama.cpp build holds $CACHE_DIR/build.lock: waiting for it (up to 30 min)"
+      flock -w 1800 9 || { echo "timed out waiting for $CACHE_DIR/build.lock" >&2; exit 1; }
+    fi
+    build_locked
+  )
+}
+
+# build_locked: the build itself; only called by cmd_build with the lock held.
+build_locked() {
+  local t0=$SECONDS
   if [ ! -x "$LLAMA_VENV/bin/python" ]; then
     log "python3 -m venv $LLAMA_VENV"
     python3 -m venv "$LLAMA_VENV" >&2
@@ -79,6 +96,14 @@ cmd_build() {
 
 LLAMA_RUN_DIR="${LLAMA_RUN_DIR:-$CACHE_DIR/run}"
 LLAMA_ALIAS=smollm2-135m
+# Host-RAM prompt cache of each replica, MiB (llama-server's -cram; its default is 8 GiB).
+# With -np 1 a replica holds the prompt in its slot plus what fits here: the slot's prompt is
+# saved here when another prompt takes the slot, and moved back on a later match (LRU).
+LLAMA_CRAM="${LLAMA_CRAM:-64}"
+# The bench sizes the cache so that each replica holds 3 of its 8 prefix groups: one ~330-token
+# prompt in the slot + 2 here (22.5 KiB of KV per token: 30 layers x 3 KV heads x 64 x f16 x K,V;
+# 2 x ~7.5 MiB fit in 16 MiB, 3 do not). See docs/llama.md.
+LLAMA_BENCH_CRAM="${LLAMA_BENCH_CRAM:-16}"
 CLIENT="$ROOT/scripts/llama/client.py"
 PY=python3
 
@@ -133,7 +158,7 @@ start_replicas() {
     # not the replicas directly. In a non-interactive shell the background child is not a group
     # leader, so setsid execs in place and $! is llama-server's own PID.
     ( setsid nohup "$LLAMA_BIN" -m "$model" -a "$LLAMA_ALIAS" --host 127.0.0.1 --port "$port" \
-        -c 2048 -t 1 -tb 1 -np 1 --metrics --no-webui -cram 64 \
+        -c 2048 -t 1 -tb 1 -np 1 --metrics --no-webui -cram "$LLAMA_CRAM" \
         > "$dir/replica-$port.log" 2>&1 < /dev/null &
       echo "$! $port" >> "$dir/replicas.pid" )
   done
@@ -150,9 +175,10 @@ start_replicas() {
 
 # ---------------------------------------------------------------- Envoy
 
-# envoy_config FILE LISTEN_PORT ADMIN_PORT STRATEGY PREFIX_LENGTH ENDPOINT...
+# envoy_config FILE LISTEN_PORT ADMIN_PORT STRATEGY EXTRA_JSON ENDPOINT...
+# EXTRA_JSON: more plugin configuration fields, e.g. '"chars_per_token": 5.6' (may be empty).
 envoy_config() {
-  local file="$1" lport="$2" aport="$3" strategy="$4" plen="$5"; shift 5
+  local file="$1" lport="$2" aport="$3" strategy="$4" extra="$5"; shift 5
   local eps="" lbe="" ep
   for ep in "$@"; do
     eps="$eps${eps:+,}\"$ep\""
@@ -180,7 +206,7 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog
               log_format:
                 text_format_source:
-                  inline_string: "%REQ(X-BENCH-ID)% %RESPONSE_CODE% %RESPONSE_FLAGS% upstream=%UPSTREAM_HOST% decision=%REQ(x-prefix-router-decision)% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% dur=%DURATION%ms\n"
+                  inline_string: "%REQ(X-BENCH-ID)% %RESPONSE_CODE% %RESPONSE_FLAGS% upstream=%UPSTREAM_HOST% decision=%REQ(x-prefix-router-decision)% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% dur=%DURATION%ms usage=\"%FILTER_STATE(wasm.prefix_router:PLAIN)%\"\n"
           route_config:
             name: llm_routes
             virtual_hosts:
@@ -206,7 +232,7 @@ static_resources:
                 allow_on_headers_stop_iteration: true
                 configuration:
                   "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: '{"strategy": "$strategy", "endpoints": [$eps], "prefix_length": $plen}'
+                  value: '{"strategy": "$strategy", "endpoints": [$eps]${extra:+, $extra}}'
                 vm_config:
                   vm_id: prefix_router
                   runtime: envoy.wasm.runtime.v8
@@ -276,10 +302,13 @@ stack_stop() {
 }
 on_signal() { echo "interrupted: stopping what this script started" >&2; exit 130; }
 
-# stack_start DIR STRATEGY: 3 replicas + Envoy with our filter on free loopback ports.
-# Sets LISTEN (host:port of Envoy) and REPLICAS (comma list).
+# stack_start DIR STRATEGY [PREFIX_WORDS]: 3 replicas + Envoy with our filter on free loopback
+# ports. Sets LISTEN (host:port of Envoy), ADMIN (Envoy admin) and REPLICAS (comma list).
+# `affinity` gets the model's characters per token, measured with llama-server's /tokenize on
+# the workload's text (its cached-token prediction divides characters by it); `prefix` keys
+# on the first 2048 characters (its default).
 stack_start() {
-  local dir="$1" strategy="$2" base i eps=()
+  local dir="$1" strategy="$2" words="${3:-}" base i eps=() extra="" cpt
   mkdir -p "$dir"
   STACK_DIR="$dir"
   base="$($PY "$CLIENT" free-base 5)" || { echo "no free loopback ports" >&2; return 1; }
@@ -287,7 +316,13 @@ stack_start() {
   for i in 0 1 2; do eps+=("127.0.0.1:$((base + i))"); done
   REPLICAS="$(IFS=,; echo "${eps[*]}")"
   LISTEN="127.0.0.1:$((base + 3))"
-  envoy_config "$dir/envoy.yaml" "$((base + 3))" "$((base + 4))" "$strategy" 2048 "${eps[@]}"
+  ADMIN="127.0.0.1:$((base + 4))"
+  if [ "$strategy" = affinity ]; then
+    cpt="$($PY "$CLIENT" chars-per-token "${eps[0]}" $words)" || { echo "cannot measure chars per token" >&2; return 1; }
+    extra="\"chars_per_token\": $cpt"
+    log "affinity: chars_per_token $cpt (measured with /tokenize)"
+  fi
+  envoy_config "$dir/envoy.yaml" "$((base + 3))" "$((base + 4))" "$strategy" "$extra" "${eps[@]}"
   start_envoy "$dir" "$dir/envoy.yaml" "$((base + 4))" 3
 }
 
@@ -344,9 +379,10 @@ cmd_smoke() {
   trap stack_stop EXIT
   trap on_signal INT TERM
   # LLAMA_SMOKE_STRATEGY=round_robin shows the test failing when routing ignores the prefix.
-  stack_start "$dir" "${LLAMA_SMOKE_STRATEGY:-prefix}"
-  log "smoke: 4 chat requests sharing a ~1,000-token system prompt via Envoy $LISTEN"
-  $PY "$CLIENT" smoke "$LISTEN" "$REPLICAS" || rc=$?
+  local strategy="${LLAMA_SMOKE_STRATEGY:-affinity}"
+  stack_start "$dir" "$strategy"
+  log "smoke: 4 chat requests sharing a ~1,000-token system prompt via Envoy $LISTEN ($strategy)"
+  $PY "$CLIENT" smoke "$LISTEN" "$REPLICAS" "$ADMIN" "$strategy" || rc=$?
   if [ "$rc" != 0 ]; then
     echo "--- Envoy access log / warnings ($dir/envoy.log):" >&2
     tail -n 20 "$dir/envoy.log" >&2 || true
@@ -357,6 +393,9 @@ cmd_smoke() {
   log "smoke took $((SECONDS - ts)) s (total with preparation $((SECONDS - t0)) s)"
   return "$rc"
 }
+
+# The bench's text: the client's BENCH_PREFIX_WORDS (256 words per system prompt, ~300 tokens).
+BENCH_WORDS=bench
 
 cmd_bench() {
   local out="$ROOT/.work/bench/llama.json" dir rc=0 strategy runs=()
@@ -375,11 +414,13 @@ cmd_bench() {
   dir="$(mktemp -d /tmp/llama-bench.XXXXXX)"
   trap stack_stop EXIT
   trap on_signal INT TERM
-  for strategy in round_robin prefix; do
-    # Fresh replicas per strategy: every run starts with cold caches.
-    log "bench: strategy=$strategy (fresh replicas, cold caches)"
-    stack_start "$dir/$strategy" "$strategy"
-    $PY "$CLIENT" bench "$LISTEN" "$REPLICAS" "$strategy" "$dir/$strategy.json" || rc=$?
+  for strategy in round_robin prefix affinity; do
+    # Fresh replicas per strategy: every run starts with cold caches. Each replica holds 3
+    # prompts (slot + LLAMA_BENCH_CRAM MiB), the workload has 8 groups.
+    log "bench: strategy=$strategy (fresh replicas, cold caches, -cram $LLAMA_BENCH_CRAM)"
+    LLAMA_CRAM="$LLAMA_BENCH_CRAM" stack_start "$dir/$strategy" "$strategy" "$BENCH_WORDS"
+    $PY "$CLIENT" bench "$LISTEN" "$REPLICAS" "$ADMIN" "$strategy" "$dir/$strategy.json" || rc=$?
+    cp "$dir/$strategy/envoy.log" "$dir/$strategy.envoy.log" 2>/dev/null || true
     stack_stop
     STACK_DIR=""
     runs+=("$dir/$strategy.json")
@@ -399,7 +440,7 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     stop) cmd_stop ;;
     smoke) cmd_smoke ;;
     bench) shift; cmd_bench "$@" ;;
-    envoy-config) shift; envoy_config "$@" ;;  # FILE LPORT APORT STRATEGY PREFIX_LEN EP... (debugging)
+    envoy-config) shift; envoy_config "$@" ;;  # FILE LPORT APORT STRATEGY EXTRA_JSON EP... (debugging)
     *) sed -n '2,18p' "$0" >&2; exit 2 ;;
   esac
 fi

@@ -6,13 +6,19 @@ Subcommands:
   wait URL TIMEOUT_S          poll URL (host:port/path) until it answers 200 (exit 1 on timeout)
   wait-healthy ADMIN CLUSTER N TIMEOUT_S
                               poll Envoy admin /clusters until N hosts of CLUSTER are healthy
-  smoke ENVOY_URL REPLICAS    4 chat requests sharing a ~1,000-token system prefix through
+  chars-per-token REPLICA [WORDS]
+                              characters per token of the workload's text (llama /tokenize)
+  smoke ENVOY_URL REPLICAS ADMIN STRATEGY
+                              4 chat requests sharing a ~1,000-token system prefix through
                               Envoy; checks they land on one replica that reports cached tokens
-  bench ENVOY_URL REPLICAS STRATEGY OUT_JSON
+                              and (affinity) that the filter's prediction matches the engine
+  bench ENVOY_URL REPLICAS ADMIN STRATEGY OUT_JSON
                               replay the benchmark workload once, write per-strategy JSON
   report OUT_JSON RUN_JSON... merge per-strategy runs, print a markdown table, write OUT_JSON
 
 REPLICAS is a comma list of host:port (the llama-server replicas, read directly for /metrics).
+ADMIN is Envoy's admin host:port: the filter's `prefix_router.delivered.*` counters (predicted
+and delivered cached tokens, summed over responses) are read there after every request.
 
 Which replica served a request is known two ways, and both are recorded:
   - the `x-served-by` response header, which Envoy fills with %UPSTREAM_REMOTE_ADDRESS%;
@@ -93,6 +99,35 @@ def delta(before, after, replicas):
             ),
         }
     return d
+
+
+def filter_stats(admin):
+    """The filter's counters on Envoy's admin: delivered totals and surprises (summed)."""
+    status, body = http_get(admin, "/stats?filter=prefix_router")
+    if status != 200:
+        raise RuntimeError(f"{admin}/stats answered {status}")
+    out = {"surprise": 0}
+    for line in body.decode().splitlines():
+        name, _, value = line.partition(": ")
+        if not value.strip().isdigit():
+            continue  # histograms
+        if name.startswith("wasmcustom.prefix_router.delivered."):
+            out[name[len("wasmcustom.prefix_router.delivered."):]] = int(value)
+        elif ".surprise." in name and name.startswith("wasmcustom.prefix_router.endpoint."):
+            out["surprise"] += int(value)
+    return out
+
+
+def filter_delta(admin, before, timeout_s=3.0):
+    """Counters moved by one response: waits until the filter counted it (the usage is read at
+    the last chunk, which the client may see just before the filter's bookkeeping ends)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = filter_stats(admin)
+        done = now.get("responses", 0) + now.get("unreported", 0)
+        if done > before.get("responses", 0) + before.get("unreported", 0) or time.monotonic() > deadline:
+            return {k: now.get(k, 0) - before.get(k, 0) for k in now}
+        time.sleep(0.02)
 
 
 def chat(envoy, system, user, max_tokens=4, rid=""):
@@ -207,10 +242,54 @@ QUESTIONS = [
 ]
 
 
+def chars_per_token(replica, words=None):
+    """Characters per model token of the workload's text, from llama-server's /tokenize. The
+    filter's `affinity` predicts cached tokens as characters / chars_per_token; an operator sets
+    it for the served model, the scripts measure it. Clamped to the config's range 1..16."""
+    n_words = {None: PREFIX_WORDS, "": PREFIX_WORDS, "bench": BENCH_PREFIX_WORDS}.get(words)
+    text = document("cpt", n_words if n_words else int(words))
+    c = _conn(replica, 10.0)
+    try:
+        c.request("POST", "/tokenize", body=json.dumps({"content": text}).encode(),
+                  headers={"content-type": "application/json"})
+        r = c.getresponse()
+        body = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"{replica}/tokenize answered {r.status}")
+    finally:
+        c.close()
+    n = len(json.loads(body).get("tokens") or [])
+    if n == 0:
+        raise RuntimeError("/tokenize returned no tokens")
+    return round(min(16.0, max(1.0, len(text) / n)), 3)
+
+
+def cmd_chars_per_token(replica, words=None):
+    print(f"{chars_per_token(replica, words):.3f}")
+    return 0
+
+
 # ---------------------------------------------------------------- smoke
 
+# Predicted vs delivered on llama.cpp. llama-server reuses the longest common token prefix
+# (single-token granularity, `timings.cache_n` = `cached_tokens`): it includes the chat
+# template's tokens around the system message and stops inside the user message. The filter
+# predicts from the message text it hashed, in 256-character blocks: the known blocks plus half
+# a block where the prompt diverges, converted with chars_per_token. On the first hit of a
+# prefix the index knows only its "ladder" blocks (a lower bound, docs/delivered.md); once the
+# engine confirmed the depth, the prediction is honest when it is within one block
+# (256 / chars_per_token tokens: the divergence point lies anywhere in the last block) plus
+# TEMPLATE_TOKENS (template tokens the router never sees: "<|im_start|>system\n",
+# "<|im_end|>\n<|im_start|>user\n") of what was served.
+TEMPLATE_TOKENS = 16
+BLOCK_CHARS = 256
 
-def cmd_smoke(envoy, replicas_csv):
+
+def agreement_tolerance(chars_per_token):
+    return BLOCK_CHARS / chars_per_token + TEMPLATE_TOKENS
+
+
+def cmd_smoke(envoy, replicas_csv, admin, strategy):
     replicas = replicas_csv.split(",")
     system = document("smoke", PREFIX_WORDS)
     passed, failed = 0, 0
@@ -224,19 +303,23 @@ def cmd_smoke(envoy, replicas_csv):
         print(f"  [{'PASS' if ok else 'FAIL'}] {what}", flush=True)
 
     before = snapshot(replicas)
-    results, owners = [], []
+    results, owners, filt = [], [], []
     for i, q in enumerate(QUESTIONS):
         pre = snapshot(replicas)
+        fpre = filter_stats(admin)
         res = chat(envoy, system, q, max_tokens=4, rid=f"smoke-{i}")
+        fd = filter_delta(admin, fpre)
         post = snapshot(replicas)
         d = delta(pre, post, replicas)
         moved = [r for r in replicas if d[r]["prompt_tokens"] + d[r]["cached_tokens"] > 0]
         owners.append(moved)
         results.append(res)
+        filt.append(fd)
         print(
             f"  req {i + 1}: status={res['status']} served_by={res['served_by'] or '-'} "
             f"metrics_moved={','.join(moved) or '-'} decision={res['decision'] or '-'} "
             f"prompt_tokens={prompt_of(res)} cached_tokens={cached_of(res)} "
+            f"filter: predicted={fd.get('predicted_tokens')} delivered={fd.get('cached_tokens')} "
             f"ttft_ms={res['ttft_ms'] if res['ttft_ms'] is None else round(res['ttft_ms'], 1)}",
             flush=True,
         )
@@ -282,6 +365,35 @@ def cmd_smoke(envoy, replicas_csv):
         )
     else:
         check(False, "TTFT measured for cold and warm requests")
+    # The filter read the engine's usage: its delivered counters equal what the client saw.
+    check(
+        [f.get("responses") for f in filt] == [1] * len(filt)
+        and [f.get("cached_tokens") for f in filt] == cached
+        and [f.get("prompt_tokens") for f in filt] == [prompt_of(r) for r in results],
+        f"filter counted each response's usage: delivered {[f.get('cached_tokens') for f in filt]}, "
+        f"prompt {[f.get('prompt_tokens') for f in filt]}",
+    )
+    if strategy == "affinity":
+        cpt = chars_per_token(replicas[0])
+        tol = agreement_tolerance(cpt)
+        pred = [f.get("predicted_tokens", 0) for f in filt]
+        check(pred[0] == 0, f"request 1 predicted cold (predicted {pred[0]}, delivered {cached[0]})")
+        check(
+            0 < pred[1] <= cached[1] + tol,
+            f"request 2 (first hit): 0 < predicted {pred[1]} <= delivered {cached[1]} + {tol:.0f} "
+            "(the index's ladder blocks prove a lower bound of the shared prefix)",
+        )
+        diffs = [p - c for p, c in zip(pred[2:], cached[2:])]
+        check(
+            all(abs(x) <= tol for x in diffs),
+            f"requests 3..4 (depth confirmed by the engine): |predicted - delivered| <= {tol:.0f} "
+            f"tokens (1 block at {cpt:.2f} chars/token + {TEMPLATE_TOKENS} template): "
+            f"predicted {pred[2:]}, delivered {cached[2:]}",
+        )
+        check(
+            sum(f.get("surprise", 0) for f in filt) == 0,
+            "no surprise (expected hit got miss / expected miss got hit) counted",
+        )
     print(f"llama smoke: {passed} passed, {failed} failed", flush=True)
     return 0 if failed == 0 else 1
 
@@ -289,21 +401,27 @@ def cmd_smoke(envoy, replicas_csv):
 # ---------------------------------------------------------------- bench
 
 
-def workload(groups=4, per_group=4, unique=4, seed=7):
-    """Shared-prefix groups plus unique prompts, in one fixed shuffled order."""
-    items = []
-    for g in range(groups):
-        system = document(f"group-{g}", PREFIX_WORDS)
-        for k in range(per_group):
-            items.append(
-                {"kind": "shared", "group": g, "system": system, "user": QUESTIONS[k % len(QUESTIONS)]}
-            )
-    for u in range(unique):
-        items.append(
-            {"kind": "unique", "group": None, "system": document(f"unique-{u}", 120), "user": QUESTIONS[u % 4]}
-        )
+# The bench: GROUPS system prompts of ~300 tokens (256 words), ROUNDS rounds; every round sends
+# each group once, in a fresh seeded random order (tenants at the same rate, interleaved). Each
+# replica's cache holds 3 prompts (scripts/llama.sh: slot + -cram 16 MiB), so 8 groups fit in
+# the fleet (9) only if each group stays on one replica; round robin sends every group
+# everywhere and each replica cycles through all 8.
+BENCH_PREFIX_WORDS = 256
+GROUPS = 8
+ROUNDS = 5
+
+
+def workload(groups=GROUPS, rounds=ROUNDS, seed=7):
+    """Shared-prefix groups, interleaved: `rounds` seeded permutations of the groups."""
+    systems = [document(f"group-{g}", BENCH_PREFIX_WORDS) for g in range(groups)]
     rng = random.Random(seed)
-    rng.shuffle(items)
+    items = []
+    for k in range(rounds):
+        order = list(range(groups))
+        rng.shuffle(order)
+        for g in order:
+            items.append({"kind": "shared", "group": g, "system": systems[g],
+                          "user": QUESTIONS[(k + g) % len(QUESTIONS)]})
     return items
 
 
@@ -316,15 +434,18 @@ def pct(values, p):
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
-def cmd_bench(envoy, replicas_csv, strategy, out):
+def cmd_bench(envoy, replicas_csv, admin, strategy, out):
     replicas = replicas_csv.split(",")
     items = workload()
     t0 = time.perf_counter()
     before = snapshot(replicas)
+    fbefore = filter_stats(admin)
     rows = []
     for i, it in enumerate(items):
         pre = snapshot(replicas)
+        fpre = filter_stats(admin)
         res = chat(envoy, it["system"], it["user"], max_tokens=4, rid=f"{strategy}-{i}")
+        fd = filter_delta(admin, fpre)
         post = snapshot(replicas)
         d = delta(pre, post, replicas)
         moved = [r for r in replicas if d[r]["prompt_tokens"] + d[r]["cached_tokens"] > 0]
@@ -338,6 +459,8 @@ def cmd_bench(envoy, replicas_csv, strategy, out):
             "decision": res["decision"],
             "prompt_tokens": prompt_of(res),
             "cached_tokens": cached_of(res),
+            "filter_predicted_tokens": fd.get("predicted_tokens"),
+            "filter_delivered_tokens": fd.get("cached_tokens"),
             "ttft_ms": res["ttft_ms"],
             "total_ms": res["total_ms"],
         }
@@ -345,12 +468,15 @@ def cmd_bench(envoy, replicas_csv, strategy, out):
         print(
             f"  {strategy:>11} #{i:02d} {it['kind']:6} g={it['group'] if it['group'] is not None else '-'} "
             f"-> {row['served_by'] or '?'} {row['decision'] or '-':13} prompt={row['prompt_tokens']:5d} "
-            f"cached={row['cached_tokens']:5d} ttft={row['ttft_ms'] or 0:7.0f} ms",
+            f"cached={row['cached_tokens']:5d} predicted={row['filter_predicted_tokens']} "
+            f"ttft={row['ttft_ms'] or 0:7.0f} ms",
             flush=True,
         )
     wall_s = time.perf_counter() - t0
     after = snapshot(replicas)
     d = delta(before, after, replicas)
+    fafter = filter_stats(admin)
+    fd = {k: fafter.get(k, 0) - fbefore.get(k, 0) for k in fafter}
     ok = [r for r in rows if r["status"] == 200 and r["ttft_ms"] is not None]
     ttft = [r["ttft_ms"] for r in ok]
     ttft_shared = [r["ttft_ms"] for r in ok if r["kind"] == "shared"]
@@ -359,6 +485,8 @@ def cmd_bench(envoy, replicas_csv, strategy, out):
     m_computed = sum(d[r]["prompt_tokens"] for r in replicas)
     m_cached = sum(d[r]["cached_tokens"] for r in replicas)
     per_replica = {r: sum(1 for x in rows if x["served_by"] == r) for r in replicas}
+    groups_per_replica = {r: len({x["group"] for x in rows if x["served_by"] == r}) for r in replicas}
+    predicting = strategy == "affinity"
     mismatches = sum(1 for x in rows if x["metrics_replica"] and x["metrics_replica"] != x["served_by"])
     summary = {
         "strategy": strategy,
@@ -378,6 +506,17 @@ def cmd_bench(envoy, replicas_csv, strategy, out):
         "ttft_shared_p90_ms": pct(ttft_shared, 90),
         "warm_requests": sum(1 for r in ok if r["prompt_tokens"] and r["cached_tokens"] >= 0.9 * r["prompt_tokens"]),
         "requests_per_replica": per_replica,
+        "groups_per_replica": groups_per_replica,
+        "filter_responses": fd.get("responses", 0),
+        "filter_unreported": fd.get("unreported", 0),
+        "filter_prompt_tokens": fd.get("prompt_tokens", 0),
+        "filter_delivered_tokens": fd.get("cached_tokens", 0),
+        "filter_delivered_share": fd.get("cached_tokens", 0) / fd["prompt_tokens"] if fd.get("prompt_tokens") else None,
+        "filter_predicted_tokens": fd.get("predicted_tokens", 0) if predicting else None,
+        "filter_predicted_over_delivered": (
+            fd.get("predicted_tokens", 0) / fd["cached_tokens"] if predicting and fd.get("cached_tokens") else None
+        ),
+        "filter_surprises": fd.get("surprise", 0),
         "served_by_vs_metrics_mismatches": mismatches,
         "wall_s": wall_s,
         "metrics_per_replica": d,
@@ -386,6 +525,26 @@ def cmd_bench(envoy, replicas_csv, strategy, out):
     with open(out, "w") as f:
         json.dump(summary, f, indent=2)
     return 0 if summary["errors"] == 0 else 1
+
+
+REPORT_FIELDS = [
+    ("cached share of prompt tokens (usage.cached_tokens)", "usage_cached_share", "pct"),
+    ("cached share of prompt tokens (/metrics)", "metrics_cached_share", "pct"),
+    ("filter: delivered cached share (prefix_router.delivered.*)", "filter_delivered_share", "pct"),
+    ("filter: predicted / delivered cached tokens", "filter_predicted_over_delivered", "x"),
+    ("filter: surprises", "filter_surprises", "n"),
+    ("prompt tokens computed (/metrics)", "metrics_prompt_tokens_computed", "n"),
+    ("requests with >= 90 % of the prompt cached", "warm_requests", "n"),
+    ("TTFT mean", "ttft_mean_ms", "ms"),
+    ("TTFT p50", "ttft_p50_ms", "ms"),
+    ("TTFT p90", "ttft_p90_ms", "ms"),
+    ("total time (sequential)", "wall_s", "s"),
+    ("errors", "errors", "n"),
+]
+# Ratios against round robin are shown for these (higher is better for the shares, lower for
+# the rest; the table just divides).
+RATIO_KEYS = {"usage_cached_share", "metrics_cached_share", "metrics_prompt_tokens_computed",
+              "ttft_mean_ms", "ttft_p50_ms", "wall_s"}
 
 
 def _fmt(v, kind):
@@ -397,6 +556,8 @@ def _fmt(v, kind):
         return f"{v:.0f} ms"
     if kind == "s":
         return f"{v:.1f} s"
+    if kind == "x":
+        return f"{v:.2f}"
     return str(v)
 
 
@@ -407,56 +568,46 @@ def cmd_report(out, run_files):
             runs.append(json.load(f))
     by = {r["strategy"]: r for r in runs}
     names = [r["strategy"] for r in runs]
-    lines = [
-        "| metric | " + " | ".join(names) + (" | prefix / round_robin |" if {"prefix", "round_robin"} <= set(by) else " |"),
-        "|---|" + "---|" * len(names) + ("---|" if {"prefix", "round_robin"} <= set(by) else ""),
-    ]
-    fields = [
-        ("cached share of prompt tokens (usage.cached_tokens)", "usage_cached_share", "pct"),
-        ("cached share of prompt tokens (/metrics)", "metrics_cached_share", "pct"),
-        ("prompt tokens computed (/metrics)", "metrics_prompt_tokens_computed", "n"),
-        ("requests with >= 90 % of the prompt cached", "warm_requests", "n"),
-        ("TTFT mean, all requests", "ttft_mean_ms", "ms"),
-        ("TTFT p50, all requests", "ttft_p50_ms", "ms"),
-        ("TTFT p90, all requests", "ttft_p90_ms", "ms"),
-        ("TTFT p50, shared-prefix requests", "ttft_shared_p50_ms", "ms"),
-        ("TTFT p90, shared-prefix requests", "ttft_shared_p90_ms", "ms"),
-        ("total time (sequential)", "wall_s", "s"),
-        ("errors", "errors", "n"),
-    ]
-    ratios = {}
-    for label, key, kind in fields:
-        row = f"| {label} | " + " | ".join(_fmt(by[n][key], kind) for n in names) + " |"
-        if {"prefix", "round_robin"} <= set(by):
-            a, b = by["prefix"][key], by["round_robin"][key]
-            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
-                ratios[key] = a / b
+    base = by.get("round_robin")
+    others = [n for n in names if n != "round_robin"] if base else []
+    head = "| metric | " + " | ".join(names) + "".join(f" | {n} / round_robin" for n in others) + " |"
+    lines = [head, "|---|" + "---|" * (len(names) + len(others))]
+    ratios = {n: {} for n in others}
+    for label, key, kind in REPORT_FIELDS:
+        row = f"| {label} | " + " | ".join(_fmt(by[n].get(key), kind) for n in names) + " |"
+        for n in others:
+            a, b = by[n].get(key), base.get(key)
+            if key in RATIO_KEYS and isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
+                ratios[n][key] = a / b
                 row += f" {a / b:.2f}x |"
             else:
                 row += " - |"
         lines.append(row)
-    rpr = " | ".join(
-        " / ".join(str(v) for v in by[n]["requests_per_replica"].values()) for n in names
-    )
-    lines.append(f"| requests per replica | {rpr} |" + (" |" if ratios or {"prefix", "round_robin"} <= set(by) else ""))
+    for label, key in (("requests per replica", "requests_per_replica"), ("groups per replica", "groups_per_replica")):
+        cells = [" / ".join(str(v) for v in (by[n].get(key) or {}).values()) for n in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |" + " - |" * len(others))
     table = "\n".join(lines)
     print(table)
+    workload = (
+        f"{GROUPS} prefix groups (system prompts of {BENCH_PREFIX_WORDS} words, ~300 tokens) x "
+        f"{ROUNDS} rounds, each round every group once in a seeded random order (interleaved), "
+        "sent one at a time, streamed, max_tokens 4"
+    )
+    replicas_desc = ("3 x llama-server (SmolLM2-135M-Instruct Q4_1, -c 2048 -t 1 -np 1 -cram 16: "
+                     "the slot + 2 prompts in the RAM cache = 3 groups per replica)")
     markdown = (
-        "3 llama.cpp `llama-server` replicas (SmolLM2-135M-Instruct Q4_1, `-c 2048 -t 1 -np 1 "
-        "-cram 64`, fresh and cold for each strategy) behind Envoy 1.40 with the filter. Workload: "
-        "4 groups x 4 chat requests sharing a ~1,000-token system prompt + 4 unique ~160-token "
-        "prompts, one fixed shuffled order, sent one at a time, streamed, `max_tokens` 4. Cached "
-        "shares are what the servers report; TTFT is measured at the client.\n\n" + table
+        f"{replicas_desc}, fresh and cold for each strategy, behind Envoy 1.40 with the filter. "
+        f"Workload: {workload}. Cached shares are what the servers report; TTFT is measured at "
+        "the client.\n\n" + table
     )
     with open(out, "w") as f:
         json.dump(
             {
-                "workload": "4 groups x 4 chat requests sharing a ~1,000-token system prompt "
-                "+ 4 unique ~160-token prompts, one fixed shuffled order, sequential, max_tokens 4",
-                "replicas": "3 x llama-server (SmolLM2-135M-Instruct Q4_1, -c 2048 -t 1 -np 1 -cram 64)",
+                "workload": workload,
+                "replicas": replicas_desc,
                 "runs": {n: {k: v for k, v in by[n].items() if k != "rows"} for n in names},
                 "rows": {n: by[n]["rows"] for n in names},
-                "ratios_prefix_over_round_robin": ratios,
+                "ratios_over_round_robin": ratios,
                 "table_markdown": table,
                 "markdown": markdown,
             },
@@ -533,10 +684,12 @@ def main(argv):
         return cmd_wait(args[0], float(args[1]))
     if cmd == "wait-healthy":
         return cmd_wait_healthy(args[0], args[1], int(args[2]), float(args[3]))
+    if cmd == "chars-per-token":
+        return cmd_chars_per_token(args[0], args[1] if len(args) > 1 else None)
     if cmd == "smoke":
-        return cmd_smoke(args[0], args[1])
+        return cmd_smoke(args[0], args[1], args[2], args[3])
     if cmd == "bench":
-        return cmd_bench(args[0], args[1], args[2], args[3])
+        return cmd_bench(args[0], args[1], args[2], args[3], args[4])
     if cmd == "report":
         return cmd_report(args[0], args[1:])
     print(__doc__, file=sys.stderr)
