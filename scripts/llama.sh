@@ -14,7 +14,7 @@
 # Environment: LLAMA_RUN_DIR (start/stop PID file and logs, default $CACHE_DIR/run),
 # LLAMA_SKIP_WASM_BUILD=1 (reuse an existing .wasm), LLAMA_SMOKE_STRATEGY (default affinity;
 # round_robin shows the smoke test failing), PREFIX_ROUTER_CACHE (overrides $CACHE_DIR),
-# LLAMA_CRAM (smoke/start, default 64) and LLAMA_BENCH_CRAM (bench, default 16): MiB of host-RAM
+# LLAMA_CRAM (smoke/start, default 64) and LLAMA_BENCH_CRAM (bench, default 22): MiB of host-RAM
 # prompt cache per replica.
 # Replica flags: -c 2048 -t 1 -np 1 --metrics --no-webui -cram N (the host-RAM prompt cache
 # defaults to 8 GiB: always set it). Everything listens on loopback only; every process started
@@ -100,10 +100,10 @@ LLAMA_ALIAS=smollm2-135m
 # With -np 1 a replica holds the prompt in its slot plus what fits here: the slot's prompt is
 # saved here when another prompt takes the slot, and moved back on a later match (LRU).
 LLAMA_CRAM="${LLAMA_CRAM:-64}"
-# The bench sizes the cache so that each replica holds 3 of its 8 prefix groups: one ~330-token
+# The bench sizes the cache so that each replica holds 3 of the 8 prefix groups: one ~440-token
 # prompt in the slot + 2 here (22.5 KiB of KV per token: 30 layers x 3 KV heads x 64 x f16 x K,V;
-# 2 x ~7.5 MiB fit in 16 MiB, 3 do not). See docs/llama.md.
-LLAMA_BENCH_CRAM="${LLAMA_BENCH_CRAM:-16}"
+# 2 x ~10 MiB fit in 22 MiB, 3 do not). See docs/llama.md.
+LLAMA_BENCH_CRAM="${LLAMA_BENCH_CRAM:-22}"
 CLIENT="$ROOT/scripts/llama/client.py"
 PY=python3
 
@@ -394,7 +394,7 @@ cmd_smoke() {
   return "$rc"
 }
 
-# The bench's text: the client's BENCH_PREFIX_WORDS (256 words per system prompt, ~300 tokens).
+# The bench's text: the client's BENCH_PREFIX_WORDS (340 words per system prompt, ~400 tokens).
 BENCH_WORDS=bench
 
 cmd_bench() {

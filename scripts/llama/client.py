@@ -31,6 +31,7 @@ metric. Nothing here assumes a result: every number comes from a response.
 
 import http.client
 import json
+import os
 import random
 import socket
 import statistics
@@ -401,12 +402,13 @@ def cmd_smoke(envoy, replicas_csv, admin, strategy):
 # ---------------------------------------------------------------- bench
 
 
-# The bench: GROUPS system prompts of ~300 tokens (256 words), ROUNDS rounds; every round sends
-# each group once, in a fresh seeded random order (tenants at the same rate, interleaved). Each
-# replica's cache holds 3 prompts (scripts/llama.sh: slot + -cram 16 MiB), so 8 groups fit in
-# the fleet (9) only if each group stays on one replica; round robin sends every group
-# everywhere and each replica cycles through all 8.
-BENCH_PREFIX_WORDS = 256
+# The bench: GROUPS system prompts of ~400 tokens (340 words, > 2,300 characters so that the
+# `prefix` strategy's default 2,048-character key is the system prompt alone), ROUNDS rounds;
+# every round sends each group once, in a fresh seeded random order (tenants at the same rate,
+# interleaved). Each replica's cache holds 3 prompts (scripts/llama.sh: slot + -cram 22 MiB), so
+# 8 groups fit in the fleet (9) only if each group stays on one replica; round robin sends every
+# group everywhere and each replica cycles through all 8.
+BENCH_PREFIX_WORDS = 340
 GROUPS = 8
 ROUNDS = 5
 
@@ -589,12 +591,13 @@ def cmd_report(out, run_files):
     table = "\n".join(lines)
     print(table)
     workload = (
-        f"{GROUPS} prefix groups (system prompts of {BENCH_PREFIX_WORDS} words, ~300 tokens) x "
+        f"{GROUPS} prefix groups (system prompts of {BENCH_PREFIX_WORDS} words, ~400 tokens) x "
         f"{ROUNDS} rounds, each round every group once in a seeded random order (interleaved), "
         "sent one at a time, streamed, max_tokens 4"
     )
-    replicas_desc = ("3 x llama-server (SmolLM2-135M-Instruct Q4_1, -c 2048 -t 1 -np 1 -cram 16: "
-                     "the slot + 2 prompts in the RAM cache = 3 groups per replica)")
+    replicas_desc = (f"3 x llama-server (SmolLM2-135M-Instruct Q4_1, -c 2048 -t 1 -np 1 -cram "
+                     f"{os.environ.get('LLAMA_BENCH_CRAM', '?')}: the slot + 2 prompts in the RAM "
+                     "cache = 3 groups per replica)")
     markdown = (
         f"{replicas_desc}, fresh and cold for each strategy, behind Envoy 1.40 with the filter. "
         f"Workload: {workload}. Cached shares are what the servers report; TTFT is measured at "
