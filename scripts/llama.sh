@@ -14,6 +14,7 @@
 # Environment: LLAMA_RUN_DIR (start/stop PID file and logs, default $CACHE_DIR/run),
 # LLAMA_SKIP_WASM_BUILD=1 (reuse an existing .wasm), LLAMA_SMOKE_STRATEGY (default affinity;
 # round_robin shows the smoke test failing), PREFIX_ROUTER_CACHE (overrides $CACHE_DIR),
+# LLAMA_CHARS_PER_TOKEN (affinity's chars_per_token; default: measured with /tokenize),
 # LLAMA_CRAM (smoke/start, default 64) and LLAMA_BENCH_CRAM (bench, default 22): MiB of host-RAM
 # prompt cache per replica.
 # Replica flags: -c 2048 -t 1 -np 1 --metrics --no-webui -cram N (the host-RAM prompt cache
@@ -318,9 +319,12 @@ stack_start() {
   LISTEN="127.0.0.1:$((base + 3))"
   ADMIN="127.0.0.1:$((base + 4))"
   if [ "$strategy" = affinity ]; then
-    cpt="$($PY "$CLIENT" chars-per-token "${eps[0]}" $words)" || { echo "cannot measure chars per token" >&2; return 1; }
+    # LLAMA_CHARS_PER_TOKEN overrides the measurement (a wrong value, e.g. 2, shows the smoke
+    # test's predicted-vs-delivered check failing).
+    cpt="${LLAMA_CHARS_PER_TOKEN:-$($PY "$CLIENT" chars-per-token "${eps[0]}" $words)}" \
+      || { echo "cannot measure chars per token" >&2; return 1; }
     extra="\"chars_per_token\": $cpt"
-    log "affinity: chars_per_token $cpt (measured with /tokenize)"
+    log "affinity: chars_per_token $cpt (${LLAMA_CHARS_PER_TOKEN:+set by LLAMA_CHARS_PER_TOKEN, not }measured with /tokenize)"
   fi
   envoy_config "$dir/envoy.yaml" "$((base + 3))" "$((base + 4))" "$strategy" "$extra" "${eps[@]}"
   start_envoy "$dir" "$dir/envoy.yaml" "$((base + 4))" 3
