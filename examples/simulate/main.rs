@@ -20,6 +20,10 @@ mod rng;
 mod stats;
 mod text;
 mod trace;
+/// Trace parsing shared with `prefix-load --trace`.
+#[path = "../../emulator/src/load/trace.rs"]
+#[allow(dead_code)]
+mod trace_file;
 mod tracegen;
 mod workload;
 

@@ -2,12 +2,12 @@
 //! to check that results hold out of sample (`--gen-trace KIND --out FILE`).
 //!
 //! - `heldout`: multi-turn sessions. 8 system prompts (1–4 blocks, Zipf
-//!   1.1), 35 % of sessions carry one of 150 documents (lognormal median 6
-//!   blocks, Zipf 0.8), 1 + geometric(mean 2) turns; user turns lognormal
-//!   median 300 tokens, answers median 250; next turn 2 s + output/40 s +
-//!   exp(30 s) after the previous one; sessions Poisson. 512-token blocks,
-//!   prefix-chained ids (Mooncake's convention), integer millisecond
-//!   timestamps from 0. About 4 000 requests at scale 1.
+//!   1.1), 60 % of sessions carry one of 3 000 documents (lognormal median 24
+//!   blocks = 12 k tokens, 2–160, Zipf 0.9), 1 + geometric(mean 2) turns; user
+//!   turns lognormal median 300 tokens, answers median 250; next turn 2 s +
+//!   output/40 s + exp(30 s) after the previous one; sessions Poisson at
+//!   2.4/s. 512-token blocks, prefix-chained ids (Mooncake's convention),
+//!   integer millisecond timestamps from 0. About 4 000 requests at scale 1.
 //! - `nsblocks`: agent/RAG-like. 4 system prompts (20–60 blocks), 400 chunks
 //!   (4–24 blocks, Zipf 1.0) of which each request takes 1–6 in random order,
 //!   a unique question (1–8 blocks); 40 % of requests continue an earlier one
@@ -76,15 +76,16 @@ impl Chain {
 
 fn heldout(seed: u64, scale: f64) -> String {
     const B: u64 = 512;
+    const DOCS: usize = 3000;
     let mut rng = Rng::new(seed ^ 0x4e1d);
     let sys_z = Zipf::new(8, 1.1);
-    let doc_z = Zipf::new(150, 0.8);
+    let doc_z = Zipf::new(DOCS, 0.9);
     let sys_len: Vec<u64> = (0..8).map(|_| u64::from(rng.range(1, 4))).collect();
-    let doc_len: Vec<u64> = (0..150)
-        .map(|_| u64::from(rng.lognormal(6.0, 0.7, 2, 40)))
+    let doc_len: Vec<u64> = (0..DOCS)
+        .map(|_| u64::from(rng.lognormal(24.0, 0.8, 2, 160)))
         .collect();
-    let sessions = ((1330.0 * scale).round() as u64).max(1);
-    let rate = 0.55; // sessions per second
+    let sessions = ((2000.0 * scale).round() as u64).max(1);
+    let rate = 2.4; // sessions per second
     let mut chain = Chain::default();
     let mut lines = Vec::new();
     let mut t = 0.0f64;
@@ -94,7 +95,7 @@ fn heldout(seed: u64, scale: f64) -> String {
         let mut content: Vec<u64> = (0..sys_len[sys as usize])
             .map(|k| mix64(0x5157 ^ (sys << 16) ^ k))
             .collect();
-        if rng.f64() < 0.35 {
+        if rng.f64() < 0.6 {
             let d = doc_z.sample(&mut rng) as u64;
             content.extend((0..doc_len[d as usize]).map(|k| mix64(0xd0c ^ (d << 16) ^ k)));
         }
