@@ -12,6 +12,7 @@
 mod bound;
 mod cache;
 mod engine;
+mod levels;
 mod model;
 mod policies;
 mod replica;
@@ -56,6 +57,8 @@ usage: simulate [options]
   --replicas N        default 7
   --seed N            default 1
   --seeds N           run seeds seed..seed+N-1 and report means with 95 % CIs
+  --load-levels X,..  measure each workload's saturation rate (levels.rs) and run
+                      at these fractions of it (e.g. 0.5,0.8,0.95)
   --max-wall-s S      give up (exit 1, with a message) after S s of wall time
                       (default 600)
   --gen-trace KIND    write a generated trace to --out and exit; KIND:
@@ -74,6 +77,7 @@ struct Args {
     trace: Option<String>,
     trace_opt: trace::TraceOptions,
     seeds: u64,
+    load_levels: Vec<f64>,
     max_wall_s: f64,
     gen: Option<String>,
     out: Option<String>,
@@ -89,11 +93,16 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
+    parse_args_from(std::env::args().skip(1).collect())
+}
+
+fn parse_args_from(argv: Vec<String>) -> Result<Args, String> {
     let mut a = Args {
         workloads: vec!["all".into()],
         trace: None,
         trace_opt: trace::TraceOptions::default(),
         seeds: 1,
+        load_levels: Vec::new(),
         max_wall_s: 600.0,
         gen: None,
         out: None,
@@ -107,7 +116,7 @@ fn parse_args() -> Result<Args, String> {
         ours: OursParams::default(),
         json: None,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = argv.into_iter();
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             print!("{USAGE}");
@@ -131,6 +140,12 @@ fn parse_args() -> Result<Args, String> {
             "--block-tokens" => a.trace_opt.block_tokens = Some(num(val()?)? as u32),
             "--seeds" => a.seeds = (num(val()?)? as u64).max(1),
             "--max-wall-s" => a.max_wall_s = num(val()?)?,
+            "--load-levels" => {
+                a.load_levels = val()?
+                    .split(',')
+                    .map(|x| num(x.to_string()))
+                    .collect::<Result<_, _>>()?
+            }
             "--gen-trace" => a.gen = Some(val()?),
             "--out" => a.out = Some(val()?),
             "--policies" => a.policies = val()?.split(',').map(str::to_string).collect(),
@@ -208,11 +223,15 @@ fn run_workload(
     w: &Workload,
     model: &ModelParams,
     seed: u64,
+    mult: Option<f64>,
     deadline: Instant,
 ) -> Result<(Vec<Summary>, f64), String> {
     let t0 = Instant::now();
     let book = KeyBook::new(&a.policies, a.replicas, &a.ours)?;
-    let reqs = workload::prepare(&w.specs, &book, a.threads)?;
+    let mut reqs = workload::prepare(&w.specs, &book, a.threads)?;
+    if let Some(m) = mult {
+        reqs = levels::with_load(&reqs, m);
+    }
     eprintln!(
         "{} (seed {seed}): {} requests prepared in {:.1} s",
         w.name,
@@ -268,6 +287,47 @@ fn run_workload(
     Ok((rows, bound))
 }
 
+fn print_extra(rows: &[Summary]) {
+    for r in rows {
+        if !r.extra.is_empty() {
+            let extra: Vec<String> = r.extra.iter().map(|(k, v)| format!("{k}={v:.3}")).collect();
+            println!("  {}: {}", r.policy, extra.join(" "));
+        }
+    }
+}
+
+/// `(label, arrival-rate multiplier)` of each load level of `w`: the nominal
+/// rate when `--load-levels` is not given, else fractions of the measured
+/// saturation multiplier.
+fn load_levels(
+    a: &Args,
+    w: &Workload,
+    model: &ModelParams,
+    deadline: Instant,
+) -> Result<Vec<(String, Option<f64>)>, String> {
+    if a.load_levels.is_empty() {
+        return Ok(vec![(String::new(), None)]);
+    }
+    let t = Instant::now();
+    let book = KeyBook::new(&[levels::PROBE.to_string()], a.replicas, &a.ours)?;
+    let reqs = workload::prepare(&w.specs, &book, a.threads)?;
+    let (m, why) = levels::saturation(&reqs, a.replicas, model, deadline, &w.name)?;
+    eprintln!("{}: {why} ({:.0} s)", w.name, t.elapsed().as_secs_f64());
+    Ok(a.load_levels
+        .iter()
+        .map(|x| {
+            (
+                format!(
+                    " | load {:.0} % of saturation (rate ×{:.2})",
+                    100.0 * x,
+                    x * m
+                ),
+                Some(x * m),
+            )
+        })
+        .collect())
+}
+
 fn main() {
     let args = match parse_args() {
         Ok(a) => a,
@@ -307,62 +367,66 @@ fn main() {
     };
     let mut doc = Vec::new();
     for (wi, w0) in names.iter().enumerate() {
-        let mut per_seed: Vec<(Vec<Summary>, f64)> = Vec::new();
-        let mut description = w0.description.clone();
-        for s in 0..args.seeds {
-            let seed = args.seed + s;
-            let regenerated;
-            let w = if s == 0 {
-                w0
-            } else {
-                regenerated = match workloads(&args, seed) {
-                    Ok(mut ws) if wi < ws.len() => ws.swap_remove(wi),
-                    Ok(_) => continue,
-                    Err(e) => {
-                        eprintln!("{e}");
-                        std::process::exit(2);
-                    }
-                };
-                &regenerated
-            };
-            match run_workload(&args, w, &model, seed, deadline) {
-                Ok((rows, bound)) => {
-                    if args.seeds == 1 {
-                        print!("{}", report::table(&w.name, &w.description, &rows, bound));
-                        for r in &rows {
-                            if !r.extra.is_empty() {
-                                let extra: Vec<String> =
-                                    r.extra.iter().map(|(k, v)| format!("{k}={v:.3}")).collect();
-                                println!("  {}: {}", r.policy, extra.join(" "));
-                            }
+        let loads = match load_levels(&args, w0, &model, deadline) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("{}: {e}", w0.name);
+                std::process::exit(1);
+            }
+        };
+        for (level, mult) in loads {
+            let mut per_seed: Vec<(Vec<Summary>, f64)> = Vec::new();
+            let mut description = w0.description.clone();
+            for s in 0..args.seeds {
+                let seed = args.seed + s;
+                let regenerated;
+                let w = if s == 0 {
+                    w0
+                } else {
+                    regenerated = match workloads(&args, seed) {
+                        Ok(mut ws) if wi < ws.len() => ws.swap_remove(wi),
+                        Ok(_) => continue,
+                        Err(e) => {
+                            eprintln!("{e}");
+                            std::process::exit(2);
                         }
+                    };
+                    &regenerated
+                };
+                description = format!("{}{level}", w.description);
+                match run_workload(&args, w, &model, seed, mult, deadline) {
+                    Ok((rows, bound)) => {
+                        if args.seeds == 1 {
+                            print!("{}", report::table(&w.name, &description, &rows, bound));
+                            print_extra(&rows);
+                        }
+                        per_seed.push((rows, bound));
                     }
-                    description = w.description.clone();
-                    per_seed.push((rows, bound));
-                }
-                Err(e) => {
-                    eprintln!("{}: {e}", w.name);
-                    std::process::exit(1);
+                    Err(e) => {
+                        eprintln!("{}: {e}", w.name);
+                        std::process::exit(1);
+                    }
                 }
             }
+            let agg = stats::aggregate(&per_seed);
+            if args.seeds > 1 {
+                print!(
+                    "{}",
+                    stats::table(&w0.name, &description, &agg, args.seeds, args.replicas)
+                );
+            }
+            doc.push(json!({
+                "workload": w0.name,
+                "description": description,
+                "load_multiplier": mult,
+                "seeds": args.seeds,
+                "aggregate": stats::to_json(&agg),
+                "runs": per_seed.iter().map(|(rows, bound)| json!({
+                    "bound_hit_rate": bound,
+                    "policies": rows.iter().map(report::to_json).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            }));
         }
-        let agg = stats::aggregate(&per_seed);
-        if args.seeds > 1 {
-            print!(
-                "{}",
-                stats::table(&w0.name, &description, &agg, args.seeds, args.replicas)
-            );
-        }
-        doc.push(json!({
-            "workload": w0.name,
-            "description": description,
-            "seeds": args.seeds,
-            "aggregate": stats::to_json(&agg),
-            "runs": per_seed.iter().map(|(rows, bound)| json!({
-                "bound_hit_rate": bound,
-                "policies": rows.iter().map(report::to_json).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
-        }));
     }
     eprintln!("total wall time {:.1} s", started.elapsed().as_secs_f64());
     if let Some(path) = &args.json {
@@ -381,5 +445,64 @@ fn main() {
             eprintln!("cannot write {path}: {e}");
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast mode in miniature: synthetic workloads and both generated
+    /// trace shapes, 5 seeds, every policy family. No policy may beat the
+    /// infinite-cache bound (an invariant, seed by seed), the runs finish,
+    /// and the aggregate carries intervals.
+    #[test]
+    fn fast_mode_bound_holds_for_every_policy_and_seed() {
+        let dir = std::env::temp_dir().join(format!("simulate-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ns = dir.join("ns.jsonl");
+        std::fs::write(&ns, tracegen::generate("nsblocks", 2, 0.025).unwrap()).unwrap();
+        let mut a = parse_args_from(Vec::new()).unwrap();
+        a.knobs_scale = 0.01;
+        a.threads = 2;
+        a.policies = [
+            "random",
+            "sagemaker_tuned",
+            "sglang",
+            "gie",
+            "greedy_true_state",
+            "ours",
+        ]
+        .map(String::from)
+        .to_vec();
+        a.trace = Some(ns.to_string_lossy().into_owned());
+        a.trace_opt.time_scale = 0.05;
+        let deadline = Instant::now() + std::time::Duration::from_secs(120);
+        let model = ModelParams::default();
+        for w0 in ["sagemaker", "chat", "trace"] {
+            a.workloads = vec![w0.to_string()];
+            let mut runs = Vec::new();
+            for seed in 1..=5 {
+                let w = workloads(&a, seed).unwrap().swap_remove(0);
+                let (rows, bound) = run_workload(&a, &w, &model, seed, None, deadline).unwrap();
+                assert!(bound > 0.0 && bound <= 1.0, "{w0}: bound {bound}");
+                for r in &rows {
+                    assert_eq!(r.completed, r.total, "{w0} {}", r.policy);
+                    assert!(
+                        r.hit_rate <= bound + 1e-9,
+                        "{w0} {}: {} > bound {bound}",
+                        r.policy,
+                        r.hit_rate
+                    );
+                }
+                runs.push((rows, bound));
+            }
+            let agg = stats::aggregate(&runs);
+            assert_eq!(agg.len(), a.policies.len());
+            assert!(agg.iter().all(|x| x.hit.half.is_finite()));
+            let t = stats::table(w0, "", &agg, 5, a.replicas);
+            assert!(t.contains('±'), "{t}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -163,6 +163,26 @@ pub struct Spec {
     pub base: String,
     /// Parameter values (defaults filled in).
     pub params: Vec<(String, f64)>,
+    /// `ours`/`ours_2x`: `k=v` overrides of `--ours` (any [`ours::OursParams::set`] name).
+    pub ours: Vec<(String, String)>,
+}
+
+impl Spec {
+    /// `base`'s parameters of ours: `--ours` with this name's overrides.
+    ///
+    /// # Errors
+    /// Unknown parameter or bad value.
+    pub fn ours_params(&self, base: &ours::OursParams) -> Result<ours::OursParams, String> {
+        let mut p = base.clone();
+        for (k, v) in &self.ours {
+            p.set(k, v)?;
+        }
+        Ok(p)
+    }
+}
+
+fn ours_label(p: &ours::OursParams) -> String {
+    format!("ours_pl{}_vn{}", p.prefix_length, p.virtual_nodes)
 }
 
 impl Spec {
@@ -192,6 +212,21 @@ pub fn resolve(name: &str) -> Result<Spec, String> {
             TUNED.iter().map(|t| t.0).collect::<Vec<_>>().join(", ")
         ));
     }
+    if base == "ours" || base == "ours_2x" {
+        let mut ours = Vec::new();
+        for kv in rest.split('/').filter(|s| !s.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("{name}: expected k=v, got {kv}"))?;
+            ours::OursParams::default().set(k, v)?;
+            ours.push((k.to_string(), v.to_string()));
+        }
+        return Ok(Spec {
+            base: base.to_string(),
+            params: Vec::new(),
+            ours,
+        });
+    }
     let defaults: &[(&str, f64)] = PARAMS
         .iter()
         .find(|(b, _)| *b == base)
@@ -216,6 +251,7 @@ pub fn resolve(name: &str) -> Result<Spec, String> {
     Ok(Spec {
         base: base.to_string(),
         params,
+        ours: Vec::new(),
     })
 }
 
@@ -286,13 +322,16 @@ impl KeyBook {
                         spec.get("th") as u32
                     ),
                 )?,
-                "ours" | "ours_2x" => add(
-                    "ours",
-                    format!(
-                        r#","strategy":"prefix","prefix_length":{},"virtual_nodes":{}"#,
-                        ours.prefix_length, ours.virtual_nodes
-                    ),
-                )?,
+                "ours" | "ours_2x" => {
+                    let o = spec.ours_params(ours)?;
+                    add(
+                        &ours_label(&o),
+                        format!(
+                            r#","strategy":"prefix","prefix_length":{},"virtual_nodes":{}"#,
+                            o.prefix_length, o.virtual_nodes
+                        ),
+                    )?
+                }
                 _ => {}
             }
         }
@@ -372,20 +411,14 @@ pub fn build(
         "greedy_true_state" => Box::new(oracle::Oracle::new(n, true, &ours.affinity)),
         "greedy_true_ttft" => Box::new(oracle::Oracle::new(n, false, &ours.affinity)),
         "ours" => {
-            let (i, router) = core("ours")?;
-            Box::new(ours::Ours::new(router, i, ours.clone(), model)?)
+            let o = spec.ours_params(ours)?;
+            let (i, router) = core(&ours_label(&o))?;
+            Box::new(ours::Ours::new(router, i, o, model)?)
         }
         "ours_2x" => {
-            let (i, router) = core("ours")?;
-            Box::new(ours::OursMulti::new(
-                router,
-                i,
-                ours.clone(),
-                model,
-                2,
-                n,
-                seed,
-            )?)
+            let o = spec.ours_params(ours)?;
+            let (i, router) = core(&ours_label(&o))?;
+            Box::new(ours::OursMulti::new(router, i, o, model, 2, n, seed)?)
         }
         other => {
             return Err(format!(
