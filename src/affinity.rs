@@ -277,20 +277,21 @@ pub fn choose(
             holders[m] = h;
             m += 1;
         }
-        (m > 0).then_some((holders, m, cached))
+        let coverage = seen / key.units.max(1) as f64;
+        (m > 0).then_some((holders, m, cached, coverage))
     });
-    if let Some((holders, m, cached)) = warm {
+    if let Some((holders, m, cached, coverage)) = warm {
         let holders = &holders[..m];
         // Slack by value: a holder may exceed the mean by the load factor's
         // slack times the share of the prompt it holds (plus one request), so
         // a short shared prefix (a system prompt under long, varied prompts)
         // does not pull its traffic onto a few replicas, while a prefix that
         // is most of the prompt keeps the full bound.
-        let coverage = (cached / prompt_tokens).clamp(0.0, 1.0);
+        let coverage = coverage.clamp(0.0, 1.0);
         let mean1 = total as f64 / count.max(1) as f64 + 1.0;
-        let warm_cap = v
-            .cap
-            .min(mean1 * (1.0 + (cfg.load_factor - 1.0).max(0.0) * coverage) + 1.0);
+        let warm_cap = v.cap.min(
+            mean1 * (1.0 + (cfg.load_factor - 1.0).max(0.0) * (2.0 * coverage).min(1.0)) + 1.0,
+        );
         let best_ok = holders
             .iter()
             .copied()
@@ -481,7 +482,9 @@ mod tests {
         let c = pick(&whole, Some(&known(64, &[3], 0)), &loads);
         assert_eq!((c.primary, c.reason), (3, Reason::Warm));
         // The same known prefix under a prompt 4× longer (coverage 0.25):
-        // slack (4 + 1)·1.25 + 1 = 7.25 < 7 + 1: a new holder.
+        // with the holder at 8 in flight (mean 29/7), slack
+        // (mean + 1)·1.5 + 1 ≈ 8.7 < 8 + 1 ≤ full bound 10.3: a new holder.
+        loads[3] = 8;
         let mut long = key(11, 64);
         long.units *= 4;
         let req = Request {

@@ -150,10 +150,10 @@ pub const PARAMS: &[(&str, &[(&str, f64)])] = &[
 
 /// Best settings of the baseline sweep (README, "Fair baselines"), by name.
 pub const TUNED: &[(&str, &str)] = &[
-    ("sagemaker_tuned", "sagemaker:pl=16384/th=64/least=1"),
-    ("chwbl_tuned", "chwbl:lf=1.25"),
-    ("gie_tuned", "gie:wp=3/wq=2/wk=2"),
-    ("sglang_tuned", "sglang:cache=0.3/abs=64/rel=1.5"),
+    ("sagemaker_tuned", "sagemaker:pl=4096/th=256/least=1"),
+    ("chwbl_tuned", "chwbl:lf=2"),
+    ("gie_tuned", "gie:wp=5/wq=1/satq=20"),
+    ("sglang_tuned", "sglang:cache=0.1/abs=64/rel=1.5"),
 ];
 
 /// A policy name resolved to its base and parameters.
