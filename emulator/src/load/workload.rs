@@ -291,6 +291,59 @@ pub fn as_prompt(messages: &[Message]) -> String {
         .join("\n")
 }
 
+/// Requests of a trace (`--trace`): block id `b` becomes `block` tokens of words drawn from a
+/// generator seeded by `b` (equal ids, equal text), the last block cut to the prompt length and
+/// a unique tail when the ids do not cover it; the first block is the system message and the
+/// rest one user message (as in the simulator). `max_tokens` = the trace's output length,
+/// capped at `max_output`. Arrival times are the trace's (already time-scaled).
+pub fn from_trace(
+    reqs: &[crate::load::trace::TraceRequest],
+    block: usize,
+    max_output: usize,
+) -> Vec<Item> {
+    let mut blocks: std::collections::HashMap<u64, String> = std::collections::HashMap::new();
+    reqs.iter()
+        .map(|r| {
+            let mut parts: Vec<String> = Vec::with_capacity(r.ids.len() + 1);
+            let mut left = r.input as usize;
+            for &b in &r.ids {
+                let t = left.min(block);
+                let full = blocks
+                    .entry(b)
+                    .or_insert_with(|| text(&mut Rng::new(b ^ 0x7472_6163_6500_0000), block));
+                parts.push(full[..(t * 4).min(full.len())].to_string());
+                left -= t;
+            }
+            if left > 0 {
+                parts.push(text(&mut Rng::new(0x7461_696c ^ r.line as u64), left));
+            }
+            let mut messages = Vec::with_capacity(2);
+            let mut it = parts.into_iter();
+            if let Some(first) = it.next() {
+                messages.push(Message {
+                    role: "system",
+                    content: first,
+                });
+            }
+            let rest: String = it.collect();
+            if !rest.is_empty() {
+                messages.push(Message {
+                    role: "user",
+                    content: rest,
+                });
+            }
+            Item {
+                group: format!("trace-l{}", r.line),
+                kind: "trace",
+                messages,
+                after: None,
+                at_s: Some(r.at_s),
+                max_tokens: Some((r.output as usize).clamp(1, max_output.max(1))),
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,57 +444,4 @@ mod tests {
         assert_eq!(text(&mut r, 0).len(), 0);
         assert_eq!(text(&mut r, 2000).len(), 8000);
     }
-}
-
-/// Requests of a trace (`--trace`): block id `b` becomes `block` tokens of words drawn from a
-/// generator seeded by `b` (equal ids, equal text), the last block cut to the prompt length and
-/// a unique tail when the ids do not cover it; the first block is the system message and the
-/// rest one user message (as in the simulator). `max_tokens` = the trace's output length,
-/// capped at `max_output`. Arrival times are the trace's (already time-scaled).
-pub fn from_trace(
-    reqs: &[crate::load::trace::TraceRequest],
-    block: usize,
-    max_output: usize,
-) -> Vec<Item> {
-    let mut blocks: std::collections::HashMap<u64, String> = std::collections::HashMap::new();
-    reqs.iter()
-        .map(|r| {
-            let mut parts: Vec<String> = Vec::with_capacity(r.ids.len() + 1);
-            let mut left = r.input as usize;
-            for &b in &r.ids {
-                let t = left.min(block);
-                let full = blocks
-                    .entry(b)
-                    .or_insert_with(|| text(&mut Rng::new(b ^ 0x7472_6163_6500_0000), block));
-                parts.push(full[..(t * 4).min(full.len())].to_string());
-                left -= t;
-            }
-            if left > 0 {
-                parts.push(text(&mut Rng::new(0x7461_696c ^ r.line as u64), left));
-            }
-            let mut messages = Vec::with_capacity(2);
-            let mut it = parts.into_iter();
-            if let Some(first) = it.next() {
-                messages.push(Message {
-                    role: "system",
-                    content: first,
-                });
-            }
-            let rest: String = it.collect();
-            if !rest.is_empty() {
-                messages.push(Message {
-                    role: "user",
-                    content: rest,
-                });
-            }
-            Item {
-                group: format!("trace-l{}", r.line),
-                kind: "trace",
-                messages,
-                after: None,
-                at_s: Some(r.at_s),
-                max_tokens: Some((r.output as usize).clamp(1, max_output.max(1))),
-            }
-        })
-        .collect()
 }
