@@ -27,6 +27,7 @@ pub mod gie;
 pub mod lru;
 pub mod oracle;
 pub mod ours;
+pub mod ours_feedback;
 pub mod sglang;
 
 use prefix_router::{Config, Router};
@@ -76,6 +77,9 @@ pub trait Policy: Send {
         _now: f64,
     ) {
     }
+    /// The engine reported `cached` prompt tokens served from its cache for
+    /// request `idx` on `replica` (known with the first token).
+    fn on_delivered(&mut self, _idx: u32, _req: &SimRequest, _replica: usize, _cached: u32) {}
     /// Request `idx` finished on `replica` (its response ended).
     fn on_done(&mut self, _idx: u32, _replica: usize) {}
     /// Extra figures for the report (name, value).
@@ -205,14 +209,14 @@ pub fn resolve(name: &str) -> Result<Spec, String> {
         .find(|(t, _)| *t == name)
         .map_or(name, |(_, s)| *s);
     let (base, rest) = name.split_once(':').unwrap_or((name, ""));
-    if !ALL.contains(&base) {
+    if !ALL.contains(&base) && !EXTRA.contains(&base) {
         return Err(format!(
             "unknown policy {base:?}; known: {}, {}",
             ALL.join(", "),
             TUNED.iter().map(|t| t.0).collect::<Vec<_>>().join(", ")
         ));
     }
-    if base == "ours" || base == "ours_2x" {
+    if base.starts_with("ours") {
         let mut ours = Vec::new();
         for kv in rest.split('/').filter(|s| !s.is_empty()) {
             let (k, v) = kv
@@ -262,6 +266,10 @@ fn sagemaker_label(s: &Spec) -> String {
         s.get("th") as u64
     )
 }
+
+/// Policies run only when named (`--policies`): `ours` with engine feedback
+/// (`policies/ours_feedback.rs`), on one and on two gateways.
+pub const EXTRA: &[&str] = &["ours_feedback", "ours_feedback_2x"];
 
 /// Endpoint names of `n` replicas (sorted order = replica index for ≤ 9).
 pub fn endpoints(n: usize) -> Vec<String> {
@@ -322,7 +330,7 @@ impl KeyBook {
                         spec.get("th") as u32
                     ),
                 )?,
-                "ours" | "ours_2x" => {
+                "ours" | "ours_2x" | "ours_feedback" | "ours_feedback_2x" => {
                     let o = spec.ours_params(ours)?;
                     add(
                         &ours_label(&o),
@@ -419,6 +427,12 @@ pub fn build(
             let o = spec.ours_params(ours)?;
             let (i, router) = core(&ours_label(&o))?;
             Box::new(ours::OursMulti::new(router, i, o, model, 2, n, seed)?)
+        }
+        "ours_feedback" | "ours_feedback_2x" => {
+            let o = spec.ours_params(ours)?;
+            let (i, router) = core(&ours_label(&o))?;
+            let m = if spec.base == "ours_feedback" { 1 } else { 2 };
+            Box::new(ours_feedback::OursFeedback::new(router, i, o, m, n, seed))
         }
         other => {
             return Err(format!(
