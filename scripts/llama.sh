@@ -9,12 +9,14 @@
 #                                          prefix must land on one replica that reports cached tokens
 #   scripts/llama.sh bench [--out FILE]    round_robin vs prefix vs affinity on 3 replicas behind
 #                                          Envoy: 8 prefix groups, 3 fit per replica's cache
-#                                          (JSON to FILE, default .work/bench/llama.json)
+#                                          (JSON to FILE, default .work/bench/llama.json;
+#                                          each strategy's raw run beside it, FILE.STRATEGY.json)
 #
 # Environment: LLAMA_RUN_DIR (start/stop PID file and logs, default $CACHE_DIR/run),
 # LLAMA_SKIP_WASM_BUILD=1 (reuse an existing .wasm), LLAMA_SMOKE_STRATEGY (default affinity;
 # round_robin shows the smoke test failing), PREFIX_ROUTER_CACHE (overrides $CACHE_DIR),
-# LLAMA_CHARS_PER_TOKEN (affinity's chars_per_token; default: measured with /tokenize),
+# LLAMA_BENCH_STRATEGIES (default "round_robin prefix affinity"; `client.py report OUT RUN...`
+# merges runs made separately), LLAMA_CHARS_PER_TOKEN (affinity's chars_per_token; default: measured with /tokenize),
 # LLAMA_CRAM (smoke/start, default 64) and LLAMA_BENCH_CRAM (bench, default 22): MiB of host-RAM
 # prompt cache per replica.
 # Replica flags: -c 2048 -t 1 -np 1 --metrics --no-webui -cram N (the host-RAM prompt cache
@@ -415,23 +417,24 @@ cmd_bench() {
   fi
   prepare_envoy_and_wasm
   local t0=$SECONDS
+  mkdir -p "$(dirname "$out")"
   dir="$(mktemp -d /tmp/llama-bench.XXXXXX)"
   trap stack_stop EXIT
   trap on_signal INT TERM
-  for strategy in round_robin prefix affinity; do
+  for strategy in ${LLAMA_BENCH_STRATEGIES:-round_robin prefix affinity}; do
     # Fresh replicas per strategy: every run starts with cold caches. Each replica holds 3
     # prompts (slot + LLAMA_BENCH_CRAM MiB), the workload has 8 groups.
     log "bench: strategy=$strategy (fresh replicas, cold caches, -cram $LLAMA_BENCH_CRAM)"
     LLAMA_CRAM="$LLAMA_BENCH_CRAM" stack_start "$dir/$strategy" "$strategy" "$BENCH_WORDS"
-    $PY "$CLIENT" bench "$LISTEN" "$REPLICAS" "$ADMIN" "$strategy" "$dir/$strategy.json" || rc=$?
+    $PY "$CLIENT" bench "$LISTEN" "$REPLICAS" "$ADMIN" "$strategy" "${out%.json}.$strategy.json" || rc=$?
     cp "$dir/$strategy/envoy.log" "$dir/$strategy.envoy.log" 2>/dev/null || true
     stack_stop
     STACK_DIR=""
-    runs+=("$dir/$strategy.json")
+    runs+=("${out%.json}.$strategy.json")
     [ "$rc" = 0 ] || { echo "bench run $strategy had errors; logs in $dir" >&2; return "$rc"; }
   done
   mkdir -p "$(dirname "$out")"
-  $PY "$CLIENT" report "$out" "${runs[@]}"
+  LLAMA_BENCH_CRAM="$LLAMA_BENCH_CRAM" $PY "$CLIENT" report "$out" "${runs[@]}"
   log "bench took $((SECONDS - t0)) s; JSON: $out"
   rm -rf "$dir"
 }
