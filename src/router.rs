@@ -234,7 +234,11 @@ impl Router {
             };
         }
         let key = prefix.last().map(|h| mix(h, s));
-        let blocks = prefix.blocks.iter().map(|&h| mix(h, s)).collect();
+        // Seeded in place: the hasher's vector becomes the key's (no copy).
+        let mut blocks = prefix.blocks;
+        for b in &mut blocks {
+            *b = mix(*b, s);
+        }
         RoutingKey {
             key,
             blocks,
