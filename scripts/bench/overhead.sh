@@ -27,7 +27,8 @@
 # worker is not saturated).
 # Knobs: OVERHEAD_SECONDS (per run, default 2), OVERHEAD_LAT_ROUNDS (default 5),
 # OVERHEAD_TPUT_ROUNDS (default 2), OVERHEAD_SIZES (bytes, default "1024 16384 65536 262144"),
-# OVERHEAD_TPUT_CONNS (default 8).
+# OVERHEAD_TPUT_CONNS (default 8), OVERHEAD_WASM (the filter .wasm to measure, default the
+# release build: compare two builds without rebuilding).
 
 ensure_wrk() {
   command -v wrk >/dev/null 2>&1 && return 0
@@ -79,7 +80,8 @@ bench_overhead() {
   local endpoints; endpoints="$(IFS=,; echo "${eps[*]}")"
 
   ensure_wrk
-  [ -f "$WASM" ] || build_wasm
+  local wasm="${OVERHEAD_WASM:-$WASM}"
+  [ -f "$wasm" ] || build_wasm
   build_floor
   rm -rf "$dir"; mkdir -p "$dir/runs"
   require_free_ports "$admin" "$a" "$b" "$c" "$fn" "$fr" $(seq "$up" $((up + 6)))
@@ -88,7 +90,7 @@ bench_overhead() {
   render "$BENCH_DIR_SELF/overhead-upstream.yaml.tmpl" "$dir/upstream.yaml" "${ups[@]}"
   render "$BENCH_DIR_SELF/overhead-proxy.yaml.tmpl" "$dir/proxy.yaml" "${ups[@]}" \
     "ADMIN_PORT=$admin" "PORT_A=$a" "PORT_B=$b" "PORT_C=$c" "PORT_N=$fn" "PORT_R=$fr" \
-    "WASM=$WASM" "FLOOR_WASM=$FLOOR_WASM" "ENDPOINTS=$endpoints"
+    "WASM=$wasm" "FLOOR_WASM=$FLOOR_WASM" "ENDPOINTS=$endpoints"
   start_envoy upstream "$dir/upstream.yaml" "$dir/upstream.log" --concurrency 1
   local up_pid=$LAST_PID
   start_envoy proxy "$dir/proxy.yaml" "$dir/proxy.log" --concurrency 1
