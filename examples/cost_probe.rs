@@ -74,24 +74,44 @@ fn measured_region(f: &mut dyn FnMut() -> u64) -> u64 {
 /// ASCII prose, like the overhead benchmark's).
 fn chat_body(bytes: usize, variant: u64) -> String {
     let words = [
-        "the", "assistant", "must", "answer", "questions", "about", "billing", "orders",
-        "shipping", "returns", "policy", "customer", "support", "politely", "and", "never",
+        "the",
+        "assistant",
+        "must",
+        "answer",
+        "questions",
+        "about",
+        "billing",
+        "orders",
+        "shipping",
+        "returns",
+        "policy",
+        "customer",
+        "support",
+        "politely",
+        "and",
+        "never",
     ];
     let mut s = 0x9e37_79b9_7f4a_7c15u64 ^ variant;
     let mut prose = |n: usize| {
         let mut out = String::with_capacity(n + 16);
         while out.len() < n {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             out.push_str(words[(s >> 60) as usize]);
             out.push(' ');
         }
         out.truncate(n);
         out
     };
-    let head = format!(r#"{{"model":"bench-model","messages":[{{"role":"system","content":"Tenant {variant}. "#);
+    let head = format!(
+        r#"{{"model":"bench-model","messages":[{{"role":"system","content":"Tenant {variant}. "#
+    );
     let mid = r#""},{"role":"user","content":""#;
     let tail = r#""}],"max_tokens":64,"stream":false}"#;
-    let room = bytes.saturating_sub(head.len() + mid.len() + tail.len()).max(16);
+    let room = bytes
+        .saturating_sub(head.len() + mid.len() + tail.len())
+        .max(16);
     let user = (room / 8).max(8);
     format!("{head}{}{mid}{}{tail}", prose(room - user), prose(user))
 }
@@ -104,7 +124,10 @@ fn endpoints(n: usize) -> String {
 }
 
 fn router(strategy: &str, n: usize) -> Router {
-    let json = format!(r#"{{"strategy":"{strategy}","endpoints":[{}]}}"#, endpoints(n));
+    let json = format!(
+        r#"{{"strategy":"{strategy}","endpoints":[{}]}}"#,
+        endpoints(n)
+    );
     match Config::from_json(json.as_bytes()) {
         Ok(c) => Router::new(c),
         Err(e) => {
@@ -167,11 +190,32 @@ fn fleet(n: usize, with_key: bool) {
     let l = loads(n);
     let label = if with_key { "fleet" } else { "decide" };
     let mut warm = VecStore::new(r.config().affinity.index_slots);
-    decision(&format!("{label}/{n}/warm"), &r, &body, &l, &mut warm, with_key);
-    decision(&format!("{label}/{n}/cold"), &r, &body, &l, &mut Forgetful, with_key);
+    decision(
+        &format!("{label}/{n}/warm"),
+        &r,
+        &body,
+        &l,
+        &mut warm,
+        with_key,
+    );
+    decision(
+        &format!("{label}/{n}/cold"),
+        &r,
+        &body,
+        &l,
+        &mut Forgetful,
+        with_key,
+    );
 }
 
-fn decision<S: SlotStore>(name: &str, r: &Router, body: &str, l: &[u32], store: &mut S, with_key: bool) {
+fn decision<S: SlotStore>(
+    name: &str,
+    r: &Router,
+    body: &str,
+    l: &[u32],
+    store: &mut S,
+    with_key: bool,
+) {
     let fixed: RoutingKey = r.key(Body::Complete(body.as_bytes()), None);
     let cost = CostModel::new(r.cost_config());
     let mut now = 1_000u64;

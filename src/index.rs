@@ -442,7 +442,19 @@ mod tests {
     #[test]
     fn slot_keys_match_the_formatted_form() {
         let mut buf = String::new();
-        for slot in [0u32, 1, 9, 10, 15, 16, 255, 4096, 65535, 0xdead_beef, u32::MAX] {
+        for slot in [
+            0u32,
+            1,
+            9,
+            10,
+            15,
+            16,
+            255,
+            4096,
+            65535,
+            0xdead_beef,
+            u32::MAX,
+        ] {
             slot_key_into(&mut buf, "prefix_router/p/00ff/", slot);
             assert_eq!(buf, format!("prefix_router/p/00ff/i/{slot:x}"));
         }

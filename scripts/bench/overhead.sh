@@ -11,6 +11,8 @@
 #     listener B (+2) = router only
 #     listener N (+11) = floor: no-op proxy-wasm filter + router (scripts/bench/floor, "noop")
 #     listener R (+12) = floor: pause, buffer and read the body, nothing else + router ("read")
+#     listener H (+13) = floor: "read" + the host calls of one affinity request, no routing work
+#       ("hostcalls"; only `./build.sh bench profile` drives it)
 #   The floor filters are a separate bench-only crate built with the same SDK, toolchain and
 #   release profile, so C - R is what routing adds to the least a body-reading filter costs.
 #   wrk (Debian package): closed loop, keep-alive, 1 thread; 1 connection for latency and
@@ -66,16 +68,15 @@ overhead_wrk() {
   [ -s "$out" ] || { echo "error: wrk wrote no summary to $out" >&2; return 1; }
 }
 
-bench_overhead() {
-  local secs="${OVERHEAD_SECONDS:-2}" lat_rounds="${OVERHEAD_LAT_ROUNDS:-5}"
-  local tput_rounds="${OVERHEAD_TPUT_ROUNDS:-2}" conns="${OVERHEAD_TPUT_CONNS:-8}"
-  local sizes="${OVERHEAD_SIZES:-1024 16384 65536 262144}"
+# overhead_start DIR — render the two Envoy configs into DIR and start them (all five listeners),
+# check every listener answers a chat POST and the filter counted it. Sets OV_ADMIN, OV_A, OV_B,
+# OV_C, OV_N, OV_R, OV_H (listener ports), OV_UP_PID, OV_PX_PID and OV_BEFORE (decisions so far).
+overhead_start() {
+  local dir="$1"
   local base="${BENCH_PORT_BASE:-19400}"
-  local admin=$base a=$((base + 1)) b=$((base + 2)) c=$((base + 3)) up=$((base + 4))
-  local fn=$((base + 11)) fr=$((base + 12))
-  local dir="$ROOT/.work/bench/overhead" started=$SECONDS
-  local py; py="$(bench_python)"
-  local ups=() eps=() i
+  OV_ADMIN=$base OV_A=$((base + 1)) OV_B=$((base + 2)) OV_C=$((base + 3)) OV_N=$((base + 11)) OV_R=$((base + 12))
+  OV_H=$((base + 13))
+  local up=$((base + 4)) ups=() eps=() i
   for ((i = 0; i < 7; i++)); do ups+=("UP$((i + 1))=$((up + i))"); eps+=("\"127.0.0.1:$((up + i))\""); done
   local endpoints; endpoints="$(IFS=,; echo "${eps[*]}")"
 
@@ -84,30 +85,41 @@ bench_overhead() {
   [ -f "$wasm" ] || build_wasm
   build_floor
   rm -rf "$dir"; mkdir -p "$dir/runs"
-  require_free_ports "$admin" "$a" "$b" "$c" "$fn" "$fr" $(seq "$up" $((up + 6)))
+  require_free_ports "$OV_ADMIN" "$OV_A" "$OV_B" "$OV_C" "$OV_N" "$OV_R" "$OV_H" $(seq "$up" $((up + 6)))
 
-  log "overhead: upstream Envoy (direct_response) on :$up-$((up + 6)); Envoy under test: A :$a prefix, C :$c affinity, B :$b no filter, N :$fn no-op wasm, R :$fr pause+read wasm"
+  log "overhead: upstream Envoy (direct_response) on :$up-$((up + 6)); Envoy under test: A :$OV_A prefix, C :$OV_C affinity, B :$OV_B no filter, N :$OV_N no-op wasm, R :$OV_R pause+read wasm"
   render "$BENCH_DIR_SELF/overhead-upstream.yaml.tmpl" "$dir/upstream.yaml" "${ups[@]}"
   render "$BENCH_DIR_SELF/overhead-proxy.yaml.tmpl" "$dir/proxy.yaml" "${ups[@]}" \
-    "ADMIN_PORT=$admin" "PORT_A=$a" "PORT_B=$b" "PORT_C=$c" "PORT_N=$fn" "PORT_R=$fr" \
+    "ADMIN_PORT=$OV_ADMIN" "PORT_A=$OV_A" "PORT_B=$OV_B" "PORT_C=$OV_C" "PORT_N=$OV_N" "PORT_R=$OV_R" "PORT_H=$OV_H" \
     "WASM=$wasm" "FLOOR_WASM=$FLOOR_WASM" "ENDPOINTS=$endpoints"
   start_envoy upstream "$dir/upstream.yaml" "$dir/upstream.log" --concurrency 1
-  local up_pid=$LAST_PID
+  OV_UP_PID=$LAST_PID
   start_envoy proxy "$dir/proxy.yaml" "$dir/proxy.log" --concurrency 1
-  local px_pid=$LAST_PID
-  wait_http "http://127.0.0.1:$up/" 30 "$up_pid" || { tail -20 "$dir/upstream.log" >&2; return 1; }
-  wait_http "http://127.0.0.1:$admin/ready" 30 "$px_pid" || { tail -20 "$dir/proxy.log" >&2; return 1; }
-  wait_http "http://127.0.0.1:$a/" 10 "$px_pid" || { tail -20 "$dir/proxy.log" >&2; return 1; }
+  OV_PX_PID=$LAST_PID
+  wait_http "http://127.0.0.1:$up/" 30 "$OV_UP_PID" || { tail -20 "$dir/upstream.log" >&2; return 1; }
+  wait_http "http://127.0.0.1:$OV_ADMIN/ready" 30 "$OV_PX_PID" || { tail -20 "$dir/proxy.log" >&2; return 1; }
+  wait_http "http://127.0.0.1:$OV_A/" 10 "$OV_PX_PID" || { tail -20 "$dir/proxy.log" >&2; return 1; }
 
   # Sanity: every listener answers 200 to a chat POST, and A and C really ran the filter.
   local l code
-  for l in "$a" "$b" "$c" "$fn" "$fr"; do
+  for l in "$OV_A" "$OV_B" "$OV_C" "$OV_N" "$OV_R" "$OV_H"; do
     code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'content-type: application/json' \
       -d '{"model":"m","messages":[{"role":"user","content":"hello"}]}' "http://127.0.0.1:$l/v1/chat/completions")"
     [ "$code" = 200 ] || { echo "error: listener :$l answered $code, expected 200" >&2; tail -20 "$dir/proxy.log" >&2; return 1; }
   done
-  local before; before="$(envoy_stats "$admin" 'wasmcustom.prefix_router.branch' | awk -F': ' '{s+=$2} END{print s+0}')"
-  [ "$before" -ge 2 ] || { echo "error: the filter counted $before decisions for 2 requests on A and C" >&2; return 1; }
+  OV_BEFORE="$(envoy_stats "$OV_ADMIN" 'wasmcustom.prefix_router.branch' | awk -F': ' '{s+=$2} END{print s+0}')"
+  [ "$OV_BEFORE" -ge 2 ] || { echo "error: the filter counted $OV_BEFORE decisions for 2 requests on A and C" >&2; return 1; }
+}
+
+bench_overhead() {
+  local secs="${OVERHEAD_SECONDS:-2}" lat_rounds="${OVERHEAD_LAT_ROUNDS:-5}"
+  local tput_rounds="${OVERHEAD_TPUT_ROUNDS:-2}" conns="${OVERHEAD_TPUT_CONNS:-8}"
+  local sizes="${OVERHEAD_SIZES:-1024 16384 65536 262144}"
+  local dir="$ROOT/.work/bench/overhead" started=$SECONDS
+  local py; py="$(bench_python)"
+  overhead_start "$dir" || return 1
+  local admin=$OV_ADMIN a=$OV_A b=$OV_B c=$OV_C fn=$OV_N fr=$OV_R
+  local up_pid=$OV_UP_PID px_pid=$OV_PX_PID before=$OV_BEFORE l
 
   log "overhead: warm-up (2 s on each listener)"
   overhead_wrk "$a" 16384 1 2 "$dir/runs/warm-a.json"
@@ -145,4 +157,77 @@ bench_overhead() {
   "$py" "$BENCH_DIR_SELF/report.py" overhead "$dir" "$ROOT/.work/bench/overhead.json" \
     --decisions $((after - before)) --seconds "$secs" --conns "$conns" \
     --machine "$(machine_line)" --elapsed $((SECONDS - started))
+}
+
+# bench_profile (`./build.sh bench profile`) — where the Envoy CPU per request goes, per listener:
+# perf samples the Envoy under test (software cpu-clock event: no hardware counters needed) while
+# wrk drives one listener at a time (c=8, PROFILE_SIZE bytes, default 16384; PROFILE_SECONDS per
+# run, default 4; PROFILE_ROUNDS rounds, default 3, listeners interleaved). Per request it
+# reports the Envoy CPU, the part with a wasm (V8 JIT) frame on the stack (the filter's code plus
+# the host calls it makes, body copy included) and the wasm code alone (JIT self). Envoy is
+# stripped, so host calls are not split by name; the floor listeners separate the parts: no-op
+# wasm, pause+read, and pause+read plus the very host calls of an affinity request (H).
+bench_profile() {
+  local size="${PROFILE_SIZE:-16384}" secs="${PROFILE_SECONDS:-4}" rounds="${PROFILE_ROUNDS:-3}"
+  local dir="$ROOT/.work/bench/profile" r x name port
+  if ! command -v perf >/dev/null 2>&1; then
+    log "installing perf (Debian package linux-perf)"
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >&2
+  fi
+  overhead_start "$dir" || return 1
+  for x in "prefix:$OV_A" "affinity:$OV_C" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
+    overhead_wrk "${x#*:}" "$size" 8 2 "$dir/runs/warm-${x%%:*}.json"
+  done
+  for ((r = 1; r <= rounds; r++)); do
+    for x in "prefix:$OV_A" "affinity:$OV_C" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
+      name="${x%%:*}" port="${x#*:}"
+      progress "profile round $r/$rounds: $name ($size B, c=8, ${secs} s)"
+      run_tracked perf perf record -q -g -e cpu-clock -F 2000 -p "$OV_PX_PID" \
+        -o "$dir/runs/$name-$r.perf" -- sleep "$secs" >/dev/null 2>&1 &
+      overhead_wrk "$port" "$size" 8 "$secs" "$dir/runs/$name-$r.json"
+      wait
+      perf report -i "$dir/runs/$name-$r.perf" --stdio --no-children --sort dso -n 2>/dev/null \
+        >"$dir/runs/$name-$r.self.txt"
+      perf report -i "$dir/runs/$name-$r.perf" --stdio --children --sort dso 2>/dev/null \
+        >"$dir/runs/$name-$r.children.txt"
+    done
+  done
+  progress_end
+  proc_stop "$OV_PX_PID"; proc_stop "$OV_UP_PID"; proc_untrack "$OV_PX_PID"; proc_untrack "$OV_UP_PID"
+  "$(bench_python)" - "$dir/runs" "$size" <<'PY'
+import glob, json, os, re, statistics, sys
+runs, size = sys.argv[1], int(sys.argv[2])
+rows = {}
+for path in sorted(glob.glob(os.path.join(runs, "*-*.json"))):
+    name, r = os.path.basename(path)[:-5].rsplit("-", 1)
+    if name == "warm" or not r.isdigit():
+        continue
+    req = json.load(open(path))["requests"]
+    samples, jit_self = 0, 0
+    for line in open(path[:-5] + ".self.txt"):
+        m = re.match(r"\s+[\d.]+%\s+(\d+)\s+(.*)", line)
+        if m:
+            samples += int(m.group(1))
+            jit_self += int(m.group(1)) if "[JIT]" in m.group(2) else 0
+    jit_incl = 0.0
+    for line in open(path[:-5] + ".children.txt"):
+        m = re.match(r"\s+([\d.]+)%\s+[\d.]+%\s+(.*)", line)
+        if m and "[JIT]" in m.group(2):
+            jit_incl = float(m.group(1)) / 100
+            break
+    us = samples * 500 / req  # 2000 Hz: one sample = 500 us
+    rows.setdefault(name, []).append((us, us * jit_incl, jit_self * 500 / req))
+med = {n: [statistics.median(v[i] for v in vs) for i in range(3)] for n, vs in rows.items()}
+print(f"Envoy CPU per request at {size} B, c=8 (perf cpu-clock, median of {len(next(iter(rows.values())))} rounds):")
+print()
+print("| listener | Envoy CPU/request | in wasm + host calls | wasm code alone | above pause+read (total / wasm+host / wasm) |")
+print("|---|---:|---:|---:|---:|")
+base = med.get("read")
+for n in ("none", "noop", "read", "hostcalls", "prefix", "affinity"):
+    if n not in med:
+        continue
+    t, inc, self_ = med[n]
+    above = (f"{t - base[0]:+.0f} / {inc - base[1]:+.0f} / {self_ - base[2]:+.0f} µs" if base else "-")
+    print(f"| {n} | {t:.0f} µs | {inc:.0f} µs | {self_:.0f} µs | {above} |")
+PY
 }

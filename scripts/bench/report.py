@@ -130,7 +130,7 @@ def overhead(args):
 
     targets = {}
     for r in rows:
-        if r["body_bytes"] != 16384:
+        if r["body_bytes"] != 16384 or r["strategy"] not in FILTERED.values():
             continue
         lat = r["latency"]
         targets[r["strategy"]] = {
