@@ -16,7 +16,15 @@
 //! and a prefix of units shared by two inputs yields the same leading block
 //! hashes.
 
+use std::cell::Cell;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed, Xxh3};
+
+thread_local! {
+    /// The open-block buffer of the last finished hasher, reused by the next
+    /// one on this thread (the filter's VM is single-threaded): no allocation
+    /// for it per request in steady state.
+    static SPARE_BLOCK_BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
 
 /// Block size, in units, used for the routing key chain. A prefix of
 /// `prefix_length` units gives `ceil(prefix_length / BLOCK_UNITS)` hashes.
@@ -64,7 +72,12 @@ impl PrefixHasher {
             block_units,
             in_block: 0,
             chain: 0,
-            cur: Vec::with_capacity(block_units.min(limit.max(1)) * 2),
+            cur: {
+                let mut cur = SPARE_BLOCK_BUFFER.with(Cell::take);
+                cur.clear();
+                cur.reserve(block_units.min(limit.max(1)) * 2);
+                cur
+            },
             blocks: Vec::with_capacity(limit / block_units + 1),
             units: 0,
         }
@@ -174,9 +187,17 @@ impl PrefixHasher {
             self.close_block();
         }
         PrefixHashes {
-            blocks: self.blocks,
+            blocks: std::mem::take(&mut self.blocks),
             units: self.units,
         }
+    }
+}
+
+impl Drop for PrefixHasher {
+    /// Hand the block buffer to the next hasher.
+    fn drop(&mut self) {
+        let cur = std::mem::take(&mut self.cur);
+        SPARE_BLOCK_BUFFER.with(|s| s.set(cur));
     }
 }
 
