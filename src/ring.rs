@@ -139,9 +139,7 @@ impl Iterator for Candidates<'_> {
     fn next(&mut self) -> Option<usize> {
         let n = self.ring.points.len();
         while self.yielded < self.ring.endpoints && self.visited < n {
-            let Some(&(_, e)) = self.ring.points.get((self.pos + self.visited) % n) else {
-                return None;
-            };
+            let &(_, e) = self.ring.points.get((self.pos + self.visited) % n)?;
             self.visited += 1;
             if !self.is_seen(e) {
                 self.mark(e);
