@@ -14,11 +14,12 @@
 //!
 //! Cost: build O(N·V log(N·V)); lookup O(log(N·V)); a full candidate walk
 //! visits points until every endpoint has been seen (O(N·V) worst case, a few
-//! points per distinct endpoint in practice). A walk allocates nothing for its
-//! first [`INLINE_SEEN`] endpoints (the endpoints already yielded are kept in
-//! an inline array, searched linearly); only a walk that goes further builds a
-//! bitset of N bits. Routing decisions stop after a few candidates, so their
-//! cost does not depend on N.
+//! points per distinct endpoint in practice). A walk allocates nothing: up to
+//! [`SMALL_RING`] endpoints it marks the yielded ones in an inline bitset;
+//! beyond, it keeps the first [`INLINE_SEEN`] in an inline array (searched
+//! linearly) and only a walk that goes further builds a bitset of N bits.
+//! Routing decisions stop after a few candidates, so their cost does not
+//! depend on N.
 
 use crate::hash::hash_id;
 
@@ -79,6 +80,7 @@ impl HashRing {
             ring: self,
             pos: start,
             visited: 0,
+            small: [0; SMALL_RING / 64],
             first: [0; INLINE_SEEN],
             seen: Vec::new(),
             yielded: 0,
@@ -86,7 +88,11 @@ impl HashRing {
     }
 }
 
-/// Endpoints a candidate walk remembers inline before it needs a bitset.
+/// Largest ring whose walks mark yielded endpoints in an inline bitset.
+pub const SMALL_RING: usize = 256;
+
+/// On larger rings: endpoints a walk remembers inline before it needs a
+/// heap bitset.
 pub const INLINE_SEEN: usize = 16;
 
 /// Iterator over distinct endpoints in ring order; see [`HashRing::candidates`].
@@ -94,7 +100,9 @@ pub struct Candidates<'r> {
     ring: &'r HashRing,
     pos: usize,
     visited: usize,
-    /// The first [`INLINE_SEEN`] endpoints yielded, in order.
+    /// Rings of at most [`SMALL_RING`] endpoints: bitset of those yielded.
+    small: [u64; SMALL_RING / 64],
+    /// Larger rings: the first [`INLINE_SEEN`] endpoints yielded, in order.
     first: [u32; INLINE_SEEN],
     /// Bitset of every endpoint yielded; built only once more than
     /// [`INLINE_SEEN`] were (empty before).
@@ -104,7 +112,10 @@ pub struct Candidates<'r> {
 
 impl Candidates<'_> {
     fn is_seen(&self, e: u32) -> bool {
-        if self.yielded <= INLINE_SEEN {
+        if self.ring.endpoints <= SMALL_RING {
+            let (word, bit) = (e as usize / 64, 1u64 << (e % 64));
+            self.small.get(word).is_some_and(|w| w & bit != 0)
+        } else if self.yielded <= INLINE_SEEN {
             self.first.iter().take(self.yielded).any(|&x| x == e)
         } else {
             let (word, bit) = (e as usize / 64, 1u64 << (e % 64));
@@ -113,7 +124,9 @@ impl Candidates<'_> {
     }
 
     fn mark(&mut self, e: u32) {
-        if let Some(slot) = self.first.get_mut(self.yielded) {
+        if self.ring.endpoints <= SMALL_RING {
+            Self::set_bit(&mut self.small, e);
+        } else if let Some(slot) = self.first.get_mut(self.yielded) {
             *slot = e;
         } else {
             if self.seen.is_empty() {
@@ -236,7 +249,7 @@ mod tests {
     fn long_walks_past_the_inline_set_stay_distinct_and_complete() {
         // More endpoints than the inline set: the walk switches to the bitset
         // and must still yield each endpoint exactly once.
-        let eps = names(INLINE_SEEN * 5 + 3);
+        let eps = names(SMALL_RING + INLINE_SEEN * 5 + 3);
         let ring = HashRing::build(&eps, 16);
         for k in 0..20u64 {
             let c: Vec<usize> = ring.candidates(hash_id(&k.to_le_bytes())).collect();
