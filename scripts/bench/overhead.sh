@@ -81,17 +81,19 @@ overhead_start() {
   local endpoints; endpoints="$(IFS=,; echo "${eps[*]}")"
 
   ensure_wrk
-  local wasm="${OVERHEAD_WASM:-$WASM}"
+  local wasm="${OVERHEAD_WASM:-$WASM}" strategy_a=prefix
+  [ -z "${OVERHEAD_COMPARE_WASM:-}" ] || strategy_a=affinity
   [ -f "$wasm" ] || build_wasm
   build_floor
   rm -rf "$dir"; mkdir -p "$dir/runs"
   require_free_ports "$OV_ADMIN" "$OV_A" "$OV_B" "$OV_C" "$OV_N" "$OV_R" "$OV_H" $(seq "$up" $((up + 6)))
 
-  log "overhead: upstream Envoy (direct_response) on :$up-$((up + 6)); Envoy under test: A :$OV_A prefix, C :$OV_C affinity, B :$OV_B no filter, N :$OV_N no-op wasm, R :$OV_R pause+read wasm"
+  log "overhead: upstream Envoy (direct_response) on :$up-$((up + 6)); Envoy under test: A :$OV_A $strategy_a, C :$OV_C affinity, B :$OV_B no filter, N :$OV_N no-op wasm, R :$OV_R pause+read wasm"
   render "$BENCH_DIR_SELF/overhead-upstream.yaml.tmpl" "$dir/upstream.yaml" "${ups[@]}"
   render "$BENCH_DIR_SELF/overhead-proxy.yaml.tmpl" "$dir/proxy.yaml" "${ups[@]}" \
     "ADMIN_PORT=$OV_ADMIN" "PORT_A=$OV_A" "PORT_B=$OV_B" "PORT_C=$OV_C" "PORT_N=$OV_N" "PORT_R=$OV_R" "PORT_H=$OV_H" \
-    "WASM=$wasm" "FLOOR_WASM=$FLOOR_WASM" "ENDPOINTS=$endpoints"
+    "WASM=$wasm" "FLOOR_WASM=$FLOOR_WASM" "ENDPOINTS=$endpoints" \
+    "WASM_A=${OVERHEAD_COMPARE_WASM:-$wasm}" "STRATEGY_A=$strategy_a"
   start_envoy upstream "$dir/upstream.yaml" "$dir/upstream.log" --concurrency 1
   OV_UP_PID=$LAST_PID
   start_envoy proxy "$dir/proxy.yaml" "$dir/proxy.log" --concurrency 1
@@ -167,6 +169,8 @@ bench_overhead() {
 # the host calls it makes, body copy included) and the wasm code alone (JIT self). Envoy is
 # stripped, so host calls are not split by name; the floor listeners separate the parts: no-op
 # wasm, pause+read, and pause+read plus the very host calls of an affinity request (H).
+# OVERHEAD_COMPARE_WASM=<other .wasm> puts that build (strategy affinity) on listener A, shown
+# as `compare`: two builds measured in the same Envoy, interleaved (a fair before/after).
 bench_profile() {
   local size="${PROFILE_SIZE:-16384}" secs="${PROFILE_SECONDS:-4}" rounds="${PROFILE_ROUNDS:-3}"
   local dir="$ROOT/.work/bench/profile" r x name port
@@ -175,11 +179,13 @@ bench_profile() {
     apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >&2
   fi
   overhead_start "$dir" || return 1
-  for x in "prefix:$OV_A" "affinity:$OV_C" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
+  local a_name=prefix
+  [ -z "${OVERHEAD_COMPARE_WASM:-}" ] || a_name=compare
+  for x in "$a_name:$OV_A" "affinity:$OV_C" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
     overhead_wrk "${x#*:}" "$size" 8 2 "$dir/runs/warm-${x%%:*}.json"
   done
   for ((r = 1; r <= rounds; r++)); do
-    for x in "prefix:$OV_A" "affinity:$OV_C" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
+    for x in "$a_name:$OV_A" "affinity:$OV_C" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
       name="${x%%:*}" port="${x#*:}"
       progress "profile round $r/$rounds: $name ($size B, c=8, ${secs} s)"
       run_tracked perf perf record -q -g -e cpu-clock -F 2000 -p "$OV_PX_PID" \
@@ -223,7 +229,7 @@ print()
 print("| listener | Envoy CPU/request | in wasm + host calls | wasm code alone | above pause+read (total / wasm+host / wasm) |")
 print("|---|---:|---:|---:|---:|")
 base = med.get("read")
-for n in ("none", "noop", "read", "hostcalls", "prefix", "affinity"):
+for n in ("none", "noop", "read", "hostcalls", "prefix", "compare", "affinity"):
     if n not in med:
         continue
     t, inc, self_ = med[n]
