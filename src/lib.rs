@@ -38,6 +38,7 @@
 #![warn(missing_docs)]
 
 pub mod affinity;
+pub mod cluster;
 pub mod config;
 pub mod cost;
 pub mod decision;

@@ -12,10 +12,13 @@
 //! cost model the observed time to first token, without buffering anything;
 //! `on_log` releases the in-flight count exactly once, whatever happened.
 
-use super::host::{self, BUFFER_REQUEST_BODY};
+use super::host::{self, HostShared, BUFFER_REQUEST_BODY};
 use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::HostFailure;
+use crate::cluster::shared::MAX_CAS_ATTEMPTS;
+use crate::cluster::tables::{addr_hash, Down, InFlight};
+use crate::cluster::view::{AddrSlots, View};
 use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
 use crate::decision::Decision;
 use crate::hash::hash_id;
@@ -35,10 +38,10 @@ thread_local! {
 pub struct RouterHttp {
     plugin: Option<Rc<Plugin>>,
     context_id: u32,
-    /// Endpoint whose in-flight count this request holds.
-    holding: Option<usize>,
-    /// The primary chosen at routing.
-    primary: Option<usize>,
+    /// Address whose in-flight count this request holds.
+    holding: Option<String>,
+    /// The primary chosen at routing (address).
+    primary: Option<String>,
     /// The request has been routed (headers set).
     routed: bool,
     /// Host time of the routing decision, ms.
@@ -78,7 +81,7 @@ impl RouterHttp {
     }
 
     fn ticket(&self, p: &Plugin) -> u64 {
-        match p.router.config().strategy {
+        match p.config().strategy {
             Strategy::Random => {
                 hash_id(&(host::now_nanos() ^ u64::from(self.context_id) << 32).to_le_bytes())
             }
@@ -89,7 +92,7 @@ impl RouterHttp {
 
     /// A cluster-wide rotating counter (CAS increment in shared data).
     fn shared_ticket(&self, p: &Plugin) -> u64 {
-        for _ in 0..super::inflight::MAX_CAS_ATTEMPTS {
+        for _ in 0..MAX_CAS_ATTEMPTS {
             let (value, cas) = match host::shared_get(&p.rr_key) {
                 Ok(v) => v,
                 Err(_) => break,
@@ -110,7 +113,14 @@ impl RouterHttp {
     fn route(&mut self, body: Body<'_>, prompt_chars: usize) {
         let Some(p) = self.plugin.clone() else { return };
         self.routed = true;
-        let cfg = p.router.config();
+        let view = p.follower.current(&HostShared, &p.keys);
+        if view.endpoints().is_empty() {
+            // No membership yet (discovery before the first poll, no bootstrap
+            // endpoints): leave the target unset, Envoy's fallback policy picks.
+            p.stats.no_members();
+            return;
+        }
+        let cfg = p.config();
         let header_id = match &cfg.affinity_header {
             Some(h) => match host::request_header(h) {
                 Ok(v) => v,
@@ -122,70 +132,79 @@ impl RouterHttp {
             },
             None => None,
         };
-        let key = p.router.key(body, header_id.as_deref());
-        let snapshot = match p.in_flight.read() {
+        let key = view.router.key(body, header_id.as_deref());
+        let snapshot = match InFlight::read(&HostShared, &p.keys.inflight) {
             Ok(s) => Some(s),
             Err(e) => {
-                log::warn!("#{} cannot read in-flight counts: {e}", self.context_id);
+                log::warn!("#{} cannot read in-flight counts: {e:?}", self.context_id);
                 p.stats.failure(HostFailure::SharedData);
                 None
             }
         };
-        let zeros = vec![0u32; cfg.endpoints.len()];
-        let loads = snapshot
-            .as_ref()
-            .map_or(zeros.as_slice(), |s| s.0.as_slice());
-        let ticket = self.ticket(&p);
+        let loads = view.loads(snapshot.as_ref().map_or(&InFlight::default(), |s| &s.0));
         self.routed_at_ms = host::now_nanos() / 1_000_000;
-
-        let decision = if cfg.strategy == Strategy::Affinity {
-            self.select_affinity(&p, &key, prompt_chars, loads, ticket)
-        } else {
-            p.router.select(&key, Loads::new(loads), ticket)
+        let down = match Down::read(&HostShared, &p.keys.down) {
+            Ok((d, _)) => d,
+            Err(_) => {
+                p.stats.failure(HostFailure::SharedData);
+                Down::default()
+            }
+        };
+        let usable = view.usable(&down, self.routed_at_ms);
+        let ticket = self.ticket(&p);
+        let l = Loads {
+            in_flight: &loads,
+            available: Some(&usable),
         };
 
-        match p.in_flight.add(decision.primary, 1, snapshot) {
+        let decision = if cfg.strategy == Strategy::Affinity {
+            self.select_affinity(&p, &view, &key, prompt_chars, l, ticket)
+        } else {
+            view.router.select(&key, l, ticket)
+        };
+        let primary = view.addr(decision.primary).unwrap_or_default().to_string();
+        match InFlight::add(&HostShared, &p.keys, addr_hash(&primary), 1, snapshot) {
             Ok(now) => {
-                self.holding = Some(decision.primary);
-                p.stats.in_flight(decision.primary, now);
+                self.holding = Some(primary.clone());
+                p.stats.in_flight(&primary, now);
             }
             Err(e) => {
-                log::warn!("#{} cannot count in-flight request: {e}", self.context_id);
+                log::warn!("#{} cannot count in-flight request: {e:?}", self.context_id);
                 p.stats.failure(HostFailure::SharedData);
             }
         }
-        self.primary = Some(decision.primary);
-        self.set_headers(&p, decision);
-        p.stats
-            .decision(decision.branch, key.source, decision.primary);
+        self.set_headers(&p, &view, decision);
+        p.stats.decision(decision.branch, key.source, &primary);
         if key.routing_id == RoutingId::Rejected {
             p.stats.routing_id_rejected();
         }
         log::debug!(
-            "#{} key={:016x} source={} units={} blocks={} branch={} primary={} secondary={}",
+            "#{} key={:016x} source={} units={} blocks={} branch={} primary={} secondary={} generation={}",
             self.context_id,
             key.key.unwrap_or(0),
             key.source.as_str(),
             key.units,
             key.blocks.len(),
             decision.branch.as_str(),
-            cfg.endpoints
-                .get(decision.primary)
-                .map_or("-", String::as_str),
+            primary,
             decision
                 .secondary
-                .and_then(|s| cfg.endpoints.get(s))
-                .map_or("-", String::as_str),
+                .and_then(|s| view.addr(s))
+                .unwrap_or("-"),
+            view.generation,
         );
+        self.primary = Some(primary);
     }
 
-    /// `affinity`: index lookup + choice + record over shared data.
+    /// `affinity`: index lookup + choice + record over shared data; index
+    /// holders are kept as address ids ([`AddrSlots`]).
     fn select_affinity(
         &mut self,
         p: &Plugin,
+        view: &View,
         key: &RoutingKey,
         prompt_chars: usize,
-        loads: &[u32],
+        loads: Loads<'_>,
         ticket: u64,
     ) -> Decision {
         // The VM is single-threaded, so the cost model is never borrowed twice;
@@ -195,35 +214,39 @@ impl RouterHttp {
             Ok(c) => c,
             Err(_) => {
                 fallback =
-                    std::cell::RefCell::new(crate::cost::CostModel::new(p.router.cost_config()));
+                    std::cell::RefCell::new(crate::cost::CostModel::new(view.router.cost_config()));
                 match fallback.try_borrow() {
                     Ok(c) => c,
-                    Err(_) => return p.router.select(key, Loads::new(loads), ticket),
+                    Err(_) => return view.router.select(key, loads, ticket),
                 }
             }
         };
-        let mut slots = SharedSlots::new(&p.prefix);
-        let (d, choice) = p.router.select_affinity(
-            key,
-            prompt_chars,
-            Loads::new(loads),
-            &mut slots,
-            &cost,
-            self.routed_at_ms,
-            ticket,
-        );
+        let mut slots = SharedSlots::new(&p.keys.prefix);
+        let usable = loads.available.unwrap_or(&[]);
+        let (d, choice) = {
+            let mut by_addr = AddrSlots::new(&mut slots, view, usable);
+            view.router.select_affinity(
+                key,
+                prompt_chars,
+                loads,
+                &mut by_addr,
+                &cost,
+                self.routed_at_ms,
+                ticket,
+            )
+        };
         if slots.failures.get() > 0 {
             p.stats.failure(HostFailure::SharedData);
         }
-        let in_flight = loads.get(d.primary).copied().unwrap_or(0);
+        let in_flight = loads.of(d.primary);
         self.pending_cost = Some((choice.expected_uncached_tokens(), f64::from(in_flight)));
         d
     }
 
-    fn set_headers(&self, p: &Plugin, d: Decision) {
-        let cfg = p.router.config();
-        let mut target = cfg.endpoints.get(d.primary).cloned().unwrap_or_default();
-        if let Some(s) = d.secondary.and_then(|s| cfg.endpoints.get(s)) {
+    fn set_headers(&self, p: &Plugin, view: &View, d: Decision) {
+        let cfg = p.config();
+        let mut target = view.addr(d.primary).unwrap_or_default().to_string();
+        if let Some(s) = d.secondary.and_then(|s| view.addr(s)) {
             target.push(',');
             target.push_str(s);
         }
@@ -261,16 +284,13 @@ impl RouterHttp {
 
     /// The host that actually serves the request (after retries / fallback),
     /// read once and remembered.
-    fn upstream_endpoint(&mut self, p: &Plugin) -> Option<usize> {
+    fn upstream_addr(&mut self) -> Option<String> {
         if self.upstream.is_none() {
             self.upstream = host::property(&["upstream", "address"]).ok().flatten();
         }
-        let addr = self.upstream.as_deref()?;
-        p.router
-            .config()
-            .endpoints
-            .iter()
-            .position(|e| e.as_bytes() == addr)
+        self.upstream
+            .as_deref()
+            .map(|a| String::from_utf8_lossy(a).into_owned())
     }
 }
 
@@ -280,13 +300,14 @@ impl HttpContext for RouterHttp {
     fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
         // Never trust a client-supplied target: remove it before anything else,
         // so even a request that ends up unrouted cannot pick its host.
-        let target = self.plugin.as_ref().map_or(DEFAULT_TARGET_HEADER, |p| {
-            p.router.config().target_header.as_str()
-        });
+        let target = self
+            .plugin
+            .as_ref()
+            .map_or(DEFAULT_TARGET_HEADER, |p| p.config().target_header.as_str());
         if let Err(e) = host::remove_request_header(target) {
             log::warn!("#{} cannot remove {target}: {e}", self.context_id);
         }
-        let needs_body = self.plugin.as_ref().is_some_and(|p| p.router.needs_body());
+        let needs_body = self.plugin.as_ref().is_some_and(|p| p.needs_body());
         if end_of_stream || !needs_body {
             self.route(Body::None, 0);
             return Action::Continue;
@@ -301,7 +322,7 @@ impl HttpContext for RouterHttp {
         let Some(p) = self.plugin.clone() else {
             return Action::Continue;
         };
-        let cfg = p.router.config();
+        let cfg = p.config();
         if size > cfg.max_body_bytes {
             // Too large to parse: route on the raw first bytes now and stream the rest.
             match self.body(cfg.prefix_length.min(size)) {
@@ -323,7 +344,7 @@ impl HttpContext for RouterHttp {
             let size = self
                 .plugin
                 .as_ref()
-                .map_or(0, |p| p.router.config().max_body_bytes);
+                .map_or(0, |p| p.config().max_body_bytes);
             self.route_buffered(size);
         }
         Action::Continue
@@ -333,27 +354,34 @@ impl HttpContext for RouterHttp {
         let Some(p) = self.plugin.clone() else {
             return Action::Continue;
         };
+        let upstream = self.upstream_addr();
+        // Passive health: the primary did not serve (a retry or the fallback
+        // used another host, or no host was reached): mark it down for every
+        // worker until a poll shows it recovered.
+        super::health::check_primary(&p, self.primary.as_deref(), upstream.as_deref());
         // A retry or the fallback used another host: count the request there.
-        if let (Some(held), Some(actual)) = (self.holding, self.upstream_endpoint(&p)) {
+        if let (Some(held), Some(actual)) = (self.holding.clone(), upstream) {
             if held != actual {
-                let released = p.in_flight.add(held, -1, None);
-                let taken = p.in_flight.add(actual, 1, None);
+                let released = InFlight::add(&HostShared, &p.keys, addr_hash(&held), -1, None);
+                let taken = InFlight::add(&HostShared, &p.keys, addr_hash(&actual), 1, None);
                 match (released, taken) {
                     (Ok(a), Ok(b)) => {
-                        p.stats.in_flight(held, a);
-                        p.stats.in_flight(actual, b);
+                        p.stats.in_flight(&held, a);
+                        p.stats.in_flight(&actual, b);
                         self.holding = Some(actual);
                     }
                     (Ok(a), Err(_)) => {
-                        p.stats.in_flight(held, a);
+                        p.stats.in_flight(&held, a);
                         self.holding = None;
                         p.stats.failure(HostFailure::SharedData);
                     }
                     (Err(_), Ok(b)) => {
                         // Two slots held: release the new one, keep the old.
-                        p.stats.in_flight(actual, b);
-                        if let Ok(b) = p.in_flight.add(actual, -1, None) {
-                            p.stats.in_flight(actual, b);
+                        p.stats.in_flight(&actual, b);
+                        if let Ok(b) =
+                            InFlight::add(&HostShared, &p.keys, addr_hash(&actual), -1, None)
+                        {
+                            p.stats.in_flight(&actual, b);
                         }
                         p.stats.failure(HostFailure::SharedData);
                     }
@@ -389,25 +417,19 @@ impl HttpContext for RouterHttp {
     }
 
     fn on_log(&mut self) {
-        let (Some(p), Some(idx)) = (self.plugin.clone(), self.holding.take()) else {
+        let (Some(p), Some(held)) = (self.plugin.clone(), self.holding.take()) else {
             return;
         };
-        match p.in_flight.add(idx, -1, None) {
-            Ok(now) => p.stats.in_flight(idx, now),
+        match InFlight::add(&HostShared, &p.keys, addr_hash(&held), -1, None) {
+            Ok(now) => p.stats.in_flight(&held, now),
             Err(e) => {
-                log::warn!("#{} cannot release in-flight count: {e}", self.context_id);
+                log::warn!("#{} cannot release in-flight count: {e:?}", self.context_id);
                 p.stats.failure(HostFailure::SharedData);
             }
         }
         // The primary was decided at routing; count requests another host served.
-        if self.upstream.is_none() {
-            self.upstream = host::property(&["upstream", "address"]).ok().flatten();
-        }
-        if let Some(addr) = self.upstream.as_deref() {
-            let primary = self
-                .primary
-                .and_then(|i| p.router.config().endpoints.get(i));
-            if primary.is_some_and(|e| e.as_bytes() != addr) {
+        if let (Some(addr), Some(primary)) = (self.upstream_addr(), self.primary.as_deref()) {
+            if addr != primary {
                 p.stats.upstream_mismatch();
             }
         }

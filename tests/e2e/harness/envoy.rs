@@ -36,6 +36,23 @@ pub struct EnvoyConfig {
     pub body_buffer_limit: u64,
     /// Worker threads (`--concurrency`).
     pub concurrency: u32,
+    /// Members come from an EDS file (`path_config_source` + `watched_directory`)
+    /// instead of a STATIC load assignment; see [`Envoy::write_eds`].
+    pub eds: bool,
+}
+
+/// The EDS file (a DiscoveryResponse with one ClusterLoadAssignment for `llm`).
+pub fn eds_yaml(endpoints: &[String], version: u64) -> String {
+    let hosts: String = endpoints
+        .iter()
+        .map(|e| {
+            let (ip, p) = e.rsplit_once(':').expect("IP:port");
+            format!("    - endpoint: {{address: {{socket_address: {{address: {ip}, port_value: {p}}}}}}}\n")
+        })
+        .collect();
+    format!(
+        "version_info: \"{version}\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n  cluster_name: llm\n  endpoints:\n  - lb_endpoints:\n{hosts}"
+    )
 }
 
 impl EnvoyConfig {
@@ -50,7 +67,19 @@ impl EnvoyConfig {
             buffer_limit: 1 << 20,
             body_buffer_limit: 4 << 20,
             concurrency: 2,
+            eds: false,
         }
+    }
+
+    /// Discovery mode: the filter follows cluster `llm` through the admin
+    /// cluster `envoy_admin` every `refresh_ms`, with no `endpoints`.
+    pub fn discovery(mut self, refresh_ms: u64) -> EnvoyConfig {
+        if let Some(m) = self.filter.as_object_mut() {
+            m.remove("endpoints");
+        }
+        self.with("cluster", json!("llm"))
+            .with("admin_cluster", json!("envoy_admin"))
+            .with("refresh_ms", json!(refresh_ms))
     }
 
     /// Set one field of the plugin configuration.
@@ -68,6 +97,17 @@ impl EnvoyConfig {
 
     /// Render the Envoy YAML.
     pub fn render(&self, admin_port: u16, port: u16, wasm: &str) -> String {
+        self.render_in(admin_port, port, wasm, std::path::Path::new("."))
+    }
+
+    /// Render the Envoy YAML; an EDS file lives in `dir/eds/eds.yaml`.
+    pub fn render_in(
+        &self,
+        admin_port: u16,
+        port: u16,
+        wasm: &str,
+        dir: &std::path::Path,
+    ) -> String {
         let hosts: String = self
             .endpoints
             .iter()
@@ -85,8 +125,19 @@ impl EnvoyConfig {
         let retry_on = &self.retry_on;
         let buffer = self.buffer_limit;
         let body_buffer = self.body_buffer_limit;
+        let eds_dir = dir.join("eds");
+        let members = if self.eds {
+            format!(
+                "    type: EDS\n    eds_cluster_config:\n      eds_config:\n        resource_api_version: V3\n        path_config_source:\n          path: {}\n          watched_directory: {{path: {}}}\n",
+                eds_dir.join("eds.yaml").display(),
+                eds_dir.display()
+            )
+        } else {
+            format!("    type: STATIC\n    load_assignment:\n      cluster_name: llm\n      endpoints:\n      - lb_endpoints:\n{hosts}")
+        };
         format!(
-            r#"admin:
+            r#"node: {{id: prefix-router-e2e, cluster: prefix-router-e2e}}
+admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
 static_resources:
   listeners:
@@ -156,17 +207,20 @@ static_resources:
                 typed_config:
                   "@type": type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec
   clusters:
-  - name: llm
+  - name: envoy_admin
     type: STATIC
+    connect_timeout: 0.5s
+    load_assignment:
+      cluster_name: envoy_admin
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}}}
+  - name: llm
     connect_timeout: 0.5s
     circuit_breakers:
       thresholds:
       - {{priority: DEFAULT, max_connections: 4096, max_pending_requests: 4096, max_requests: 4096, max_retries: 256}}
-    load_assignment:
-      cluster_name: llm
-      endpoints:
-      - lb_endpoints:
-{hosts}    health_checks:
+{members}    health_checks:
     - timeout: 0.5s
       interval: {hc}
       no_traffic_interval: {hc}
@@ -202,7 +256,10 @@ pub struct Envoy {
     /// The YAML it runs.
     pub config_path: PathBuf,
     /// Cluster members (to wait for their health).
-    endpoints: Vec<String>,
+    pub endpoints: Vec<String>,
+    /// Directory of the EDS file.
+    eds_dir: PathBuf,
+    eds_version: u64,
 }
 
 impl Envoy {
@@ -210,7 +267,11 @@ impl Envoy {
     pub fn spawn(dir: &std::path::Path, name: &str, cfg: &EnvoyConfig) -> Envoy {
         let (admin_port, port) = (free_port(), free_port());
         let wasm = wasm_path();
-        let yaml = cfg.render(admin_port, port, &wasm.to_string_lossy());
+        let yaml = cfg.render_in(admin_port, port, &wasm.to_string_lossy(), dir);
+        if cfg.eds {
+            std::fs::create_dir_all(dir.join("eds")).expect("mkdir eds");
+            write_file(&dir.join("eds"), "eds.yaml", &eds_yaml(&cfg.endpoints, 1));
+        }
         Envoy::spawn_yaml(
             dir,
             name,
@@ -249,7 +310,22 @@ impl Envoy {
             port,
             config_path,
             endpoints: endpoints.to_vec(),
+            eds_dir: dir.join("eds"),
+            eds_version: 1,
         }
+    }
+
+    /// Replace the EDS membership atomically (write a temporary file, rename it
+    /// over `eds.yaml`: the watched directory sees one move).
+    pub fn write_eds(&mut self, endpoints: &[String]) {
+        self.eds_version += 1;
+        let tmp = write_file(
+            &self.eds_dir,
+            &format!(".eds-{}.tmp", self.eds_version),
+            &eds_yaml(endpoints, self.eds_version),
+        );
+        std::fs::rename(&tmp, self.eds_dir.join("eds.yaml")).expect("rename eds");
+        self.endpoints = endpoints.to_vec();
     }
 
     /// Start Envoy and wait until it is ready, its listener accepts and every cluster
