@@ -109,9 +109,26 @@ impl View {
         self.hashes.iter().map(|&h| t.get(h)).collect()
     }
 
+    /// Where a retry of a request to member `i` should go: the host that
+    /// takes over `i`'s prefixes if `i` is dead (its [`View::successor`] with
+    /// `i` excluded), so a retried request and the requests after it meet on
+    /// one replica.
+    pub fn takeover(&self, i: usize, usable: &[bool]) -> Option<usize> {
+        let mut u = if usable.iter().any(|&x| x) {
+            usable.to_vec()
+        } else {
+            vec![true; self.hashes.len()]
+        };
+        if let Some(x) = u.get_mut(i) {
+            *x = false;
+        }
+        self.successor(i, &u)
+    }
+
     /// The usable host that takes over member `i`'s prefixes.
     pub fn successor(&self, i: usize, usable: &[bool]) -> Option<usize> {
-        let ok = |c: usize| usable.get(c).copied().unwrap_or(false);
+        // An empty slice means "all usable" (fail open).
+        let ok = |c: usize| usable.is_empty() || usable.get(c).copied().unwrap_or(false);
         if ok(i) {
             return Some(i);
         }
@@ -128,12 +145,17 @@ pub struct AddrSlots<'a, S> {
 }
 
 impl<'a, S: SlotStore> AddrSlots<'a, S> {
-    /// Wrap `inner` for `view` with the current usability.
+    /// Wrap `inner` for `view` with the current usability. When no member
+    /// is usable every one counts as usable (fail open, as selection does).
     pub fn new(inner: &'a mut S, view: &'a View, usable: &'a [bool]) -> AddrSlots<'a, S> {
         AddrSlots {
             inner,
             view,
-            usable,
+            usable: if usable.iter().any(|&u| u) {
+                usable
+            } else {
+                &[]
+            },
         }
     }
 }
@@ -302,6 +324,22 @@ mod tests {
             assert_eq!(d.primary, succ, "request {t}");
             assert_ne!(d.secondary, Some(hp));
         }
+        // Nothing usable (every host flagged): fail open, the entry still hits.
+        let none = vec![false; 5];
+        let mut s = AddrSlots::new(&mut store, &v2, &none);
+        let (d, _) = v2.router.select_affinity(
+            &key,
+            body.len(),
+            Loads {
+                in_flight: &[0; 5],
+                available: Some(&none),
+            },
+            &mut s,
+            &cost,
+            250,
+            0,
+        );
+        assert_eq!((d.primary, d.branch.as_str()), (succ, "hit"));
         // Revived: the prefix stays where it is now cached (the successor).
         let usable = vec![true; 5];
         let mut s = AddrSlots::new(&mut store, &v2, &usable);
@@ -336,5 +374,9 @@ mod tests {
         assert_eq!(v.position(b"10.0.0.2:8000"), Some(1));
         assert_eq!(v.successor(0, &[true, false, false]), Some(0));
         assert_eq!(v.successor(1, &[false, false, false]), None);
+        assert_eq!(v.successor(1, &[]), Some(1)); // fail open
+        let t = v.takeover(1, &[true, true, true]).unwrap();
+        assert_ne!(t, 1);
+        assert_eq!(v.successor(1, &[t == 0, false, t == 2]), Some(t));
     }
 }

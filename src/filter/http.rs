@@ -158,7 +158,10 @@ impl RouterHttp {
         };
 
         let decision = if cfg.strategy == Strategy::Affinity {
-            self.select_affinity(&p, &view, &key, prompt_chars, l, ticket)
+            let mut d = self.select_affinity(&p, &view, &key, prompt_chars, l, ticket);
+            // Retry where the primary's prefixes go if it is dead.
+            d.secondary = view.takeover(d.primary, &usable).or(d.secondary);
+            d
         } else {
             view.router.select(&key, l, ticket)
         };

@@ -96,10 +96,6 @@ impl EnvoyConfig {
     }
 
     /// Render the Envoy YAML.
-    pub fn render(&self, admin_port: u16, port: u16, wasm: &str) -> String {
-        self.render_in(admin_port, port, wasm, std::path::Path::new("."))
-    }
-
     /// Render the Envoy YAML; an EDS file lives in `dir/eds/eds.yaml`.
     pub fn render_in(
         &self,
@@ -157,7 +153,7 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog
               log_format:
                 text_format_source:
-                  inline_string: "ACCESS %REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% upstream=%UPSTREAM_HOST% decision=%REQ(x-prefix-router-decision)% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% replica=%RESP(x-replica-id)% dur=%DURATION%\n"
+                  inline_string: "ACCESS %REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% upstream=%UPSTREAM_HOST% decision=%REQ(x-prefix-router-decision)% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% replica=%RESP(x-replica-id)% dur=%DURATION% tag=%REQ(x-test-tag)%\n"
           route_config:
             name: llm_routes
             virtual_hosts:

@@ -41,6 +41,21 @@ pub struct Replica {
     /// Its loopback port.
     pub port: u16,
     proc: Proc,
+    opts: ReplicaOpts,
+    log: std::path::PathBuf,
+}
+
+fn spawn(id: &str, port: u16, o: &ReplicaOpts, log: &std::path::Path) -> Proc {
+    let mut cmd = Command::new(emulator_bin());
+    cmd.args(["--port", &port.to_string(), "--id", id])
+        .args([
+            "--prefill-us-per-token",
+            &o.prefill_us_per_token.to_string(),
+        ])
+        .args(["--decode-ms-per-token", &o.decode_ms_per_token.to_string()])
+        .args(["--max-running", &o.max_running.to_string()])
+        .args(["--fail", o.fail]);
+    Proc::spawn(&format!("replica {id}"), cmd, log)
 }
 
 impl Replica {
@@ -56,6 +71,22 @@ impl Replica {
     /// Kill the process (SIGKILL): the replica dies without a goodbye.
     pub fn kill(&mut self) {
         self.proc.kill();
+    }
+
+    /// Start it again on the same port (after [`Replica::kill`]); waits for `/health`.
+    pub fn restart(&mut self) {
+        self.proc.kill();
+        self.proc = spawn(
+            &self.id,
+            self.port,
+            &self.opts,
+            &self.log.with_extension("2.log"),
+        );
+        let client = Client::new(Duration::from_secs(2));
+        let up = wait_for(Duration::from_secs(15), || {
+            (port_open(self.port) && client.get(&self.url("/health")).is_ok()).then_some(())
+        });
+        assert!(up.is_some(), "replica {} did not come back", self.id);
     }
 
     /// Switch the failure mode at run time.
@@ -130,26 +161,19 @@ impl Fleet {
 
     /// Start one emulator per entry of `opts` and wait until each answers `/health`.
     pub fn start_each(dir: &std::path::Path, opts: &[ReplicaOpts]) -> Fleet {
-        let bin = emulator_bin();
         let mut replicas = Vec::new();
         for (i, o) in opts.iter().enumerate() {
             let id = format!("r{i}");
             let port = free_port();
-            let mut cmd = Command::new(&bin);
-            cmd.args(["--port", &port.to_string(), "--id", &id])
-                .args([
-                    "--prefill-us-per-token",
-                    &o.prefill_us_per_token.to_string(),
-                ])
-                .args(["--decode-ms-per-token", &o.decode_ms_per_token.to_string()])
-                .args(["--max-running", &o.max_running.to_string()])
-                .args(["--fail", o.fail]);
-            let proc = Proc::spawn(
-                &format!("replica {id}"),
-                cmd,
-                &dir.join(format!("{id}.log")),
-            );
-            replicas.push(Replica { id, port, proc });
+            let log = dir.join(format!("{id}.log"));
+            let proc = spawn(&id, port, o, &log);
+            replicas.push(Replica {
+                id,
+                port,
+                proc,
+                opts: o.clone(),
+                log,
+            });
         }
         let client = Client::new(Duration::from_secs(2));
         for r in &mut replicas {

@@ -1,0 +1,252 @@
+//! Live cluster view: membership from Envoy's admin API (EDS scaling under load),
+//! health (a killed prefix holder), recovery.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::harness::procs::wait_for;
+use crate::harness::workload::{chat, text};
+use crate::harness::{workdir, Client, Envoy, EnvoyConfig, Fleet, ReplicaOpts};
+
+/// One request of the background load: (sent at, status, replica id).
+type Landed = (Instant, u16, String);
+
+/// `threads` clients sending chats with `prefixes` rotating system prompts
+/// (tag `tag`) until `stop`.
+fn load(
+    url: String,
+    threads: usize,
+    prefixes: usize,
+    tag: &'static str,
+    stop: Arc<AtomicBool>,
+) -> (Vec<thread::JoinHandle<()>>, Arc<Mutex<Vec<Landed>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let handles = (0..threads)
+        .map(|t| {
+            let (url, stop, seen) = (url.clone(), stop.clone(), seen.clone());
+            thread::spawn(move || {
+                let c = Client::new(Duration::from_secs(15));
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) && i < 100_000 {
+                    let body = chat(&text(&format!("{tag}-{}", i % prefixes), 1200), "go");
+                    let at = Instant::now();
+                    let (status, id) = match c.post(&url, body.as_bytes(), &[("x-test-tag", tag)]) {
+                        Ok(r) => (r.status, r.replica().unwrap_or("-").to_string()),
+                        Err(e) => (0, e),
+                    };
+                    seen.lock().unwrap().push((at, status, id));
+                    i += threads;
+                }
+            })
+        })
+        .collect();
+    (handles, seen)
+}
+
+/// Requests sent after `t`, by replica id.
+fn landed_after(seen: &[Landed], t: Instant) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for (_, _, id) in seen.iter().filter(|(at, _, _)| *at >= t) {
+        *m.entry(id.clone()).or_default() += 1;
+    }
+    m
+}
+
+/// Wait until the filter's poll sees `n` available hosts.
+fn wait_available(envoy: &Envoy, n: u64) {
+    let ok = wait_for(Duration::from_secs(10), || {
+        (envoy.stats().get("prefix_router.cluster.available") == n).then_some(())
+    });
+    assert!(ok.is_some(), "{}", envoy.stats().dump("cluster"));
+}
+
+/// EDS file 3 → 5 → 2 hosts under steady load: every request succeeds, new hosts
+/// take traffic within a few poll periods, removed hosts stop getting new requests.
+#[test]
+fn eds_scaling_under_load_follows_membership() {
+    let dir = workdir("eds-scale");
+    let fleet = Fleet::start(&dir, 5, &ReplicaOpts::default());
+    let all = fleet.endpoints();
+    let mut cfg = EnvoyConfig::prefix(&all[..3]).discovery(200);
+    cfg.eds = true;
+    let mut envoy = Envoy::start(&dir, "envoy", &cfg);
+    wait_available(&envoy, 3);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (handles, seen) = load(envoy.url("/v1/chat/completions"), 3, 40, "bg", stop.clone());
+    let ids = |addrs: &[String]| -> Vec<String> {
+        addrs.iter().map(|a| fleet.by_addr(a).id.clone()).collect()
+    };
+
+    thread::sleep(Duration::from_secs(2));
+    let t_up = Instant::now();
+    envoy.write_eds(&all);
+    let new_ids = ids(&all[3..]);
+    let first_new = wait_for(Duration::from_secs(15), || {
+        let s = seen.lock().unwrap();
+        let m = landed_after(&s, t_up);
+        new_ids
+            .iter()
+            .all(|id| m.contains_key(id))
+            .then(|| t_up.elapsed())
+    });
+    thread::sleep(Duration::from_secs(2));
+    let t_down = Instant::now();
+    envoy.write_eds(&all[..2]);
+    thread::sleep(Duration::from_secs(4));
+    let t_settled = Instant::now();
+    thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.join().unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    let failed: Vec<&Landed> = seen.iter().filter(|(_, s, _)| *s != 200).collect();
+    let removed = ids(&all[2..]);
+    let late = landed_after(&seen, t_settled);
+    let last_on_removed = seen
+        .iter()
+        .filter(|(at, _, id)| *at >= t_down && removed.contains(id))
+        .map(|(at, _, _)| at.duration_since(t_down))
+        .max();
+    eprintln!(
+        "eds-scale: {} requests, {} failed; 3->5 all new hosts serving after {:?}; 5->2 last request on a removed host {:?} after the write; after settling: {:?}",
+        seen.len(),
+        failed.len(),
+        first_new,
+        last_on_removed,
+        late
+    );
+    assert!(failed.is_empty(), "failed requests: {failed:?}");
+    assert!(
+        first_new.is_some(),
+        "new hosts never served: {:?}",
+        landed_after(&seen, t_up)
+    );
+    assert!(
+        late.keys().all(|id| !removed.contains(id)),
+        "removed hosts still served new requests: {late:?}"
+    );
+    assert!(
+        late.values().sum::<usize>() > 10,
+        "too little load: {late:?}"
+    );
+    let stats = envoy.stats();
+    assert!(
+        stats.get("prefix_router.cluster.generation") >= 3,
+        "{}",
+        stats.dump("cluster")
+    );
+    // Removed hosts that still pass health checks stay listed as pending removal.
+    assert_eq!(
+        stats.get("prefix_router.cluster.available"),
+        2,
+        "{}",
+        stats.dump("cluster")
+    );
+}
+
+/// Kill the replica holding a hot prefix under load: at most 2 of that prefix's
+/// requests pay a retry, ≥ 90 % of its later requests land on one replica, no
+/// request fails; restarted, the replica takes new traffic again.
+#[test]
+fn killed_holder_moves_to_one_successor_and_comes_back() {
+    let dir = workdir("holder-kill");
+    let mut fleet = Fleet::start(&dir, 4, &ReplicaOpts::default());
+    let cfg = EnvoyConfig::prefix(&fleet.endpoints())
+        .discovery(200)
+        .with("strategy", json!("affinity"))
+        .with("load_factor", json!(2.0));
+    let envoy = Envoy::start(&dir, "envoy", &cfg);
+    wait_available(&envoy, 4);
+    let url = envoy.url("/v1/chat/completions");
+    let client = Client::new(Duration::from_secs(15));
+    let hot = text("hot-prefix", 6000);
+    let send_hot = |i: usize| {
+        let body = chat(&hot, &format!("question {i}"));
+        let r = client
+            .post(&url, body.as_bytes(), &[("x-test-tag", "hot")])
+            .unwrap_or_else(|e| panic!("hot request {i}: {e}"));
+        assert_eq!(r.status, 200, "hot request {i}: {}", r.body);
+        r.replica().expect("x-replica-id").to_string()
+    };
+    let warm: Vec<String> = (0..5).map(send_hot).collect();
+    assert!(
+        warm.iter().all(|r| *r == warm[0]),
+        "hot prefix not sticky: {warm:?}"
+    );
+    let holder = fleet.by_id(&warm[0]).addr();
+    let hi = fleet
+        .replicas
+        .iter()
+        .position(|r| r.addr() == holder)
+        .unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (handles, seen) = load(url.clone(), 2, 30, "bg", stop.clone());
+    thread::sleep(Duration::from_millis(500));
+    fleet.replicas[hi].kill();
+    let after: Vec<String> = (0..30)
+        .map(|i| {
+            let r = send_hot(100 + i);
+            thread::sleep(Duration::from_millis(50));
+            r
+        })
+        .collect();
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &after {
+        *counts.entry(r.as_str()).or_default() += 1;
+    }
+    let top = counts.values().max().copied().unwrap_or(0);
+    let hot_retries = envoy
+        .wait_access_log(35)
+        .iter()
+        .filter(|l| l.contains("tag=hot") && !l.contains("attempts=1 "))
+        .count();
+
+    // Restart the holder: once healthy it takes new (cold) traffic again.
+    fleet.replicas[hi].restart();
+    envoy.wait_health(std::slice::from_ref(&holder), true, Duration::from_secs(15));
+    thread::sleep(Duration::from_millis(800)); // a few poll periods
+                                               // New prefixes (cold): ring placement includes the restarted replica again.
+    let mut back: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..40 {
+        let body = chat(&text(&format!("after-restart-{i}"), 1200), "go");
+        let r = client.post(&url, body.as_bytes(), &[]).expect("post");
+        assert_eq!(r.status, 200, "{}", r.body);
+        *back
+            .entry(r.replica().unwrap_or("-").to_string())
+            .or_default() += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.join().unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    let failed: Vec<&Landed> = seen.iter().filter(|(_, s, _)| *s != 200).collect();
+    let stats = envoy.stats();
+    eprintln!(
+        "holder-kill: hot prefix after the kill {counts:?}, {hot_retries} retried; background {} requests, {} failed; after restart {back:?}; marked_down={}",
+        seen.len(),
+        failed.len(),
+        stats.get("prefix_router.cluster.marked_down")
+    );
+    assert!(failed.is_empty(), "failed requests: {failed:?}");
+    assert!(
+        !counts.contains_key(warm[0].as_str()),
+        "dead holder served: {counts:?}"
+    );
+    assert!(hot_retries <= 2, "{hot_retries} hot requests paid a retry");
+    assert!(
+        top * 10 >= after.len() * 9,
+        "hot prefix scattered: {counts:?}"
+    );
+    assert!(
+        back.contains_key(&warm[0]),
+        "restarted holder gets no traffic: {back:?}"
+    );
+}
