@@ -41,6 +41,7 @@ pub mod affinity;
 pub mod config;
 pub mod cost;
 pub mod decision;
+pub mod engine;
 pub mod extract;
 pub mod hash;
 pub mod index;
