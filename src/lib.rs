@@ -42,6 +42,7 @@ pub mod cluster;
 pub mod config;
 pub mod cost;
 pub mod decision;
+pub mod engine;
 pub mod extract;
 pub mod hash;
 pub mod index;
