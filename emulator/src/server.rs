@@ -3,7 +3,9 @@
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
 //! `GET /health`, `GET /metrics`, `GET /version`, `GET /debug/requests[?since=SEQ]`,
 //! `DELETE /debug/requests`, `POST /admin/fail?mode=none|503|hang|die`,
-//! `POST /admin/reset-cache`, `GET /admin/state`. Anything else: 404 JSON error (405 for a
+//! `POST /admin/reset-cache`, `GET /admin/state`, `POST /admin/load?waiting=N&kv=F` (test
+//! knob: N extra waiting requests and a KV usage of F reported in `/metrics`; `kv=` alone
+//! or an empty value clears it). Anything else: 404 JSON error (405 for a
 //! known path with the wrong method). Every response carries `x-replica-id`.
 //!
 //! Failure modes apply to every path except `/admin/*` and `/debug/*` (so a test can always
@@ -55,6 +57,8 @@ pub struct Emulator {
     debug: Mutex<DebugLog>,
     seq: AtomicU64,
     started: Instant,
+    /// `/admin/load`: (extra waiting requests added to the live gauge, KV usage shown).
+    reported: Mutex<(i64, Option<f64>)>,
 }
 
 impl Emulator {
@@ -75,6 +79,7 @@ impl Emulator {
             debug: Mutex::new(DebugLog::default()),
             seq: AtomicU64::new(0),
             started: Instant::now(),
+            reported: Mutex::new((0, None)),
             cfg,
         }
     }
@@ -88,6 +93,7 @@ impl Emulator {
             let c = lock(&self.cache);
             (c.usage(), c.cached_blocks(), c.stats())
         };
+        let kv_usage = lock(&self.reported).1.unwrap_or(kv_usage);
         self.metrics.render(&Snapshot {
             model: &self.cfg.model,
             id: &self.id,
@@ -302,6 +308,19 @@ async fn route(emu: &Arc<Emulator>, req: Request<Incoming>) -> Resp {
             json_resp(StatusCode::OK, &json!({"id": emu.id, "reset": true}))
         }
         (&Method::GET, "/admin/state") => json_resp(StatusCode::OK, &state(emu)),
+        (&Method::POST, "/admin/load") => {
+            let q = req.uri().query();
+            let waiting = query_param(q, "waiting").and_then(|v| v.parse::<i64>().ok());
+            let kv = query_param(q, "kv").and_then(|v| v.parse::<f64>().ok());
+            let mut r = lock(&emu.reported);
+            let extra = waiting.unwrap_or(0).clamp(0, 1 << 20);
+            emu.metrics.waiting.fetch_add(extra - r.0, Relaxed);
+            *r = (extra, kv.filter(|k| k.is_finite()));
+            json_resp(
+                StatusCode::OK,
+                &json!({"id": emu.id, "extra_waiting": r.0, "kv_usage": r.1}),
+            )
+        }
         (
             _,
             "/v1/chat/completions"
@@ -313,7 +332,8 @@ async fn route(emu: &Arc<Emulator>, req: Request<Incoming>) -> Resp {
             | "/debug/requests"
             | "/admin/fail"
             | "/admin/reset-cache"
-            | "/admin/state",
+            | "/admin/state"
+            | "/admin/load",
         ) => error(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",

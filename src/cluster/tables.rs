@@ -11,6 +11,7 @@
 //! | `lease` | owner u64 ‖ expiry ms u64 | every root context (CAS) | 0 |
 //! | `inflight` | (addr hash u64, count u32)… sorted | requests (CAS), reconcile | 1 get + 1 CAS set per change |
 //! | `down` | (addr hash u64, until ms u64)… | requests (CAS), poller clears | 1 get |
+//! | `engine` | (addr hash, time, sample)… ([`super::engines`]) | the polling VM | 1 get (with `engine`) |
 //!
 //! Bound: each table holds at most one entry per host of the current
 //! membership plus hosts that left while still holding requests or a down
@@ -40,6 +41,8 @@ pub struct Keys {
     pub inflight: String,
     /// Passive down marks.
     pub down: String,
+    /// Engine samples ([`super::engines::EngineTable`]).
+    pub engine: String,
 }
 
 impl Keys {
@@ -52,6 +55,7 @@ impl Keys {
             lease: format!("{prefix}lease"),
             inflight: format!("{prefix}inflight"),
             down: format!("{prefix}down"),
+            engine: format!("{prefix}engine"),
             prefix,
         }
     }

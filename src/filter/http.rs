@@ -16,6 +16,7 @@ use super::host::{self, HostShared, BUFFER_REQUEST_BODY};
 use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::HostFailure;
+use crate::cluster::engines::{self, EngineTable};
 use crate::cluster::shared::MAX_CAS_ATTEMPTS;
 use crate::cluster::tables::{addr_hash, Down, InFlight};
 use crate::cluster::view::{AddrSlots, View};
@@ -132,7 +133,7 @@ impl RouterHttp {
             },
             None => None,
         };
-        let key = view.router.key(body, header_id.as_deref());
+        let (key, model) = view.router.key_and_model(body, header_id.as_deref());
         let snapshot = match InFlight::read(&HostShared, &p.keys.inflight) {
             Ok(s) => Some(s),
             Err(e) => {
@@ -141,7 +142,7 @@ impl RouterHttp {
                 None
             }
         };
-        let loads = view.loads(snapshot.as_ref().map_or(&InFlight::default(), |s| &s.0));
+        let mut loads = view.loads(snapshot.as_ref().map_or(&InFlight::default(), |s| &s.0));
         self.routed_at_ms = host::now_nanos() / 1_000_000;
         let down = match Down::read(&HostShared, &p.keys.down) {
             Ok((d, _)) => d,
@@ -150,7 +151,22 @@ impl RouterHttp {
                 Down::default()
             }
         };
-        let usable = view.usable(&down, self.routed_at_ms);
+        let mut usable = view.usable(&down, self.routed_at_ms);
+        if let Some(e) = &cfg.engine {
+            // Engine load, saturation and LoRA tiers (see cluster::engines).
+            match EngineTable::read(&HostShared, &p.keys) {
+                Ok(t) => p.stats.engine_effect(&engines::apply(
+                    &view,
+                    &t,
+                    e,
+                    model.as_deref(),
+                    self.routed_at_ms,
+                    &mut loads,
+                    &mut usable,
+                )),
+                Err(_) => p.stats.failure(HostFailure::SharedData),
+            }
+        }
         let ticket = self.ticket(&p);
         let l = Loads {
             in_flight: &loads,

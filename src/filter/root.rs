@@ -123,7 +123,11 @@ impl RootContext for RouterRoot {
         );
         let cost = RefCell::new(CostModel::new(Router::new(config.clone()).cost_config()));
         if let Some(d) = &config.discovery {
-            if let Err(e) = host::set_tick_period_ms(d.refresh_ms) {
+            let tick = config
+                .engine
+                .as_ref()
+                .map_or(d.refresh_ms, |e| e.refresh_ms.min(d.refresh_ms));
+            if let Err(e) = host::set_tick_period_ms(tick) {
                 log::error!("cannot set the poll period: {e}");
                 return false;
             }

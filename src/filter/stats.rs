@@ -12,11 +12,15 @@
 //! Live cluster view: `prefix_router.cluster.poll_ok`, `.poll_failed`,
 //! `.reconciled` (in-flight counts corrected to `rq_active`), `.marked_down`
 //! (passive health), `.no_members` (counters), `.generation`, `.members`,
-//! `.available` (gauges).
+//! `.available` (gauges); with `engine`: `.engine_scraped`,
+//! `.engine_scrape_failed`, and per request `.engine_stale` (hosts without a
+//! fresh sample), `.engine_saturated` (hosts left out), `.engine_lora`
+//! (requests narrowed to an adapter tier).
 //! Envoy exposes wasm-defined stats as they are named here (Prometheus:
 //! `/stats/prometheus` lists them with `.` → `_`).
 
 use super::host::{self, MetricKind};
+use crate::cluster::engines::Effect;
 use crate::cluster::sync::PollOutcome;
 use crate::decision::{Branch, KeySource};
 use std::cell::RefCell;
@@ -36,13 +40,13 @@ pub struct Stats {
     error_body: Option<u32>,
     /// Per address: (routed counter, in-flight gauge).
     hosts: RefCell<HashMap<String, HostIds>>,
-    cluster: [Option<u32>; 8],
+    cluster: [Option<u32>; 13],
     prefill_us_per_ktok: Option<u32>,
     wait_us_per_request: Option<u32>,
 }
 
 /// `prefix_router.cluster.*` stats: (is a counter, name).
-const CLUSTER_STATS: [(bool, &str); 8] = [
+const CLUSTER_STATS: [(bool, &str); 13] = [
     (true, "poll_ok"),
     (true, "poll_failed"),
     (true, "reconciled"),
@@ -51,6 +55,11 @@ const CLUSTER_STATS: [(bool, &str); 8] = [
     (false, "generation"),
     (false, "members"),
     (false, "available"),
+    (true, "engine_scraped"),
+    (true, "engine_scrape_failed"),
+    (true, "engine_stale"),
+    (true, "engine_saturated"),
+    (true, "engine_lora"),
 ];
 const C_POLL_OK: usize = 0;
 const C_POLL_FAILED: usize = 1;
@@ -60,6 +69,11 @@ const C_NO_MEMBERS: usize = 4;
 const C_GENERATION: usize = 5;
 const C_MEMBERS: usize = 6;
 const C_AVAILABLE: usize = 7;
+const C_SCRAPED: usize = 8;
+const C_SCRAPE_FAILED: usize = 9;
+const C_STALE: usize = 10;
+const C_SATURATED: usize = 11;
+const C_LORA: usize = 12;
 
 /// Errors counted in `prefix_router.error.<what>`.
 #[derive(Debug, Clone, Copy)]
@@ -148,6 +162,29 @@ impl Stats {
     /// Count a passive down mark.
     pub fn marked_down(&self) {
         Self::bump(self.cluster[C_MARKED_DOWN]);
+    }
+
+    /// Count a stored engine sample.
+    pub fn scraped(&self) {
+        Self::bump(self.cluster[C_SCRAPED]);
+    }
+
+    /// Count a failed engine scrape.
+    pub fn scrape_failed(&self) {
+        Self::bump(self.cluster[C_SCRAPE_FAILED]);
+    }
+
+    /// Count what the engine view did to one request.
+    pub fn engine_effect(&self, e: &Effect) {
+        for (i, n) in [
+            (C_STALE, e.stale),
+            (C_SATURATED, e.saturated),
+            (C_LORA, usize::from(e.lora_tier.is_some())),
+        ] {
+            if let (Some(id), true) = (self.cluster[i], n > 0) {
+                host::increment_metric(id, n as i64);
+            }
+        }
     }
 
     /// Count a failed admin poll.

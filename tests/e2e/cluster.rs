@@ -250,3 +250,82 @@ fn killed_holder_moves_to_one_successor_and_comes_back() {
         "restarted holder gets no traffic: {back:?}"
     );
 }
+
+/// Engine scraping: a replica reporting a full queue, then KV usage 0.95, gets no new
+/// traffic (the hot prefix it held moves, cold prefixes avoid it); cleared, it takes
+/// traffic again; all saturated, requests still succeed (fail open).
+#[test]
+fn saturated_replica_gets_no_new_traffic() {
+    let dir = workdir("saturation");
+    let fleet = Fleet::start(&dir, 3, &ReplicaOpts::default());
+    let cfg = EnvoyConfig::prefix(&fleet.endpoints())
+        .discovery(200)
+        .with("strategy", json!("affinity"))
+        .with(
+            "engine",
+            json!({"refresh_ms": 100, "max_queue": 8, "max_kv_usage": 0.9}),
+        );
+    let envoy = Envoy::start(&dir, "envoy", &cfg);
+    wait_available(&envoy, 3);
+    let scraped = wait_for(Duration::from_secs(10), || {
+        (envoy.stats().get("prefix_router.cluster.engine_scraped") >= 6).then_some(())
+    });
+    assert!(scraped.is_some(), "{}", envoy.stats().dump("cluster"));
+    let url = envoy.url("/v1/chat/completions");
+    let client = Client::new(Duration::from_secs(15));
+    let send = |body: &str| -> String {
+        let r = client.post(&url, body.as_bytes(), &[]).expect("post");
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.replica().expect("x-replica-id").to_string()
+    };
+    let hot = chat(&text("saturation-hot", 6000), "q");
+    let holder = send(&hot);
+    assert_eq!(send(&hot), holder);
+    let victim = fleet.by_id(&holder);
+    let cold_round = |round: &str| -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for i in 0..30 {
+            *m.entry(send(&chat(&text(&format!("{round}-{i}"), 1200), "go")))
+                .or_default() += 1;
+        }
+        m
+    };
+    let mut took = Vec::new();
+    for (what, waiting, kv) in [("queue", 20, None), ("kv", 0, Some(0.95))] {
+        victim.set_load(waiting, kv);
+        let t = Instant::now();
+        let moved = wait_for(Duration::from_secs(5), || {
+            (send(&hot) != holder).then(|| t.elapsed())
+        });
+        let cold = cold_round(what);
+        eprintln!("saturation ({what}): hot prefix left {holder} after {moved:?}; cold: {cold:?}");
+        assert!(
+            moved.is_some(),
+            "{what}: hot prefix stayed on the saturated replica"
+        );
+        assert!(
+            !cold.contains_key(&holder),
+            "{what}: saturated replica got cold traffic: {cold:?}"
+        );
+        took.push(moved);
+        victim.set_load(0, None);
+        thread::sleep(Duration::from_millis(400));
+    }
+    let cold = cold_round("cleared");
+    assert!(
+        cold.contains_key(&holder),
+        "cleared replica gets nothing: {cold:?}"
+    );
+    for r in &fleet.replicas {
+        r.set_load(50, None);
+    }
+    thread::sleep(Duration::from_millis(400));
+    let all = cold_round("all-saturated");
+    assert_eq!(all.values().sum::<usize>(), 30);
+    let stats = envoy.stats();
+    eprintln!(
+        "saturation: all saturated -> {all:?}; {}",
+        stats.dump("engine")
+    );
+    assert!(stats.get("prefix_router.cluster.engine_saturated") > 0);
+}

@@ -102,6 +102,25 @@ impl Replica {
         );
     }
 
+    /// Make `/metrics` report `waiting` extra queued requests and KV usage `kv`
+    /// (`None`: the real value).
+    pub fn set_load(&self, waiting: u32, kv: Option<f64>) {
+        let kv = kv.map_or(String::new(), |k| k.to_string());
+        let r = Client::new(Duration::from_secs(5))
+            .post(
+                &self.url(&format!("/admin/load?waiting={waiting}&kv={kv}")),
+                b"",
+                &[],
+            )
+            .unwrap_or_else(|e| panic!("replica {}: set load: {e}", self.id));
+        assert!(
+            r.status < 300,
+            "replica {}: /admin/load -> {}",
+            self.id,
+            r.status
+        );
+    }
+
     /// Recent requests as the emulator saw them (`/debug/requests`), oldest first.
     pub fn requests(&self) -> Vec<Value> {
         let r = Client::new(Duration::from_secs(5))
