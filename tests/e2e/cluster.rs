@@ -329,3 +329,68 @@ fn saturated_replica_gets_no_new_traffic() {
     );
     assert!(stats.get("prefix_router.cluster.engine_saturated") > 0);
 }
+
+/// LoRA: requests naming an adapter go to the replicas that have it loaded (from
+/// their `vllm:lora_requests_info`), the prefix choice made among them; requests for
+/// the base model use every replica.
+#[test]
+fn lora_requests_prefer_replicas_with_the_adapter() {
+    let dir = workdir("lora");
+    let with = ReplicaOpts {
+        lora_adapters: vec!["sql-lora".into()],
+        ..ReplicaOpts::default()
+    };
+    let opts = [
+        ReplicaOpts::default(),
+        with.clone(),
+        ReplicaOpts::default(),
+        with,
+    ];
+    let fleet = Fleet::start_each(&dir, &opts);
+    let cfg = EnvoyConfig::prefix(&fleet.endpoints())
+        .discovery(200)
+        .with("strategy", json!("affinity"))
+        .with("engine", json!({"refresh_ms": 100}));
+    let envoy = Envoy::start(&dir, "envoy", &cfg);
+    wait_available(&envoy, 4);
+    let scraped = wait_for(Duration::from_secs(10), || {
+        (envoy.stats().get("prefix_router.cluster.engine_scraped") >= 8).then_some(())
+    });
+    assert!(scraped.is_some(), "{}", envoy.stats().dump("cluster"));
+    let url = envoy.url("/v1/chat/completions");
+    let client = Client::new(Duration::from_secs(15));
+    let round = |model: &str| -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for i in 0..24 {
+            let body = json!({
+                "model": model,
+                "messages": [{"role": "system", "content": text(&format!("{model}-{i}"), 1500)},
+                             {"role": "user", "content": "q"}],
+                "max_tokens": 4
+            })
+            .to_string();
+            let r = client.post(&url, body.as_bytes(), &[]).expect("post");
+            assert_eq!(r.status, 200, "{}", r.body);
+            *m.entry(r.replica().unwrap_or("-").to_string()).or_default() += 1;
+        }
+        m
+    };
+    let lora = round("sql-lora");
+    let base = round("base-model");
+    let stats = envoy.stats();
+    eprintln!(
+        "lora: adapter -> {lora:?}; base model -> {base:?}; lora-narrowed requests {}",
+        stats.get("prefix_router.cluster.engine_lora")
+    );
+    assert!(
+        lora.keys().all(|r| r == "r1" || r == "r3"),
+        "adapter request on a replica without it: {lora:?}"
+    );
+    assert_eq!(
+        lora.len(),
+        2,
+        "prefix choice should still spread over both: {lora:?}"
+    );
+    assert!(base.len() >= 3, "base model requests narrowed: {base:?}");
+    assert_eq!(stats.get("prefix_router.cluster.engine_lora"), 24);
+}

@@ -20,6 +20,8 @@ pub struct ReplicaOpts {
     pub max_running: usize,
     /// `none | 503 | hang | die`.
     pub fail: &'static str,
+    /// LoRA adapters served (`--lora-adapters`), listed as loaded in `/metrics`.
+    pub lora_adapters: Vec<String>,
 }
 
 impl Default for ReplicaOpts {
@@ -30,6 +32,7 @@ impl Default for ReplicaOpts {
             decode_ms_per_token: 0.2,
             max_running: 64,
             fail: "none",
+            lora_adapters: Vec::new(),
         }
     }
 }
@@ -55,6 +58,9 @@ fn spawn(id: &str, port: u16, o: &ReplicaOpts, log: &std::path::Path) -> Proc {
         .args(["--decode-ms-per-token", &o.decode_ms_per_token.to_string()])
         .args(["--max-running", &o.max_running.to_string()])
         .args(["--fail", o.fail]);
+    if !o.lora_adapters.is_empty() {
+        cmd.args(["--lora-adapters", &o.lora_adapters.join(",")]);
+    }
     Proc::spawn(&format!("replica {id}"), cmd, log)
 }
 
