@@ -35,15 +35,15 @@ pub struct PollOutcome {
     pub members: usize,
     /// Members without health flags.
     pub available: usize,
-    /// In-flight counts corrected to Envoy's `rq_active`.
-    pub reconciled: usize,
+    /// In-flight counts lowered to Envoy's `rq_active`: (address, new count).
+    pub reconciled: Vec<(String, u32)>,
 }
 
 /// Apply one `/clusters?format=json` response: publish the membership (new
 /// generation only if it changed), clear the passive down marks of hosts the
 /// poll shows recovered (unavailable in the previous snapshot, available now),
-/// and reset in-flight counts to Envoy's `rq_active` (repairs lost releases
-/// within one period).
+/// and lower in-flight counts to Envoy's `rq_active` (repairs lost releases
+/// within one period; see [`InFlight::reconcile`]).
 ///
 /// # Errors
 /// The document does not parse (nothing is changed), or shared data failed.
@@ -84,12 +84,21 @@ pub fn apply_hosts<S: SharedData + ?Sized>(
         .map(|h| (addr_hash(&h.addr), h.rq_active))
         .collect();
     let fixed = InFlight::reconcile(s, k, &envoy)?;
+    let reconciled = fixed
+        .iter()
+        .filter_map(|&(h, _, now)| {
+            hosts
+                .iter()
+                .find(|x| addr_hash(&x.addr) == h)
+                .map(|x| (x.addr.clone(), now))
+        })
+        .collect();
     Ok(PollOutcome {
         generation: snap.generation,
         changed: old.map_or(true, |o| o.generation != snap.generation),
         members: hosts.len(),
         available: hosts.iter().filter(|h| h.available).count(),
-        reconciled: fixed.len(),
+        reconciled,
     })
 }
 
@@ -249,7 +258,7 @@ mod tests {
             1500,
         )
         .unwrap();
-        assert_eq!(o.reconciled, 1);
+        assert_eq!(o.reconciled, vec![(a.to_string(), 1)]);
         let (down, _) = Down::read(&s, &k.down).unwrap();
         assert!(down.is_down(addr_hash(a), 1500));
         let (t, _) = InFlight::read(&s, &k.inflight).unwrap();

@@ -326,9 +326,17 @@ impl InFlight {
         Ok(t.get(h))
     }
 
-    /// Replace the counts of the hosts Envoy reports by its own `rq_active`
-    /// and drop hosts Envoy no longer lists. Returns the hosts corrected
-    /// (`(hash, ours, envoy's)`).
+    /// Lower the count of every host Envoy reports above its own
+    /// `rq_active` to it, and drop hosts Envoy no longer lists. Returns the
+    /// hosts corrected (`(hash, ours, envoy's)`).
+    ///
+    /// Only downwards: a count above Envoy's is a lost release (a VM died
+    /// between taking and releasing); a count below it is requests Envoy
+    /// sees that we do not count (the poller's own scrapes, requests that
+    /// reached the cluster without the filter's target), never ours to add.
+    /// A request routed but not yet connected at poll time is dropped from
+    /// the count and its release then saturates at 0: the count errs low
+    /// for that request's lifetime and is exact again when it ends.
     pub fn reconcile<S: SharedData + ?Sized>(
         s: &S,
         k: &Keys,
@@ -340,10 +348,10 @@ impl InFlight {
             let old = std::mem::take(t);
             for &(h, rq) in envoy {
                 let ours = old.get(h);
-                if ours != rq {
+                if ours > rq {
                     fixed.push((h, ours, rq));
                 }
-                t.set(h, rq);
+                t.set(h, ours.min(rq));
             }
         })?;
         Ok(fixed)
@@ -449,6 +457,9 @@ mod tests {
         assert_eq!(fixed, vec![(a, 2, 1)]);
         let (t, _) = InFlight::read(&s, &k.inflight).unwrap();
         assert_eq!((t.get(a), t.get(b), t.entries.len()), (1, 0, 1));
+        // Envoy counting more (its own scrapes, unrouted requests): never raised.
+        assert!(InFlight::reconcile(&s, &k, &[(a, 5)]).unwrap().is_empty());
+        assert_eq!(InFlight::read(&s, &k.inflight).unwrap().0.get(a), 1);
         assert_eq!(InFlight::decode(Some(b"garbage")), InFlight::default());
     }
 

@@ -115,6 +115,9 @@ impl RouterHttp {
         let Some(p) = self.plugin.clone() else { return };
         self.routed = true;
         let view = p.follower.current(&HostShared, &p.keys);
+        if p.stats_generation.replace(view.generation) != view.generation {
+            p.stats.members(view.endpoints());
+        }
         if view.endpoints().is_empty() {
             // No membership yet (discovery before the first poll, no bootstrap
             // endpoints): leave the target unset, Envoy's fallback policy picks.

@@ -28,6 +28,8 @@ pub struct Plugin {
     pub cost: RefCell<CostModel>,
     /// Metric ids.
     pub stats: Stats,
+    /// Generation whose endpoints have their metrics defined.
+    pub stats_generation: std::cell::Cell<u64>,
 }
 
 impl Plugin {
@@ -112,6 +114,7 @@ impl RootContext for RouterRoot {
             }
         }
         let stats = Stats::define();
+        stats.members(&config.endpoints);
         log::info!(
             "configured: strategy={} endpoints={} cluster={} prefix_length={} concurrency_threshold={} load_factor={} plugin={plugin_name:?}",
             config.strategy.as_str(),
@@ -148,6 +151,7 @@ impl RootContext for RouterRoot {
             keys,
             cost,
             stats,
+            stats_generation: std::cell::Cell::new(0),
         }));
         true
     }

@@ -154,6 +154,14 @@ impl Stats {
         })
     }
 
+    /// Define the per-endpoint metrics of every member (gauges start at 0,
+    /// so every replica has them before its first request).
+    pub fn members(&self, endpoints: &[String]) {
+        for e in endpoints {
+            self.host(e);
+        }
+    }
+
     /// Count a request left unrouted for want of members.
     pub fn no_members(&self) {
         Self::bump(self.cluster[C_NO_MEMBERS]);
@@ -196,7 +204,10 @@ impl Stats {
     pub fn polled(&self, o: &PollOutcome) {
         Self::bump(self.cluster[C_POLL_OK]);
         if let Some(id) = self.cluster[C_RECONCILED] {
-            host::increment_metric(id, o.reconciled as i64);
+            host::increment_metric(id, o.reconciled.len() as i64);
+        }
+        for (addr, n) in &o.reconciled {
+            self.in_flight(addr, *n);
         }
         for (i, v) in [
             (C_GENERATION, o.generation),
