@@ -394,3 +394,92 @@ fn lora_requests_prefer_replicas_with_the_adapter() {
     assert!(base.len() >= 3, "base model requests narrowed: {base:?}");
     assert_eq!(stats.get("prefix_router.cluster.engine_lora"), 24);
 }
+
+/// Allocated bytes of the Envoy process (admin `/memory`).
+fn allocated(envoy: &Envoy) -> u64 {
+    let v: serde_json::Value = serde_json::from_str(&envoy.admin("/memory")).unwrap_or_default();
+    v["allocated"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Configuration pushes (ECDS from a file): a reordered, reformatted configuration keeps
+/// the prefix index (the next request is a hit) and the count of a request in flight
+/// across the push; 100 pushes with requests in between keep routing warm and memory
+/// bounded.
+#[test]
+fn config_pushes_keep_index_and_counts() {
+    let dir = workdir("push");
+    let slow = ReplicaOpts {
+        decode_ms_per_token: 20.0,
+        ..ReplicaOpts::default()
+    };
+    let fleet = Fleet::start(&dir, 3, &slow);
+    let mut cfg = EnvoyConfig::prefix(&fleet.endpoints()).with("strategy", json!("affinity"));
+    cfg.ecds = true;
+    let mut envoy = Envoy::start(&dir, "envoy", &cfg);
+    let url = envoy.url("/v1/chat/completions");
+    let client = Client::new(Duration::from_secs(15));
+    let hot = text("push-hot", 6000);
+    let send = |body: &str| {
+        let r = client.post(&url, body.as_bytes(), &[]).expect("post");
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.replica().expect("x-replica-id").to_string()
+    };
+    let holder = send(&chat(&hot, "a"));
+    assert_eq!(send(&chat(&hot, "b")), holder);
+    let h_addr = fleet.by_id(&holder).addr();
+    // A request held open across the push.
+    let mut stream = client
+        .post_streaming(
+            &url,
+            &crate::harness::workload::chat_with(&hot, "s", 100, true),
+        )
+        .expect("stream");
+    stream.first_chunk().expect("first chunk");
+    // Reordered endpoints, another (irrelevant) value, pretty-printed.
+    let mut eps = fleet.endpoints();
+    eps.reverse();
+    let pushed = |i: u64, eps: &[String]| {
+        serde_json::to_string_pretty(&json!({
+            "endpoints": eps, "strategy": "affinity", "routing_budget_ms": 1000 + i
+        }))
+        .unwrap()
+    };
+    envoy.push_filter(&pushed(0, &eps));
+    assert_eq!(send(&chat(&hot, "c")), holder);
+    // The stream's count survived the push: after the new request's release it is 1.
+    assert_eq!(
+        envoy.stats().in_flight(&h_addr),
+        1,
+        "{}",
+        envoy.stats().dump("in_flight")
+    );
+    assert!(stream.finish().is_ok());
+    let hits = |e: &Envoy| {
+        e.wait_access_log(4)
+            .iter()
+            .filter(|l| l.contains("decision=hit"))
+            .count()
+    };
+    assert_eq!(hits(&envoy), 3, "{}", envoy.access_log().join("\n"));
+
+    let before = allocated(&envoy);
+    let t = Instant::now();
+    for i in 1..=100u64 {
+        eps.rotate_left(1);
+        envoy.push_filter(&pushed(i, &eps));
+        send(&chat(&text(&format!("push-{i}"), 1500), "q"));
+    }
+    let took = t.elapsed();
+    let after = allocated(&envoy);
+    assert_eq!(send(&chat(&hot, "after 100 pushes")), holder);
+    envoy.wait_idle();
+    eprintln!(
+        "push: 100 pushes in {took:?}; Envoy allocated {} -> {} bytes ({:+} KiB); hot prefix still on {holder}",
+        before,
+        after,
+        (after as i64 - before as i64) / 1024
+    );
+}

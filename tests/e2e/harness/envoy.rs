@@ -36,9 +36,44 @@ pub struct EnvoyConfig {
     pub body_buffer_limit: u64,
     /// Worker threads (`--concurrency`).
     pub concurrency: u32,
+    /// The Wasm filter comes from an ECDS file (`config_discovery` +
+    /// `path_config_source`), so its configuration can be pushed; see
+    /// [`Envoy::push_filter`].
+    pub ecds: bool,
     /// Members come from an EDS file (`path_config_source` + `watched_directory`)
     /// instead of a STATIC load assignment; see [`Envoy::write_eds`].
     pub eds: bool,
+}
+
+/// The Wasm filter message (`"@type"` + `config`) indented by `indent`; `filter` and
+/// `wasm` are YAML scalars (JSON string literals).
+fn wasm_message(filter: &str, wasm: &str, indent: usize) -> String {
+    let lines = [
+        "\"@type\": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm".to_string(),
+        "config:".into(),
+        "  name: prefix_router".into(),
+        "  root_id: \"\"".into(),
+        "  allow_on_headers_stop_iteration: true".into(),
+        "  configuration:".into(),
+        "    \"@type\": type.googleapis.com/google.protobuf.StringValue".into(),
+        format!("    value: {filter}"),
+        "  vm_config:".into(),
+        "    vm_id: prefix_router".into(),
+        "    runtime: envoy.wasm.runtime.v8".into(),
+        format!("    code: {{local: {{filename: {wasm}}}}}"),
+    ];
+    let pad = " ".repeat(indent);
+    lines.iter().map(|l| format!("{pad}{l}\n")).collect()
+}
+
+/// The ECDS file: one TypedExtensionConfig `prefix_router` holding the Wasm filter.
+pub fn ecds_yaml(filter_json: &str, version: u64) -> String {
+    let filter = serde_json::to_string(filter_json).expect("string");
+    let wasm = serde_json::to_string(&super::wasm_path().to_string_lossy()).expect("string");
+    format!(
+        "version_info: \"{version}\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig\n  name: prefix_router\n  typed_config:\n{}",
+        wasm_message(&filter, &wasm, 4)
+    )
 }
 
 /// The EDS file (a DiscoveryResponse with one ClusterLoadAssignment for `llm`).
@@ -68,6 +103,7 @@ impl EnvoyConfig {
             body_buffer_limit: 4 << 20,
             concurrency: 2,
             eds: false,
+            ecds: false,
         }
     }
 
@@ -122,6 +158,19 @@ impl EnvoyConfig {
         let buffer = self.buffer_limit;
         let body_buffer = self.body_buffer_limit;
         let eds_dir = dir.join("eds");
+        let wasm_filter = if self.ecds {
+            let ecds = dir.join("ecds");
+            format!(
+                "          - name: prefix_router\n            config_discovery:\n              config_source:\n                resource_api_version: V3\n                path_config_source:\n                  path: {}\n                  watched_directory: {{path: {}}}\n              type_urls: [type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm]\n",
+                ecds.join("wasm.yaml").display(),
+                ecds.display()
+            )
+        } else {
+            format!(
+                "          - name: envoy.filters.http.wasm\n            typed_config:\n{}",
+                wasm_message(&filter, &wasm, 14)
+            )
+        };
         let members = if self.eds {
             format!(
                 "    type: EDS\n    eds_cluster_config:\n      eds_config:\n        resource_api_version: V3\n        path_config_source:\n          path: {}\n          watched_directory: {{path: {}}}\n",
@@ -175,21 +224,7 @@ static_resources:
                         "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate
                     host_selection_retry_max_attempts: 5
           http_filters:
-          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: prefix_router
-                root_id: ""
-                allow_on_headers_stop_iteration: true
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: {filter}
-                vm_config:
-                  vm_id: prefix_router
-                  runtime: envoy.wasm.runtime.v8
-                  code: {{local: {{filename: {wasm}}}}}
-          - name: envoy.filters.http.router
+{wasm_filter}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
               upstream_http_filters:
@@ -264,6 +299,14 @@ impl Envoy {
         let (admin_port, port) = (free_port(), free_port());
         let wasm = wasm_path();
         let yaml = cfg.render_in(admin_port, port, &wasm.to_string_lossy(), dir);
+        if cfg.ecds {
+            std::fs::create_dir_all(dir.join("ecds")).expect("mkdir ecds");
+            write_file(
+                &dir.join("ecds"),
+                "wasm.yaml",
+                &ecds_yaml(&cfg.filter_json(), 1),
+            );
+        }
         if cfg.eds {
             std::fs::create_dir_all(dir.join("eds")).expect("mkdir eds");
             write_file(&dir.join("eds"), "eds.yaml", &eds_yaml(&cfg.endpoints, 1));
@@ -309,6 +352,29 @@ impl Envoy {
             eds_dir: dir.join("eds"),
             eds_version: 1,
         }
+    }
+
+    /// Push a new plugin configuration through the ECDS file (atomic rename) and
+    /// wait until Envoy applied it (its `config_reload` counter moved).
+    pub fn push_filter(&mut self, filter_json: &str) {
+        let stat = "extension_config_discovery.http_filter.prefix_router.config_reload";
+        let before = self.stats().find(stat).unwrap_or(0);
+        self.eds_version += 1;
+        let dir = self.eds_dir.with_file_name("ecds");
+        let tmp = write_file(
+            &dir,
+            &format!(".wasm-{}.tmp", self.eds_version),
+            &ecds_yaml(filter_json, self.eds_version),
+        );
+        std::fs::rename(&tmp, dir.join("wasm.yaml")).expect("rename ecds");
+        let ok = wait_for(Duration::from_secs(10), || {
+            (self.stats().find(stat).unwrap_or(0) > before).then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "ECDS push not applied; log:\n{}",
+            self.log_tail(3000)
+        );
     }
 
     /// Replace the EDS membership atomically (write a temporary file, rename it
