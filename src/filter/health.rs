@@ -11,16 +11,16 @@
 use super::host::{self, HostShared};
 use super::root::Plugin;
 use super::stats::HostFailure;
+use crate::cluster::request::Slot;
 use crate::cluster::sync::mark_failed;
 
 /// Check the request's primary against the upstream that answered.
-pub fn check_primary(p: &Plugin, primary: Option<&str>, upstream: Option<&str>) {
-    let Some(primary) = primary else { return };
-    let failed = match upstream {
-        Some(u) => u != primary,
-        None => matches!(host::response_header(":status"), Ok(Some(s)) if s == b"503"),
+pub fn check_primary(p: &Plugin, slot: &Slot, upstream: Option<&str>) {
+    let status_503 = || matches!(host::response_header(":status"), Ok(Some(s)) if s == b"503");
+    let Some(primary) = slot.primary.as_deref() else {
+        return;
     };
-    if !failed {
+    if !slot.primary_failed(upstream, upstream.is_none() && status_503()) {
         return;
     }
     let now = host::now_nanos() / 1_000_000;

@@ -11,14 +11,18 @@
 //! `on_http_response_body` (first chunk of a stream) teaches the `affinity`
 //! cost model the observed time to first token, without buffering anything;
 //! `on_log` releases the in-flight count exactly once, whatever happened.
+//!
+//! The shared-data side of that lifecycle (the picture a request is routed
+//! on, taking, moving and releasing its count by address, the passive-health
+//! verdict) is [`crate::cluster::request`], tested natively; this file adds
+//! the host calls, headers and stats.
 
 use super::host::{self, HostShared, BUFFER_REQUEST_BODY};
 use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::HostFailure;
-use crate::cluster::engines::{self, EngineTable};
+use crate::cluster::request::{picture, Slot};
 use crate::cluster::shared::MAX_CAS_ATTEMPTS;
-use crate::cluster::tables::{addr_hash, Down, InFlight};
 use crate::cluster::view::{AddrSlots, View};
 use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
 use crate::decision::Decision;
@@ -39,10 +43,8 @@ thread_local! {
 pub struct RouterHttp {
     plugin: Option<Rc<Plugin>>,
     context_id: u32,
-    /// Address whose in-flight count this request holds.
-    holding: Option<String>,
-    /// The primary chosen at routing (address).
-    primary: Option<String>,
+    /// The primary and the in-flight count held, by address.
+    slot: Slot,
     /// The request has been routed (headers set).
     routed: bool,
     /// Host time of the routing decision, ms.
@@ -71,8 +73,7 @@ impl RouterHttp {
         RouterHttp {
             plugin,
             context_id,
-            holding: None,
-            primary: None,
+            slot: Slot::default(),
             routed: false,
             routed_at_ms: 0,
             pending_cost: None,
@@ -137,59 +138,38 @@ impl RouterHttp {
             None => None,
         };
         let (key, model) = view.router.key_and_model(body, header_id.as_deref());
-        let snapshot = match InFlight::read(&HostShared, &p.keys.inflight) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                log::warn!("#{} cannot read in-flight counts: {e:?}", self.context_id);
-                p.stats.failure(HostFailure::SharedData);
-                None
-            }
-        };
-        let mut loads = view.loads(snapshot.as_ref().map_or(&InFlight::default(), |s| &s.0));
         self.routed_at_ms = host::now_nanos() / 1_000_000;
-        let down = match Down::read(&HostShared, &p.keys.down) {
-            Ok((d, _)) => d,
-            Err(_) => {
-                p.stats.failure(HostFailure::SharedData);
-                Down::default()
-            }
-        };
-        let mut usable = view.usable(&down, self.routed_at_ms);
-        if let Some(e) = &cfg.engine {
-            // Engine load, saturation and LoRA tiers (see cluster::engines).
-            match EngineTable::read(&HostShared, &p.keys) {
-                Ok(t) => p.stats.engine_effect(&engines::apply(
-                    &view,
-                    &t,
-                    e,
-                    model.as_deref(),
-                    self.routed_at_ms,
-                    &mut loads,
-                    &mut usable,
-                )),
-                Err(_) => p.stats.failure(HostFailure::SharedData),
-            }
+        let pic = picture(
+            &HostShared,
+            &p.keys,
+            &view,
+            cfg,
+            model.as_deref(),
+            self.routed_at_ms,
+        );
+        if pic.failures > 0 {
+            p.stats.failure(HostFailure::SharedData);
+        }
+        if let Some(e) = &pic.engine {
+            p.stats.engine_effect(e);
         }
         let ticket = self.ticket(&p);
         let l = Loads {
-            in_flight: &loads,
-            available: Some(&usable),
+            in_flight: &pic.loads,
+            available: Some(&pic.usable),
         };
 
         let decision = if cfg.strategy == Strategy::Affinity {
             let mut d = self.select_affinity(&p, &view, &key, prompt_chars, l, ticket);
             // Retry where the primary's prefixes go if it is dead.
-            d.secondary = view.takeover(d.primary, &usable).or(d.secondary);
+            d.secondary = view.takeover(d.primary, &pic.usable).or(d.secondary);
             d
         } else {
             view.router.select(&key, l, ticket)
         };
         let primary = view.addr(decision.primary).unwrap_or_default().to_string();
-        match InFlight::add(&HostShared, &p.keys, addr_hash(&primary), 1, snapshot) {
-            Ok(now) => {
-                self.holding = Some(primary.clone());
-                p.stats.in_flight(&primary, now);
-            }
+        match self.slot.take(&HostShared, &p.keys, &primary, pic.snapshot) {
+            Ok((addr, now)) => p.stats.in_flight(&addr, now),
             Err(e) => {
                 log::warn!("#{} cannot count in-flight request: {e:?}", self.context_id);
                 p.stats.failure(HostFailure::SharedData);
@@ -215,7 +195,6 @@ impl RouterHttp {
                 .unwrap_or("-"),
             view.generation,
         );
-        self.primary = Some(primary);
     }
 
     /// `affinity`: index lookup + choice + record over shared data; index
@@ -380,35 +359,16 @@ impl HttpContext for RouterHttp {
         // Passive health: the primary did not serve (a retry or the fallback
         // used another host, or no host was reached): mark it down for every
         // worker until a poll shows it recovered.
-        super::health::check_primary(&p, self.primary.as_deref(), upstream.as_deref());
+        super::health::check_primary(&p, &self.slot, upstream.as_deref());
         // A retry or the fallback used another host: count the request there.
-        if let (Some(held), Some(actual)) = (self.holding.clone(), upstream) {
-            if held != actual {
-                let released = InFlight::add(&HostShared, &p.keys, addr_hash(&held), -1, None);
-                let taken = InFlight::add(&HostShared, &p.keys, addr_hash(&actual), 1, None);
-                match (released, taken) {
-                    (Ok(a), Ok(b)) => {
-                        p.stats.in_flight(&held, a);
-                        p.stats.in_flight(&actual, b);
-                        self.holding = Some(actual);
+        if let Some(actual) = upstream {
+            match self.slot.moved(&HostShared, &p.keys, &actual) {
+                Ok(gauges) => {
+                    for (addr, n) in gauges {
+                        p.stats.in_flight(&addr, n);
                     }
-                    (Ok(a), Err(_)) => {
-                        p.stats.in_flight(&held, a);
-                        self.holding = None;
-                        p.stats.failure(HostFailure::SharedData);
-                    }
-                    (Err(_), Ok(b)) => {
-                        // Two slots held: release the new one, keep the old.
-                        p.stats.in_flight(&actual, b);
-                        if let Ok(b) =
-                            InFlight::add(&HostShared, &p.keys, addr_hash(&actual), -1, None)
-                        {
-                            p.stats.in_flight(&actual, b);
-                        }
-                        p.stats.failure(HostFailure::SharedData);
-                    }
-                    (Err(_), Err(_)) => p.stats.failure(HostFailure::SharedData),
                 }
+                Err(_) => p.stats.failure(HostFailure::SharedData),
             }
         }
         if self.pending_cost.is_some() {
@@ -439,18 +399,17 @@ impl HttpContext for RouterHttp {
     }
 
     fn on_log(&mut self) {
-        let (Some(p), Some(held)) = (self.plugin.clone(), self.holding.take()) else {
-            return;
-        };
-        match InFlight::add(&HostShared, &p.keys, addr_hash(&held), -1, None) {
-            Ok(now) => p.stats.in_flight(&held, now),
-            Err(e) => {
+        let Some(p) = self.plugin.clone() else { return };
+        match self.slot.release(&HostShared, &p.keys) {
+            Some(Ok((addr, now))) => p.stats.in_flight(&addr, now),
+            Some(Err(e)) => {
                 log::warn!("#{} cannot release in-flight count: {e:?}", self.context_id);
                 p.stats.failure(HostFailure::SharedData);
             }
+            None => return,
         }
         // The primary was decided at routing; count requests another host served.
-        if let (Some(addr), Some(primary)) = (self.upstream_addr(), self.primary.as_deref()) {
+        if let (Some(addr), Some(primary)) = (self.upstream_addr(), self.slot.primary.as_deref()) {
             if addr != primary {
                 p.stats.upstream_mismatch();
             }
