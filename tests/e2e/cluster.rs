@@ -263,7 +263,7 @@ fn saturated_replica_gets_no_new_traffic() {
         .with("strategy", json!("affinity"))
         .with(
             "engine",
-            json!({"refresh_ms": 100, "max_queue": 8, "max_kv_usage": 0.9}),
+            json!({"refresh_ms": 250, "max_queue": 8, "max_kv_usage": 0.9}),
         );
     let envoy = Envoy::start(&dir, "envoy", &cfg);
     wait_available(&envoy, 3);
@@ -309,7 +309,7 @@ fn saturated_replica_gets_no_new_traffic() {
         );
         took.push(moved);
         victim.set_load(0, None);
-        thread::sleep(Duration::from_millis(400));
+        thread::sleep(Duration::from_millis(1000));
     }
     let cold = cold_round("cleared");
     assert!(
@@ -319,7 +319,7 @@ fn saturated_replica_gets_no_new_traffic() {
     for r in &fleet.replicas {
         r.set_load(50, None);
     }
-    thread::sleep(Duration::from_millis(400));
+    thread::sleep(Duration::from_millis(1000));
     let all = cold_round("all-saturated");
     assert_eq!(all.values().sum::<usize>(), 30);
     let stats = envoy.stats();
