@@ -112,6 +112,8 @@ pub fn parse_clusters(json: &[u8], cluster: &str) -> Result<Vec<HostStatus>, Str
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const DOC: &str = r#"{"cluster_statuses":[
       {"name":"envoy_admin","host_statuses":[{"address":{"socket_address":{"address":"127.0.0.1","port_value":9901}}}]},

@@ -193,6 +193,8 @@ mod tests {
     use super::super::tables::{addr_hash, Snapshot};
     use super::*;
     use crate::config::Config;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn view(n: usize) -> View {
         let base = Config::from_json(br#"{"cluster":"l","admin_cluster":"a"}"#).unwrap();

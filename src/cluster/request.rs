@@ -187,6 +187,8 @@ mod tests {
     use crate::index::VecStore;
     use crate::router::Body;
     use crate::select::Loads;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn doc(hosts: &[(u16, bool)]) -> String {
         let hs: Vec<String> = hosts

@@ -131,6 +131,8 @@ impl SharedData for MockShared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn cas_semantics_and_bounded_update() {

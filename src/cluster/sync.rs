@@ -178,6 +178,8 @@ pub fn mark_failed<S: SharedData + ?Sized>(
 mod tests {
     use super::super::shared::MockShared;
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn doc(hosts: &[(&str, u16, bool, u32)]) -> String {
         let hs: Vec<String> = hosts

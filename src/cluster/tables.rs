@@ -405,6 +405,8 @@ impl Down {
 mod tests {
     use super::super::shared::MockShared;
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn snapshot_round_trip_and_generations() {

@@ -205,6 +205,8 @@ mod tests {
     use crate::index::VecStore;
     use crate::router::Body;
     use crate::select::Loads;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn base() -> Config {
         Config::from_json(br#"{"cluster":"llm","admin_cluster":"admin"}"#).unwrap()
