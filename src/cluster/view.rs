@@ -307,56 +307,28 @@ mod tests {
         usable[hp] = false;
         let succ = v2.successor(hp, &usable).unwrap();
         assert_ne!(succ, hp);
+        let mut pick = |usable: &[bool], loads: &[u32], t: u64| {
+            let mut s = AddrSlots::new(&mut store, &v2, usable);
+            let l = Loads {
+                in_flight: loads,
+                available: Some(usable),
+            };
+            v2.router
+                .select_affinity(&key, body.len(), l, &mut s, &cost, 200 + t, t)
+                .0
+        };
         for t in 0..20u64 {
             let mut loads = [0u32; 5];
             loads[(t as usize) % 5] = 1; // uneven loads must not scatter it
-            let mut s = AddrSlots::new(&mut store, &v2, &usable);
-            let (d, _) = v2.router.select_affinity(
-                &key,
-                body.len(),
-                Loads {
-                    in_flight: &loads,
-                    available: Some(&usable),
-                },
-                &mut s,
-                &cost,
-                200 + t,
-                t,
-            );
+            let d = pick(&usable, &loads, t);
             assert_eq!(d.primary, succ, "request {t}");
             assert_ne!(d.secondary, Some(hp));
         }
         // Nothing usable (every host flagged): fail open, the entry still hits.
-        let none = vec![false; 5];
-        let mut s = AddrSlots::new(&mut store, &v2, &none);
-        let (d, _) = v2.router.select_affinity(
-            &key,
-            body.len(),
-            Loads {
-                in_flight: &[0; 5],
-                available: Some(&none),
-            },
-            &mut s,
-            &cost,
-            250,
-            0,
-        );
+        let d = pick(&[false; 5], &[0; 5], 50);
         assert_eq!((d.primary, d.branch.as_str()), (succ, "hit"));
         // Revived: the prefix stays where it is now cached (the successor).
-        let usable = vec![true; 5];
-        let mut s = AddrSlots::new(&mut store, &v2, &usable);
-        let (d, _) = v2.router.select_affinity(
-            &key,
-            body.len(),
-            Loads {
-                in_flight: &[0; 5],
-                available: Some(&usable),
-            },
-            &mut s,
-            &cost,
-            300,
-            0,
-        );
+        let d = pick(&[true; 5], &[0; 5], 100);
         assert_eq!((d.primary, d.branch.as_str()), (succ, "hit"));
     }
 

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::harness::procs::wait_for;
 use crate::harness::workload::{chat, text};
-use crate::harness::{workdir, Client, Envoy, EnvoyConfig, Fleet, ReplicaOpts};
+use crate::harness::{workdir, Client, Envoy, EnvoyConfig, Fleet, ReplicaOpts, World};
 
 /// One request of the background load: (sent at, status, replica id).
 type Landed = (Instant, u16, String);
@@ -63,6 +63,34 @@ fn wait_available(envoy: &Envoy, n: u64) {
         (envoy.stats().get("prefix_router.cluster.available") == n).then_some(())
     });
     assert!(ok.is_some(), "{}", envoy.stats().dump("cluster"));
+}
+
+/// Start `opts` replicas and Envoy following them with `engine` scraping, strategy
+/// `affinity`; wait until every replica is available and scraped twice.
+fn start_scraped(name: &str, opts: &[ReplicaOpts], engine: serde_json::Value) -> (Fleet, Envoy) {
+    let dir = workdir(name);
+    let fleet = Fleet::start_each(&dir, opts);
+    let cfg = EnvoyConfig::prefix(&fleet.endpoints())
+        .discovery(200)
+        .with("strategy", json!("affinity"))
+        .with("engine", engine);
+    let envoy = Envoy::start(&dir, "envoy", &cfg);
+    wait_available(&envoy, opts.len() as u64);
+    let want = 2 * opts.len() as u64;
+    let scraped = wait_for(Duration::from_secs(10), || {
+        (envoy.stats().get("prefix_router.cluster.engine_scraped") >= want).then_some(())
+    });
+    assert!(scraped.is_some(), "{}", envoy.stats().dump("cluster"));
+    (fleet, envoy)
+}
+
+/// POST `body` with `headers`; the replica id that answered (panics unless 200).
+fn send(client: &Client, url: &str, body: &str, headers: &[(&str, &str)]) -> String {
+    let r = client
+        .post(url, body.as_bytes(), headers)
+        .unwrap_or_else(|e| panic!("POST: {e}"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.replica().expect("x-replica-id").to_string()
 }
 
 /// EDS file 3 → 5 → 2 hosts under steady load: every request succeeds, new hosts
@@ -168,11 +196,7 @@ fn killed_holder_moves_to_one_successor_and_comes_back() {
     let hot = text("hot-prefix", 6000);
     let send_hot = |i: usize| {
         let body = chat(&hot, &format!("question {i}"));
-        let r = client
-            .post(&url, body.as_bytes(), &[("x-test-tag", "hot")])
-            .unwrap_or_else(|e| panic!("hot request {i}: {e}"));
-        assert_eq!(r.status, 200, "hot request {i}: {}", r.body);
-        r.replica().expect("x-replica-id").to_string()
+        send(&client, &url, &body, &[("x-test-tag", "hot")])
     };
     let warm: Vec<String> = (0..5).map(send_hot).collect();
     assert!(
@@ -216,11 +240,7 @@ fn killed_holder_moves_to_one_successor_and_comes_back() {
     let mut back: BTreeMap<String, usize> = BTreeMap::new();
     for i in 0..40 {
         let body = chat(&text(&format!("after-restart-{i}"), 1200), "go");
-        let r = client.post(&url, body.as_bytes(), &[]).expect("post");
-        assert_eq!(r.status, 200, "{}", r.body);
-        *back
-            .entry(r.replica().unwrap_or("-").to_string())
-            .or_default() += 1;
+        *back.entry(send(&client, &url, &body, &[])).or_default() += 1;
     }
     stop.store(true, Ordering::Relaxed);
     for h in handles {
@@ -256,31 +276,16 @@ fn killed_holder_moves_to_one_successor_and_comes_back() {
 /// traffic again; all saturated, requests still succeed (fail open).
 #[test]
 fn saturated_replica_gets_no_new_traffic() {
-    let dir = workdir("saturation");
-    let fleet = Fleet::start(&dir, 3, &ReplicaOpts::default());
-    let cfg = EnvoyConfig::prefix(&fleet.endpoints())
-        .discovery(200)
-        .with("strategy", json!("affinity"))
-        .with(
-            "engine",
-            json!({"refresh_ms": 250, "max_queue": 8, "max_kv_usage": 0.9}),
-        );
-    let envoy = Envoy::start(&dir, "envoy", &cfg);
-    wait_available(&envoy, 3);
-    let scraped = wait_for(Duration::from_secs(10), || {
-        (envoy.stats().get("prefix_router.cluster.engine_scraped") >= 6).then_some(())
-    });
-    assert!(scraped.is_some(), "{}", envoy.stats().dump("cluster"));
+    let (fleet, envoy) = start_scraped(
+        "saturation",
+        &World::replicas(3),
+        json!({"refresh_ms": 250, "max_queue": 8, "max_kv_usage": 0.9}),
+    );
     let url = envoy.url("/v1/chat/completions");
     let client = Client::new(Duration::from_secs(15));
-    let send = |body: &str| -> String {
-        let r = client.post(&url, body.as_bytes(), &[]).expect("post");
-        assert_eq!(r.status, 200, "{}", r.body);
-        r.replica().expect("x-replica-id").to_string()
-    };
-    let hot = chat(&text("saturation-hot", 6000), "q");
-    let holder = send(&hot);
-    assert_eq!(send(&hot), holder);
+    let send = |body: &str| send(&client, &url, body, &[]);
+    // The replica to saturate: the one the first prefix lands on.
+    let holder = send(&chat(&text("saturation-first", 1200), "q"));
     let victim = fleet.by_id(&holder);
     let cold_round = |round: &str| -> BTreeMap<String, usize> {
         let mut m = BTreeMap::new();
@@ -290,8 +295,13 @@ fn saturated_replica_gets_no_new_traffic() {
         }
         m
     };
-    let mut took = Vec::new();
     for (what, waiting, kv) in [("queue", 20, None), ("kv", 0, Some(0.95))] {
+        // A hot prefix held by the victim (cold placements until one lands there).
+        let hot = (0..60)
+            .map(|i| chat(&text(&format!("saturation-hot-{what}-{i}"), 6000), "q"))
+            .find(|b| send(b) == holder)
+            .expect("no prefix landed on the victim");
+        assert_eq!(send(&hot), holder);
         victim.set_load(waiting, kv);
         let t = Instant::now();
         let moved = wait_for(Duration::from_secs(5), || {
@@ -307,7 +317,6 @@ fn saturated_replica_gets_no_new_traffic() {
             !cold.contains_key(&holder),
             "{what}: saturated replica got cold traffic: {cold:?}"
         );
-        took.push(moved);
         victim.set_load(0, None);
         thread::sleep(Duration::from_millis(1000));
     }
@@ -335,7 +344,6 @@ fn saturated_replica_gets_no_new_traffic() {
 /// the base model use every replica.
 #[test]
 fn lora_requests_prefer_replicas_with_the_adapter() {
-    let dir = workdir("lora");
     let with = ReplicaOpts {
         lora_adapters: vec!["sql-lora".into()],
         ..ReplicaOpts::default()
@@ -346,17 +354,7 @@ fn lora_requests_prefer_replicas_with_the_adapter() {
         ReplicaOpts::default(),
         with,
     ];
-    let fleet = Fleet::start_each(&dir, &opts);
-    let cfg = EnvoyConfig::prefix(&fleet.endpoints())
-        .discovery(200)
-        .with("strategy", json!("affinity"))
-        .with("engine", json!({"refresh_ms": 100}));
-    let envoy = Envoy::start(&dir, "envoy", &cfg);
-    wait_available(&envoy, 4);
-    let scraped = wait_for(Duration::from_secs(10), || {
-        (envoy.stats().get("prefix_router.cluster.engine_scraped") >= 8).then_some(())
-    });
-    assert!(scraped.is_some(), "{}", envoy.stats().dump("cluster"));
+    let (_fleet, envoy) = start_scraped("lora", &opts, json!({"refresh_ms": 100}));
     let url = envoy.url("/v1/chat/completions");
     let client = Client::new(Duration::from_secs(15));
     let round = |model: &str| -> BTreeMap<String, usize> {
@@ -369,9 +367,7 @@ fn lora_requests_prefer_replicas_with_the_adapter() {
                 "max_tokens": 4
             })
             .to_string();
-            let r = client.post(&url, body.as_bytes(), &[]).expect("post");
-            assert_eq!(r.status, 200, "{}", r.body);
-            *m.entry(r.replica().unwrap_or("-").to_string()).or_default() += 1;
+            *m.entry(send(&client, &url, &body, &[])).or_default() += 1;
         }
         m
     };
@@ -422,11 +418,7 @@ fn config_pushes_keep_index_and_counts() {
     let url = envoy.url("/v1/chat/completions");
     let client = Client::new(Duration::from_secs(15));
     let hot = text("push-hot", 6000);
-    let send = |body: &str| {
-        let r = client.post(&url, body.as_bytes(), &[]).expect("post");
-        assert_eq!(r.status, 200, "{}", r.body);
-        r.replica().expect("x-replica-id").to_string()
-    };
+    let send = |body: &str| send(&client, &url, body, &[]);
     let holder = send(&chat(&hot, "a"));
     assert_eq!(send(&chat(&hot, "b")), holder);
     let h_addr = fleet.by_id(&holder).addr();
