@@ -475,3 +475,34 @@ fn config_pushes_keep_index_and_counts() {
         (after as i64 - before as i64) / 1024
     );
 }
+
+/// A STRICT_DNS cluster (`localhost:<port>` endpoints, no `endpoints` in the filter):
+/// the admin API lists the resolved `127.0.0.1:<port>` that override_host matches, so
+/// prefixes stick to replicas and spread over all of them.
+#[test]
+fn strict_dns_cluster_is_followed() {
+    let dir = workdir("dns");
+    let fleet = Fleet::start(&dir, 3, &ReplicaOpts::default());
+    let mut cfg = EnvoyConfig::prefix(&fleet.endpoints()).discovery(200);
+    cfg.dns = true;
+    let envoy = Envoy::start(&dir, "envoy", &cfg);
+    wait_available(&envoy, 3);
+    let url = envoy.url("/v1/chat/completions");
+    let client = Client::new(Duration::from_secs(15));
+    let mut used = BTreeMap::new();
+    for t in 0..12 {
+        let body = chat(&text(&format!("dns-{t}"), 1500), "q");
+        let at: Vec<String> = (0..3).map(|_| send(&client, &url, &body, &[])).collect();
+        assert!(at.iter().all(|a| *a == at[0]), "prefix {t} split: {at:?}");
+        *used.entry(at[0].clone()).or_insert(0) += 1;
+    }
+    let s = envoy.wait_idle();
+    assert_eq!(used.len(), 3, "{used:?}");
+    assert_eq!(
+        s.get("prefix_router.upstream.mismatch"),
+        0,
+        "{}",
+        s.dump("prefix_router")
+    );
+    assert_eq!(s.get("prefix_router.cluster.no_members"), 0);
+}

@@ -40,6 +40,8 @@ pub struct EnvoyConfig {
     /// `path_config_source`), so its configuration can be pushed; see
     /// [`Envoy::push_filter`].
     pub ecds: bool,
+    /// The cluster is STRICT_DNS with `localhost:<port>` endpoints (resolved by Envoy).
+    pub dns: bool,
     /// Members come from an EDS file (`path_config_source` + `watched_directory`)
     /// instead of a STATIC load assignment; see [`Envoy::write_eds`].
     pub eds: bool,
@@ -104,6 +106,7 @@ impl EnvoyConfig {
             concurrency: 2,
             eds: false,
             ecds: false,
+            dns: false,
         }
     }
 
@@ -177,6 +180,9 @@ impl EnvoyConfig {
                 eds_dir.join("eds.yaml").display(),
                 eds_dir.display()
             )
+        } else if self.dns {
+            let hosts = hosts.replace("address: 127.0.0.1,", "address: localhost,");
+            format!("    type: STRICT_DNS\n    dns_lookup_family: V4_ONLY\n    load_assignment:\n      cluster_name: llm\n      endpoints:\n      - lb_endpoints:\n{hosts}")
         } else {
             format!("    type: STATIC\n    load_assignment:\n      cluster_name: llm\n      endpoints:\n      - lb_endpoints:\n{hosts}")
         };
