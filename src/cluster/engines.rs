@@ -160,21 +160,28 @@ pub fn apply(
         .iter()
         .map(|s| s.is_some_and(|s| saturated(s, &limits)))
         .collect();
-    if (0..n).any(|i| usable.get(i).copied().unwrap_or(false) && !sat[i]) {
+    let is_usable = |u: &[bool], i: usize| u.get(i).copied().unwrap_or(false);
+    let is_sat = |i: usize| sat.get(i).copied().unwrap_or(false);
+    if (0..n).any(|i| is_usable(usable, i) && !is_sat(i)) {
         for (i, u) in usable.iter_mut().enumerate() {
-            if *u && sat.get(i).copied().unwrap_or(false) {
+            if *u && is_sat(i) {
                 *u = false;
                 effect.saturated += 1;
             }
         }
     }
     if let Some(m) = model.filter(|m| !m.is_empty()) {
-        let tier = |i: usize| samples[i].map_or(2, |s| lora_tier(s, m));
+        let tier = |i: usize| {
+            samples
+                .get(i)
+                .copied()
+                .flatten()
+                .map_or(2, |s| lora_tier(s, m))
+        };
         let known = (0..n).any(|i| tier(i) == 0);
         if known {
             for t in [0u8, 1] {
-                let set: Vec<usize> = (0..n).filter(|&i| usable[i] && tier(i) == t).collect();
-                if !set.is_empty() {
+                if (0..n).any(|i| is_usable(usable, i) && tier(i) == t) {
                     for (i, u) in usable.iter_mut().enumerate() {
                         *u = *u && tier(i) == t;
                     }
