@@ -9,7 +9,7 @@
 # extract, config, prometheus. Each run starts from the committed corpus fuzz/corpus/<target>/
 # and writes new inputs to fuzz/work/<target>/ (git-ignored); `cmin` merges both back into a
 # minimal fuzz/corpus/<target>/. A crash leaves its input in fuzz/artifacts/<target>/ and fails
-# the run. One libFuzzer job at a time (-jobs=1): the machine's cores are shared.
+# the run. One libFuzzer process at a time (no -jobs/-workers): the machine's cores are shared.
 #
 # Needs a nightly toolchain (libFuzzer's instrumentation flags) and cargo-fuzz; installs
 # cargo-fuzz with `cargo install` when missing and stops with a clear message when no nightly
@@ -55,16 +55,19 @@ for t in "${targets[@]}"; do
   mkdir -p "corpus/$t" "work/$t" "artifacts/$t"
   if [ "$mode" = cmin ]; then
     log "cargo fuzz cmin $t"
-    # Merge the committed corpus and the working one into a fresh minimal set.
+    # Merge the committed corpus and the working one into a fresh minimal set: the smallest
+    # set of inputs covering every edge (set cover, hit counts ignored) keeps the committed
+    # corpus at a few hundred files.
+    cargo +nightly fuzz build --release "$t" >&2
+    host="$(rustc -vV | sed -n 's/^host: //p')"
     rm -rf "work/$t.min" && mkdir -p "work/$t.min"
-    cargo +nightly fuzz run "$t" --release -- -merge=1 -max_len="$MAX_LEN" \
+    "target/$host/release/$t" -set_cover_merge=1 -use_counters=0 -max_len="$MAX_LEN" \
       "work/$t.min" "corpus/$t" "work/$t" >&2
     rm -rf "corpus/$t" && mv "work/$t.min" "corpus/$t"
     log "$t: $(ls "corpus/$t" | wc -l) files, $(du -sh "corpus/$t" | cut -f1)"
   else
     log "cargo fuzz run $t for ${secs}s"
     cargo +nightly fuzz run "$t" --release "work/$t" "corpus/$t" -- \
-      -max_total_time="$secs" -max_len="$MAX_LEN" -jobs=1 -workers=1 \
-      -artifact_prefix="artifacts/$t/" -print_final_stats=1 >&2
+      -max_total_time="$secs" -max_len="$MAX_LEN" -print_final_stats=1 >&2
   fi
 done
