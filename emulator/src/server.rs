@@ -3,9 +3,7 @@
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
 //! `GET /health`, `GET /metrics`, `GET /version`, `GET /debug/requests[?since=SEQ]`,
 //! `DELETE /debug/requests`, `POST /admin/fail?mode=none|503|hang|die`,
-//! `POST /admin/reset-cache`, `GET /admin/state`, `POST /admin/load?waiting=N&kv=F` (test
-//! knob: N extra waiting requests and a KV usage of F reported in `/metrics`; `kv=` alone
-//! or an empty value clears it). Anything else: 404 JSON error (405 for a
+//! `POST /admin/reset-cache`, `GET /admin/state`, `POST /admin/metrics-override`. Anything else: 404 JSON error (405 for a
 //! known path with the wrong method). Every response carries `x-replica-id`.
 //!
 //! Failure modes apply to every path except `/admin/*` and `/debug/*` (so a test can always
@@ -39,7 +37,9 @@ use crate::config::{EmulatorArgs, FailMode};
 use crate::debuglog::{DebugLog, Record};
 use crate::generate::{self, Format, Job, Outcome};
 use crate::lock;
+use crate::lora::LoraSlots;
 use crate::metrics::Snapshot;
+use crate::overrides::Overrides;
 use crate::prompt::{self, Api};
 
 /// Largest request body read (the brief asks for no limit below 64 MiB).
@@ -53,12 +53,13 @@ pub struct Emulator {
     pub metrics: crate::metrics::Metrics,
     pub slots: Arc<Semaphore>,
     pub prefill_lanes: Option<Arc<Semaphore>>,
+    /// Resident LoRA adapters (see [`crate::lora`]).
+    pub lora: Mutex<LoraSlots>,
+    overrides: Mutex<Overrides>,
     fail: AtomicU8,
     debug: Mutex<DebugLog>,
     seq: AtomicU64,
     started: Instant,
-    /// `/admin/load`: (extra waiting requests added to the live gauge, KV usage shown).
-    reported: Mutex<(i64, Option<f64>)>,
 }
 
 impl Emulator {
@@ -75,11 +76,16 @@ impl Emulator {
                     cfg.prefill_lanes.min(Semaphore::MAX_PERMITS),
                 ))
             }),
+            lora: Mutex::new(LoraSlots::new(cfg.max_loras, &cfg.lora_adapters)),
+            overrides: Mutex::new(Overrides {
+                waiting: cfg.report_waiting,
+                running: cfg.report_running,
+                kv_usage: cfg.report_kv_usage,
+            }),
             fail: AtomicU8::new(cfg.fail.to_u8()),
             debug: Mutex::new(DebugLog::default()),
             seq: AtomicU64::new(0),
             started: Instant::now(),
-            reported: Mutex::new((0, None)),
             cfg,
         }
     }
@@ -93,14 +99,16 @@ impl Emulator {
             let c = lock(&self.cache);
             (c.usage(), c.cached_blocks(), c.stats())
         };
-        let kv_usage = lock(&self.reported).1.unwrap_or(kv_usage);
+        let lora = lock(&self.lora).clone();
         self.metrics.render(&Snapshot {
             model: &self.cfg.model,
             id: &self.id,
             block_tokens: self.cfg.block_tokens,
             cache_blocks: self.cfg.cache_blocks,
             max_running: self.cfg.max_running,
-            lora_adapters: &self.cfg.lora_adapters,
+            lora_resident: lora.resident(),
+            max_lora: lora.max_lora(),
+            overrides: *lock(&self.overrides),
             kv_usage,
             cached_blocks,
             cache: stats,
@@ -308,19 +316,7 @@ async fn route(emu: &Arc<Emulator>, req: Request<Incoming>) -> Resp {
             json_resp(StatusCode::OK, &json!({"id": emu.id, "reset": true}))
         }
         (&Method::GET, "/admin/state") => json_resp(StatusCode::OK, &state(emu)),
-        (&Method::POST, "/admin/load") => {
-            let q = req.uri().query();
-            let waiting = query_param(q, "waiting").and_then(|v| v.parse::<i64>().ok());
-            let kv = query_param(q, "kv").and_then(|v| v.parse::<f64>().ok());
-            let mut r = lock(&emu.reported);
-            let extra = waiting.unwrap_or(0).clamp(0, 1 << 20);
-            emu.metrics.waiting.fetch_add(extra - r.0, Relaxed);
-            *r = (extra, kv.filter(|k| k.is_finite()));
-            json_resp(
-                StatusCode::OK,
-                &json!({"id": emu.id, "extra_waiting": r.0, "kv_usage": r.1}),
-            )
-        }
+        (&Method::POST, "/admin/metrics-override") => metrics_override(emu, req).await,
         (
             _,
             "/v1/chat/completions"
@@ -333,7 +329,7 @@ async fn route(emu: &Arc<Emulator>, req: Request<Incoming>) -> Resp {
             | "/admin/fail"
             | "/admin/reset-cache"
             | "/admin/state"
-            | "/admin/load",
+            | "/admin/metrics-override",
         ) => error(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
@@ -388,6 +384,10 @@ fn state(emu: &Emulator) -> Value {
         "max_running": cfg.max_running,
         "prefill_lanes": cfg.prefill_lanes,
         "lora_adapters": cfg.lora_adapters,
+        "max_loras": cfg.max_loras,
+        "lora_resident": lock(&emu.lora).resident(),
+        "lora_loads": lock(&emu.lora).loads(),
+        "metrics_override": lock(&emu.overrides).to_json(),
         "used_blocks": c.used_blocks(),
         "cached_blocks": c.cached_blocks(),
         "kv_usage": c.usage(),
@@ -396,6 +396,29 @@ fn state(emu: &Emulator) -> Value {
         "running": emu.metrics.running.load(Relaxed),
         "waiting": emu.metrics.waiting.load(Relaxed),
     })
+}
+
+/// `POST /admin/metrics-override`: query `?waiting=..&kv_usage=..` or a JSON body; replaces
+/// every override (absent = real value).
+async fn metrics_override(emu: &Emulator, req: Request<Incoming>) -> Resp {
+    let query = req.uri().query().map(str::to_string);
+    let parsed = match query {
+        Some(q) if !q.is_empty() => Overrides::from_query(&q),
+        _ => match Limited::new(req.into_body(), 1 << 16).collect().await {
+            Ok(b) => Overrides::from_json(&b.to_bytes()),
+            Err(e) => Err(format!("could not read the body: {e}")),
+        },
+    };
+    match parsed {
+        Ok(o) => {
+            *lock(&emu.overrides) = o;
+            json_resp(
+                StatusCode::OK,
+                &json!({"id": emu.id, "metrics_override": o.to_json()}),
+            )
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, "BadRequestError", &e),
+    }
 }
 
 /// A request rejected before generation: status, error type, message.

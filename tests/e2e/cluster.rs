@@ -295,7 +295,7 @@ fn saturated_replica_gets_no_new_traffic() {
         }
         m
     };
-    for (what, waiting, kv) in [("queue", 20, None), ("kv", 0, Some(0.95))] {
+    for (what, waiting, kv) in [("queue", Some(20), None), ("kv", None, Some(0.95))] {
         // A hot prefix held by the victim (cold placements until one lands there).
         let hot = (0..60)
             .map(|i| chat(&text(&format!("saturation-hot-{what}-{i}"), 6000), "q"))
@@ -317,7 +317,7 @@ fn saturated_replica_gets_no_new_traffic() {
             !cold.contains_key(&holder),
             "{what}: saturated replica got cold traffic: {cold:?}"
         );
-        victim.set_load(0, None);
+        victim.set_load(None, None);
         thread::sleep(Duration::from_millis(1000));
     }
     let cold = cold_round("cleared");
@@ -326,7 +326,7 @@ fn saturated_replica_gets_no_new_traffic() {
         "cleared replica gets nothing: {cold:?}"
     );
     for r in &fleet.replicas {
-        r.set_load(50, None);
+        r.set_load(Some(50), None);
     }
     thread::sleep(Duration::from_millis(1000));
     let all = cold_round("all-saturated");

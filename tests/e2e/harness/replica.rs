@@ -108,22 +108,24 @@ impl Replica {
         );
     }
 
-    /// Make `/metrics` report `waiting` extra queued requests and KV usage `kv`
-    /// (`None`: the real value).
-    pub fn set_load(&self, waiting: u32, kv: Option<f64>) {
-        let kv = kv.map_or(String::new(), |k| k.to_string());
+    /// Make `/metrics` report `waiting` queued requests and KV usage `kv` (`None`: the
+    /// real value), through the emulator's `/admin/metrics-override`.
+    pub fn set_load(&self, waiting: Option<u32>, kv: Option<f64>) {
+        let show = |v: Option<String>| v.unwrap_or_default();
+        let path = format!(
+            "/admin/metrics-override?waiting={}&kv_usage={}",
+            show(waiting.map(|w| w.to_string())),
+            show(kv.map(|k| k.to_string()))
+        );
         let r = Client::new(Duration::from_secs(5))
-            .post(
-                &self.url(&format!("/admin/load?waiting={waiting}&kv={kv}")),
-                b"",
-                &[],
-            )
-            .unwrap_or_else(|e| panic!("replica {}: set load: {e}", self.id));
+            .post(&self.url(&path), b"", &[])
+            .unwrap_or_else(|e| panic!("replica {}: metrics override: {e}", self.id));
         assert!(
             r.status < 300,
-            "replica {}: /admin/load -> {}",
+            "replica {}: {path} -> {} {}",
             self.id,
-            r.status
+            r.status,
+            r.body
         );
     }
 
