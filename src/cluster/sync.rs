@@ -106,6 +106,7 @@ pub fn apply_hosts<S: SharedData + ?Sized>(
 pub struct Follower {
     base: Config,
     view: RefCell<Rc<View>>,
+    secret: u64,
 }
 
 impl Follower {
@@ -115,7 +116,23 @@ impl Follower {
         Follower {
             base,
             view: RefCell::new(view),
+            secret: 0,
         }
+    }
+
+    /// Key every view's index slot hash with the process secret
+    /// ([`crate::Router::with_index_secret`]).
+    pub fn with_index_secret(self, secret: u64) -> Follower {
+        let view = Rc::new(View::from_config(&self.base).keyed(secret));
+        Follower {
+            view: RefCell::new(view),
+            secret,
+            ..self
+        }
+    }
+
+    fn build(&self, snap: &Snapshot) -> Rc<View> {
+        Rc::new(View::from_snapshot(&self.base, snap).keyed(self.secret))
     }
 
     /// The configuration (membership-independent fields).
@@ -139,7 +156,7 @@ impl Follower {
         }
         match Snapshot::decode(&bytes) {
             Some(snap) => {
-                let v = Rc::new(View::from_snapshot(&self.base, &snap));
+                let v = self.build(&snap);
                 *self.view.borrow_mut() = v.clone();
                 v
             }
@@ -152,7 +169,7 @@ impl Follower {
     pub fn adopt<S: SharedData + ?Sized>(&self, s: &S, k: &Keys) {
         if self.base.discovery.is_some() {
             if let Ok(Some(snap)) = read_snapshot(s, k) {
-                *self.view.borrow_mut() = Rc::new(View::from_snapshot(&self.base, &snap));
+                *self.view.borrow_mut() = self.build(&snap);
             }
         }
     }

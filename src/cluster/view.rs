@@ -73,6 +73,12 @@ impl View {
         }
     }
 
+    /// The same view with its index slot hash keyed by `secret`.
+    pub fn keyed(mut self, secret: u64) -> View {
+        self.router = self.router.with_index_secret(secret);
+        self
+    }
+
     /// Member addresses (sorted); decision indices refer to this list.
     pub fn endpoints(&self) -> &[String] {
         &self.router.config().endpoints

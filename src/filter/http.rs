@@ -16,6 +16,14 @@
 //! on, taking, moving and releasing its count by address, the passive-health
 //! verdict) is [`crate::cluster::request`], tested natively; this file adds
 //! the host calls, headers and stats.
+//!
+//! Hostile traffic: a request that carries an `Upgrade` header or is a
+//! `CONNECT` routes at once without pausing (its "body" is a tunnel that
+//! never ends). `affinity` looks the index up at routing but records the
+//! prefix only when the upstream answered 2xx and the request was on one of
+//! the configured API `paths` (see [`crate::paths`]), for the host that
+//! actually served it; the cost model learns only from responses of the
+//! primary (a retry elsewhere says nothing about the primary's queue).
 
 use super::host::{self, HostShared, BUFFER_REQUEST_BODY};
 use super::root::Plugin;
@@ -27,7 +35,8 @@ use crate::cluster::view::{AddrSlots, View};
 use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
 use crate::decision::Decision;
 use crate::hash::hash_id;
-use crate::router::{Body, RoutingId, RoutingKey};
+use crate::index::Known;
+use crate::router::{prompt_chars, Body, RoutingId, RoutingKey};
 use crate::select::Loads;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
@@ -45,6 +54,12 @@ pub struct RouterHttp {
     context_id: u32,
     /// The primary and the in-flight count held, by address.
     slot: Slot,
+    /// The membership view the request was routed on (index positions).
+    view: Option<Rc<View>>,
+    /// `affinity`: the request is on a configured API path (may be recorded).
+    api_path: bool,
+    /// `affinity`: the prefix to record once the upstream answered 2xx.
+    pending_record: Option<(Vec<u64>, Option<Known>)>,
     /// The request has been routed (headers set).
     routed: bool,
     /// Host time of the routing decision, ms.
@@ -74,6 +89,9 @@ impl RouterHttp {
             plugin,
             context_id,
             slot: Slot::default(),
+            view: None,
+            api_path: false,
+            pending_record: None,
             routed: false,
             routed_at_ms: 0,
             pending_cost: None,
@@ -110,9 +128,9 @@ impl RouterHttp {
         next_local_ticket()
     }
 
-    /// Route with what is known of the body (`prompt_chars`: its size); sets
+    /// Route with what is known of the body (`body_len`: its size); sets
     /// the headers and takes an in-flight slot. Called at most once per request.
-    fn route(&mut self, body: Body<'_>, prompt_chars: usize) {
+    fn route(&mut self, body: Body<'_>, body_len: usize) {
         let Some(p) = self.plugin.clone() else { return };
         self.routed = true;
         let view = p.follower.current(&HostShared, &p.keys);
@@ -160,7 +178,8 @@ impl RouterHttp {
         };
 
         let decision = if cfg.strategy == Strategy::Affinity {
-            let mut d = self.select_affinity(&p, &view, &key, prompt_chars, l, ticket);
+            let chars = prompt_chars(&key, body_len);
+            let mut d = self.select_affinity(&p, &view, &key, chars, l, ticket);
             // Retry where the primary's prefixes go if it is dead.
             d.secondary = view.takeover(d.primary, &pic.usable).or(d.secondary);
             d
@@ -176,6 +195,7 @@ impl RouterHttp {
             }
         }
         self.set_headers(&p, &view, decision);
+        self.view = Some(view.clone());
         p.stats.decision(decision.branch, key.source, &primary);
         if key.routing_id == RoutingId::Rejected {
             p.stats.routing_id_rejected();
@@ -224,13 +244,13 @@ impl RouterHttp {
         };
         let mut slots = SharedSlots::new(&p.keys.prefix);
         let usable = loads.available.unwrap_or(&[]);
-        let (d, choice) = {
-            let mut by_addr = AddrSlots::new(&mut slots, view, usable);
-            view.router.select_affinity(
+        let (d, choice, known) = {
+            let by_addr = AddrSlots::new(&mut slots, view, usable);
+            view.router.choose_affinity(
                 key,
                 prompt_chars,
                 loads,
-                &mut by_addr,
+                &by_addr,
                 &cost,
                 self.routed_at_ms,
                 ticket,
@@ -238,6 +258,9 @@ impl RouterHttp {
         };
         if slots.failures.get() > 0 {
             p.stats.failure(HostFailure::SharedData);
+        }
+        if self.api_path && choice.reason != crate::affinity::Reason::NoKey {
+            self.pending_record = Some((key.blocks.clone(), known));
         }
         let in_flight = loads.of(d.primary);
         self.pending_cost = Some((choice.expected_uncached_tokens(), f64::from(in_flight)));
@@ -283,6 +306,37 @@ impl RouterHttp {
         }
     }
 
+    /// `affinity`: the upstream answered; record the prefix for the host that
+    /// served it (`served`, else the primary) if the answer is 2xx (an engine
+    /// that accepted the prompt has it cached). At most once per request.
+    /// Holders are written as address ids through the routing-time view.
+    fn record_if_accepted(&mut self, p: &Plugin, served: Option<&str>) {
+        let Some((blocks, known)) = self.pending_record.take() else {
+            return;
+        };
+        let ok =
+            matches!(host::response_header(":status"), Ok(Some(s)) if s.first() == Some(&b'2'));
+        let Some(view) = self.view.clone().filter(|_| ok) else {
+            return;
+        };
+        let Some(served) = served
+            .or(self.slot.primary.as_deref())
+            .and_then(|a| view.position(a.as_bytes()))
+        else {
+            return;
+        };
+        let mut slots = SharedSlots::new(&p.keys.prefix);
+        let now_ms = host::now_nanos() / 1_000_000;
+        {
+            let mut by_addr = AddrSlots::new(&mut slots, &view, &[]);
+            view.router
+                .record_affinity(&mut by_addr, &blocks, known.as_ref(), served, now_ms);
+        }
+        if slots.failures.get() > 0 {
+            p.stats.failure(HostFailure::SharedData);
+        }
+    }
+
     /// The host that actually serves the request (after retries / fallback),
     /// read once and remembered.
     fn upstream_addr(&mut self) -> Option<String> {
@@ -293,6 +347,14 @@ impl RouterHttp {
             .as_deref()
             .map(|a| String::from_utf8_lossy(a).into_owned())
     }
+}
+
+/// Does the request open a tunnel (`Upgrade:` header, e.g. WebSocket, or
+/// `CONNECT`)? Its stream never ends, so the filter must not wait for a body.
+/// Header read failures count as "no" (the request then pauses as usual).
+fn is_tunnel() -> bool {
+    matches!(host::request_header("upgrade"), Ok(Some(v)) if !v.is_empty())
+        || matches!(host::request_header(":method"), Ok(Some(m)) if m.eq_ignore_ascii_case(b"CONNECT"))
 }
 
 impl Context for RouterHttp {}
@@ -309,9 +371,17 @@ impl HttpContext for RouterHttp {
             log::warn!("#{} cannot remove {target}: {e}", self.context_id);
         }
         let needs_body = self.plugin.as_ref().is_some_and(|p| p.needs_body());
-        if end_of_stream || !needs_body {
+        if end_of_stream || !needs_body || is_tunnel() {
             self.route(Body::None, 0);
             return Action::Continue;
+        }
+        if let Some(p) = self
+            .plugin
+            .as_ref()
+            .filter(|p| p.config().strategy == Strategy::Affinity)
+        {
+            self.api_path = matches!(host::request_header(":path"),
+                Ok(Some(path)) if crate::paths::is_api_path(&p.config().paths, &path));
         }
         Action::Pause
     }
@@ -356,6 +426,11 @@ impl HttpContext for RouterHttp {
             return Action::Continue;
         };
         let upstream = self.upstream_addr();
+        if upstream.is_some() && upstream != self.slot.primary {
+            // Another host's time to first token says nothing about the primary.
+            self.pending_cost = None;
+        }
+        self.record_if_accepted(&p, upstream.as_deref());
         // Passive health: the primary did not serve (a retry or the fallback
         // used another host, or no host was reached): mark it down for every
         // worker until a poll shows it recovered.

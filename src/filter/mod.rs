@@ -11,6 +11,7 @@
 //! - [`poll`]: the admin poll under a lease (`cluster` set);
 //! - [`health`]: passive health (a primary that did not serve is marked down);
 //! - [`slots`]: the `affinity` prefix index's slot table in shared data;
+//! - [`secret`]: the per-process secret keying the index's slot hash;
 //! - [`stats`]: Envoy stats.
 
 mod health;
@@ -18,6 +19,7 @@ mod host;
 mod http;
 mod poll;
 mod root;
+mod secret;
 mod slots;
 mod stats;
 

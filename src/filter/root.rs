@@ -124,6 +124,13 @@ impl RootContext for RouterRoot {
             config.concurrency_threshold,
             config.load_factor
         );
+        let secret = match super::secret::get_or_create(self.context_id) {
+            Ok(s) => s,
+            Err(e) => {
+                log::error!("cannot read or store the index secret: {e}");
+                return false;
+            }
+        };
         let cost = RefCell::new(CostModel::new(Router::new(config.clone()).cost_config()));
         if let Some(d) = &config.discovery {
             let tick = config
@@ -135,7 +142,7 @@ impl RootContext for RouterRoot {
                 return false;
             }
         }
-        let follower = Follower::new(config);
+        let follower = Follower::new(config).with_index_secret(secret);
         follower.adopt(&HostShared, &keys);
         self.poller = Poller::new(hash_id(
             &[

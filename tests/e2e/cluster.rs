@@ -233,7 +233,7 @@ fn killed_holder_moves_to_one_successor_and_comes_back() {
         .count();
 
     // Restart the holder: once healthy it takes new (cold) traffic again.
-    fleet.replicas[hi].restart();
+    fleet.replicas[hi].restart(&dir, &ReplicaOpts::default(), 1);
     envoy.wait_health(std::slice::from_ref(&holder), true, Duration::from_secs(15));
     thread::sleep(Duration::from_millis(800)); // a few poll periods
                                                // New prefixes (cold): ring placement includes the restarted replica again.

@@ -36,6 +36,15 @@ pub struct EnvoyConfig {
     pub body_buffer_limit: u64,
     /// Worker threads (`--concurrency`).
     pub concurrency: u32,
+    /// A native `header_mutation` strips the target header before the Wasm filter
+    /// (as `envoy/envoy.yaml` does).
+    pub native_strip: bool,
+    /// The Wasm filter's `failure_policy` (`envoy/envoy.yaml`: `FAIL_CLOSED`).
+    pub failure_policy: String,
+    /// Load this module instead of the filter (to make the VM fail).
+    pub wasm: Option<PathBuf>,
+    /// Accept WebSocket upgrades (`upgrade_configs`).
+    pub websocket: bool,
     /// The Wasm filter comes from an ECDS file (`config_discovery` +
     /// `path_config_source`), so its configuration can be pushed; see
     /// [`Envoy::push_filter`].
@@ -49,12 +58,13 @@ pub struct EnvoyConfig {
 
 /// The Wasm filter message (`"@type"` + `config`) indented by `indent`; `filter` and
 /// `wasm` are YAML scalars (JSON string literals).
-fn wasm_message(filter: &str, wasm: &str, indent: usize) -> String {
+fn wasm_message(filter: &str, wasm: &str, failure_policy: &str, indent: usize) -> String {
     let lines = [
         "\"@type\": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm".to_string(),
         "config:".into(),
         "  name: prefix_router".into(),
         "  root_id: \"\"".into(),
+        format!("  failure_policy: {failure_policy}"),
         "  allow_on_headers_stop_iteration: true".into(),
         "  configuration:".into(),
         "    \"@type\": type.googleapis.com/google.protobuf.StringValue".into(),
@@ -74,7 +84,7 @@ pub fn ecds_yaml(filter_json: &str, version: u64) -> String {
     let wasm = serde_json::to_string(&super::wasm_path().to_string_lossy()).expect("string");
     format!(
         "version_info: \"{version}\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig\n  name: prefix_router\n  typed_config:\n{}",
-        wasm_message(&filter, &wasm, 4)
+        wasm_message(&filter, &wasm, "FAIL_CLOSED", 4)
     )
 }
 
@@ -93,20 +103,25 @@ pub fn eds_yaml(endpoints: &[String], version: u64) -> String {
 }
 
 impl EnvoyConfig {
-    /// Strategy `prefix` over `endpoints` (filter list = cluster list), defaults otherwise.
-    pub fn prefix(endpoints: &[String]) -> EnvoyConfig {
+    /// The shipped default strategy (`affinity`, no `strategy` field) over
+    /// `endpoints` (filter list = cluster list), defaults otherwise.
+    pub fn new(endpoints: &[String]) -> EnvoyConfig {
         EnvoyConfig {
             endpoints: endpoints.to_vec(),
-            filter: json!({"strategy": "prefix", "endpoints": endpoints}),
+            filter: json!({"endpoints": endpoints}),
             filter_raw: None,
             retry_on: "connect-failure,refused-stream,reset,retriable-status-codes".into(),
             hc_interval_ms: 500,
             buffer_limit: 1 << 20,
             body_buffer_limit: 4 << 20,
             concurrency: 2,
-            eds: false,
+            native_strip: true,
+            failure_policy: "FAIL_CLOSED".into(),
+            wasm: None,
+            websocket: false,
             ecds: false,
             dns: false,
+            eds: false,
         }
     }
 
@@ -119,6 +134,11 @@ impl EnvoyConfig {
         self.with("cluster", json!("llm"))
             .with("admin_cluster", json!("envoy_admin"))
             .with("refresh_ms", json!(refresh_ms))
+    }
+
+    /// Strategy `prefix` over `endpoints`, defaults otherwise.
+    pub fn prefix(endpoints: &[String]) -> EnvoyConfig {
+        EnvoyConfig::new(endpoints).with("strategy", json!("prefix"))
     }
 
     /// Set one field of the plugin configuration.
@@ -135,7 +155,12 @@ impl EnvoyConfig {
     }
 
     /// Render the Envoy YAML.
-    /// Render the Envoy YAML; an EDS file lives in `dir/eds/eds.yaml`.
+    pub fn render(&self, admin_port: u16, port: u16, wasm: &str) -> String {
+        self.render_in(admin_port, port, wasm, std::path::Path::new("."))
+    }
+
+    /// Render the Envoy YAML; an EDS file lives in `dir/eds/eds.yaml`, an ECDS one in
+    /// `dir/ecds/wasm.yaml`.
     pub fn render_in(
         &self,
         admin_port: u16,
@@ -160,6 +185,18 @@ impl EnvoyConfig {
         let retry_on = &self.retry_on;
         let buffer = self.buffer_limit;
         let body_buffer = self.body_buffer_limit;
+        let failure_policy = &self.failure_policy;
+        let native_strip = if self.native_strip {
+            r#"          - name: envoy.filters.http.header_mutation
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+              mutations:
+                request_mutations:
+                - remove: x-gateway-destination-endpoint
+"#
+        } else {
+            ""
+        };
         let eds_dir = dir.join("eds");
         let wasm_filter = if self.ecds {
             let ecds = dir.join("ecds");
@@ -171,7 +208,7 @@ impl EnvoyConfig {
         } else {
             format!(
                 "          - name: envoy.filters.http.wasm\n            typed_config:\n{}",
-                wasm_message(&filter, &wasm, 14)
+                wasm_message(&filter, &wasm, failure_policy, 14)
             )
         };
         let members = if self.eds {
@@ -185,6 +222,11 @@ impl EnvoyConfig {
             format!("    type: STRICT_DNS\n    dns_lookup_family: V4_ONLY\n    load_assignment:\n      cluster_name: llm\n      endpoints:\n      - lb_endpoints:\n{hosts}")
         } else {
             format!("    type: STATIC\n    load_assignment:\n      cluster_name: llm\n      endpoints:\n      - lb_endpoints:\n{hosts}")
+        };
+        let upgrades = if self.websocket {
+            "          upgrade_configs: [{upgrade_type: websocket}]\n"
+        } else {
+            ""
         };
         format!(
             r#"node: {{id: prefix-router-e2e, cluster: prefix-router-e2e}}
@@ -202,7 +244,7 @@ static_resources:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: llm_ingress
           stream_idle_timeout: 30s
-          access_log:
+{upgrades}          access_log:
           - name: envoy.access_loggers.stdout
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog
@@ -230,7 +272,7 @@ static_resources:
                         "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate
                     host_selection_retry_max_attempts: 5
           http_filters:
-{wasm_filter}          - name: envoy.filters.http.router
+{native_strip}{wasm_filter}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
               upstream_http_filters:
@@ -303,7 +345,7 @@ impl Envoy {
     /// Start Envoy on free ports without waiting for it.
     pub fn spawn(dir: &std::path::Path, name: &str, cfg: &EnvoyConfig) -> Envoy {
         let (admin_port, port) = (free_port(), free_port());
-        let wasm = wasm_path();
+        let wasm = cfg.wasm.clone().unwrap_or_else(wasm_path);
         let yaml = cfg.render_in(admin_port, port, &wasm.to_string_lossy(), dir);
         if cfg.ecds {
             std::fs::create_dir_all(dir.join("ecds")).expect("mkdir ecds");
@@ -468,6 +510,20 @@ impl Envoy {
             .get(&format!("http://127.0.0.1:{}{path}", self.admin_port))
             .map(|r| r.body)
             .unwrap_or_default()
+    }
+
+    /// The Envoy process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
+    }
+
+    /// Resident memory of the Envoy process (kB, `/proc/<pid>/status` `VmRSS`).
+    pub fn rss_kb(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
     }
 
     /// Current stats.

@@ -44,24 +44,6 @@ pub struct Replica {
     /// Its loopback port.
     pub port: u16,
     proc: Proc,
-    opts: ReplicaOpts,
-    log: std::path::PathBuf,
-}
-
-fn spawn(id: &str, port: u16, o: &ReplicaOpts, log: &std::path::Path) -> Proc {
-    let mut cmd = Command::new(emulator_bin());
-    cmd.args(["--port", &port.to_string(), "--id", id])
-        .args([
-            "--prefill-us-per-token",
-            &o.prefill_us_per_token.to_string(),
-        ])
-        .args(["--decode-ms-per-token", &o.decode_ms_per_token.to_string()])
-        .args(["--max-running", &o.max_running.to_string()])
-        .args(["--fail", o.fail]);
-    if !o.lora_adapters.is_empty() {
-        cmd.args(["--lora-adapters", &o.lora_adapters.join(",")]);
-    }
-    Proc::spawn(&format!("replica {id}"), cmd, log)
 }
 
 impl Replica {
@@ -77,22 +59,6 @@ impl Replica {
     /// Kill the process (SIGKILL): the replica dies without a goodbye.
     pub fn kill(&mut self) {
         self.proc.kill();
-    }
-
-    /// Start it again on the same port (after [`Replica::kill`]); waits for `/health`.
-    pub fn restart(&mut self) {
-        self.proc.kill();
-        self.proc = spawn(
-            &self.id,
-            self.port,
-            &self.opts,
-            &self.log.with_extension("2.log"),
-        );
-        let client = Client::new(Duration::from_secs(2));
-        let up = wait_for(Duration::from_secs(15), || {
-            (port_open(self.port) && client.get(&self.url("/health")).is_ok()).then_some(())
-        });
-        assert!(up.is_some(), "replica {} did not come back", self.id);
     }
 
     /// Switch the failure mode at run time.
@@ -192,18 +158,63 @@ impl Fleet {
         for (i, o) in opts.iter().enumerate() {
             let id = format!("r{i}");
             let port = free_port();
-            let log = dir.join(format!("{id}.log"));
-            let proc = spawn(&id, port, o, &log);
-            replicas.push(Replica {
-                id,
-                port,
-                proc,
-                opts: o.clone(),
-                log,
-            });
+            let proc = spawn_emulator(dir, &id, port, o, 0);
+            replicas.push(Replica { id, port, proc });
         }
-        let client = Client::new(Duration::from_secs(2));
         for r in &mut replicas {
+            r.wait_up();
+        }
+        Fleet { replicas }
+    }
+
+    /// `IP:port` of every replica, start order.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.replicas.iter().map(Replica::addr).collect()
+    }
+}
+
+/// Start one emulator process (`generation` numbers its log after restarts).
+fn spawn_emulator(
+    dir: &std::path::Path,
+    id: &str,
+    port: u16,
+    o: &ReplicaOpts,
+    generation: u32,
+) -> Proc {
+    let mut cmd = Command::new(emulator_bin());
+    cmd.args(["--port", &port.to_string(), "--id", id])
+        .args([
+            "--prefill-us-per-token",
+            &o.prefill_us_per_token.to_string(),
+        ])
+        .args(["--decode-ms-per-token", &o.decode_ms_per_token.to_string()])
+        .args(["--max-running", &o.max_running.to_string()])
+        .args(["--fail", o.fail]);
+    if !o.lora_adapters.is_empty() {
+        cmd.args(["--lora-adapters", &o.lora_adapters.join(",")]);
+    }
+    let log = if generation == 0 {
+        dir.join(format!("{id}.log"))
+    } else {
+        dir.join(format!("{id}.{generation}.log"))
+    };
+    Proc::spawn(&format!("replica {id}"), cmd, &log)
+}
+
+impl Replica {
+    /// Start a killed replica again on the same port (a new process, empty cache) and
+    /// wait until it answers `/health`.
+    pub fn restart(&mut self, dir: &std::path::Path, opts: &ReplicaOpts, generation: u32) {
+        self.proc.kill();
+        self.proc = spawn_emulator(dir, &self.id, self.port, opts, generation);
+        self.wait_up();
+    }
+
+    /// Wait until `/health` answers (panics with the log otherwise).
+    fn wait_up(&mut self) {
+        let client = Client::new(Duration::from_secs(2));
+        let r = self;
+        {
             let up = wait_for(Duration::from_secs(15), || {
                 if let Some(s) = r.proc.exited() {
                     panic!(
@@ -221,14 +232,10 @@ impl Fleet {
                 r.proc.log_tail(2000)
             );
         }
-        Fleet { replicas }
     }
+}
 
-    /// `IP:port` of every replica, start order.
-    pub fn endpoints(&self) -> Vec<String> {
-        self.replicas.iter().map(Replica::addr).collect()
-    }
-
+impl Fleet {
     /// The replica with `id`.
     pub fn by_id(&self, id: &str) -> &Replica {
         self.replicas
