@@ -150,6 +150,8 @@ pub struct RawConfig {
     pub learn_costs: Option<bool>,
     /// See [`AffinityParams::chars_per_token`].
     pub chars_per_token: Option<f64>,
+    /// See [`Config::read_usage`].
+    pub read_usage: Option<bool>,
     /// See [`Config::paths`].
     pub paths: Option<Vec<String>>,
     /// See [`Discovery::cluster`].
@@ -276,6 +278,10 @@ pub struct Config {
     pub discovery: Option<Discovery>,
     /// Engine metrics scraping (needs `cluster`).
     pub engine: Option<EngineParams>,
+    /// Read the engine's usage (`cached_tokens`, response `id`) from the
+    /// responses as they pass: predicted vs delivered stats, index feedback,
+    /// Responses API pinning. Default true; false reads no response byte.
+    pub read_usage: bool,
     /// Request paths whose 2xx responses are recorded in the `affinity` index
     /// (exact match, query string ignored; see [`crate::paths`]).
     pub paths: Vec<String>,
@@ -615,6 +621,7 @@ impl Config {
             affinity: affinity_params,
             engine: engine(raw.engine, discovery.is_some())?,
             discovery,
+            read_usage: raw.read_usage.unwrap_or(true),
             paths,
         })
     }
@@ -721,6 +728,17 @@ mod tests {
     }
 
     const EPS: &str = r#""endpoints":["127.0.0.1:8001","127.0.0.1:8000"]"#;
+
+    #[test]
+    fn read_usage_is_on_by_default() {
+        assert!(parse(&format!("{{{EPS}}}")).unwrap().read_usage);
+        assert!(
+            !parse(&format!("{{{EPS},\"read_usage\":false}}"))
+                .unwrap()
+                .read_usage
+        );
+        assert!(parse(&format!("{{{EPS},\"read_usage\":1}}")).is_err());
+    }
 
     #[test]
     fn defaults_and_canonical_order() {

@@ -121,7 +121,7 @@ fn parse_args() -> Result<Args, String> {
         return Err("--replicas must be 1..=64".into());
     }
     for p in &a.policies {
-        if !ALL.contains(&p.as_str()) {
+        if !ALL.contains(&p.as_str()) && !policies::EXTRA.contains(&p.as_str()) {
             return Err(format!("unknown policy {p}; known: {}", ALL.join(", ")));
         }
     }

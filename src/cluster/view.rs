@@ -101,6 +101,11 @@ impl View {
             .ok()
     }
 
+    /// Position of the member whose [`holder_id`] is `id`.
+    pub fn position_of_id(&self, id: u16) -> Option<usize> {
+        self.by_id.get(&id).copied()
+    }
+
     /// Usable members: not flagged by the admin poll, not marked down.
     pub fn usable(&self, down: &Down, now_ms: u64) -> Vec<bool> {
         self.hashes

@@ -25,6 +25,7 @@
 //! actually served it; the cost model learns only from responses of the
 //! primary (a retry elsewhere says nothing about the primary's queue).
 
+use super::delivered::Delivery;
 use super::host::{self, HostShared, BUFFER_REQUEST_BODY};
 use super::root::Plugin;
 use super::slots::SharedSlots;
@@ -33,7 +34,7 @@ use crate::cluster::request::{picture, Slot};
 use crate::cluster::shared::MAX_CAS_ATTEMPTS;
 use crate::cluster::view::{AddrSlots, View};
 use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
-use crate::decision::Decision;
+use crate::decision::{Branch, Decision, KeySource};
 use crate::hash::hash_id;
 use crate::index::Known;
 use crate::router::{prompt_chars, Body, RoutingId, RoutingKey};
@@ -72,6 +73,8 @@ pub struct RouterHttp {
     /// `upstream.address` as read at response headers (final: a response that
     /// has started is never retried), so `on_log` need not read it again.
     upstream: Option<Vec<u8>>,
+    /// Predicted vs delivered cached tokens.
+    delivery: Delivery,
 }
 
 fn next_local_ticket() -> u64 {
@@ -97,6 +100,7 @@ impl RouterHttp {
             pending_cost: None,
             streaming: false,
             upstream: None,
+            delivery: Delivery::default(),
         }
     }
 
@@ -177,7 +181,23 @@ impl RouterHttp {
             available: Some(&pic.usable),
         };
 
-        let decision = if cfg.strategy == Strategy::Affinity {
+        let pinned = match body {
+            Body::Complete(b) if key.source == KeySource::Responses => {
+                self.delivery.responses_api();
+                p.delivered
+                    .pinned(b, self.routed_at_ms, &view)
+                    .filter(|&r| pic.usable.get(r).copied().unwrap_or(false))
+            }
+            _ => None,
+        };
+        let decision = if let Some(r) = pinned {
+            // The replica that stores the previous response (vLLM: per instance).
+            Decision {
+                primary: r,
+                secondary: None,
+                branch: Branch::Hit,
+            }
+        } else if cfg.strategy == Strategy::Affinity {
             let chars = prompt_chars(&key, body_len);
             let mut d = self.select_affinity(&p, &view, &key, chars, l, ticket);
             // Retry where the primary's prefixes go if it is dead.
@@ -194,6 +214,8 @@ impl RouterHttp {
                 p.stats.failure(HostFailure::SharedData);
             }
         }
+        self.delivery
+            .routed(decision.branch.as_str(), decision.primary);
         self.set_headers(&p, &view, decision);
         self.view = Some(view.clone());
         p.stats.decision(decision.branch, key.source, &primary);
@@ -215,6 +237,10 @@ impl RouterHttp {
                 .unwrap_or("-"),
             view.generation,
         );
+        if cfg.strategy == Strategy::Affinity && self.api_path {
+            // Confirmed depths are written for API paths only, like the record.
+            self.delivery.keep_blocks(key.blocks);
+        }
     }
 
     /// `affinity`: index lookup + choice + record over shared data; index
@@ -246,16 +272,27 @@ impl RouterHttp {
         let usable = loads.available.unwrap_or(&[]);
         let (d, choice, known) = {
             let by_addr = AddrSlots::new(&mut slots, view, usable);
-            view.router.choose_affinity(
-                key,
-                prompt_chars,
-                loads,
-                &by_addr,
-                &cost,
-                self.routed_at_ms,
-                ticket,
-            )
+            p.delivered.with_horizons(self.routed_at_ms, view, |h| {
+                view.router.choose_affinity_fed(
+                    key,
+                    prompt_chars,
+                    loads,
+                    &by_addr,
+                    &cost,
+                    (self.routed_at_ms, ticket),
+                    h,
+                )
+            })
         };
+        let block_tokens =
+            crate::hash::BLOCK_UNITS as f64 / view.router.affinity_config().chars_per_token;
+        self.delivery.expect(
+            &choice,
+            known.as_ref(),
+            key.blocks.len(),
+            block_tokens,
+            self.routed_at_ms,
+        );
         if slots.failures.get() > 0 {
             p.stats.failure(HostFailure::SharedData);
         }
@@ -446,6 +483,7 @@ impl HttpContext for RouterHttp {
                 Err(_) => p.stats.failure(HostFailure::SharedData),
             }
         }
+        self.delivery.on_headers(&p);
         if self.pending_cost.is_some() {
             self.streaming = matches!(
                 host::response_header("content-type"),
@@ -455,7 +493,13 @@ impl HttpContext for RouterHttp {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, size: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if let Some(p) = self.plugin.clone() {
+            let served = self.upstream_addr();
+            let view = self.view.clone();
+            self.delivery
+                .on_chunk(&p, view.as_deref(), size, end_of_stream, served.as_deref());
+        }
         // First chunk of a stream = first token: teach the cost model. Nothing
         // is buffered (buffering SSE would destroy the client's TTFT).
         if self.streaming && size > 0 {
@@ -475,6 +519,9 @@ impl HttpContext for RouterHttp {
 
     fn on_log(&mut self) {
         let Some(p) = self.plugin.clone() else { return };
+        let served = self.upstream_addr();
+        let view = self.view.clone();
+        self.delivery.finish(&p, view.as_deref(), served.as_deref());
         match self.slot.release(&HostShared, &p.keys) {
             Some(Ok((addr, now))) => p.stats.in_flight(&addr, now),
             Some(Err(e)) => {

@@ -12,8 +12,11 @@
 //! - [`health`]: passive health (a primary that did not serve is marked down);
 //! - [`slots`]: the `affinity` prefix index's slot table in shared data;
 //! - [`secret`]: the per-process secret keying the index's slot hash;
-//! - [`stats`]: Envoy stats.
+//! - [`stats`]: Envoy stats;
+//! - [`delivered`]: predicted vs delivered cached tokens, read from the
+//!   response as it passes, and the index feedback.
 
+mod delivered;
 mod health;
 mod host;
 mod http;

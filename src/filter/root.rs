@@ -30,6 +30,8 @@ pub struct Plugin {
     pub stats: Stats,
     /// Generation whose endpoints have their metrics defined.
     pub stats_generation: std::cell::Cell<u64>,
+    /// Predicted vs delivered: metrics and eviction horizons.
+    pub delivered: super::delivered::Shared,
 }
 
 impl Plugin {
@@ -155,6 +157,7 @@ impl RootContext for RouterRoot {
         self.plugin = Some(Rc::new(Plugin {
             follower,
             rr_key: format!("{}rr", keys.prefix),
+            delivered: super::delivered::Shared::new(&keys.prefix),
             keys,
             cost,
             stats,

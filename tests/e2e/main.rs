@@ -19,6 +19,7 @@ mod affinity;
 mod agreement;
 mod bad_config;
 mod cluster;
+mod delivered;
 mod failover;
 mod hostile;
 mod load;
