@@ -47,6 +47,7 @@ pub mod extract;
 pub mod hash;
 pub mod index;
 pub mod json;
+pub mod paths;
 pub mod ring;
 pub mod router;
 pub mod select;
