@@ -1,10 +1,8 @@
 //! Integration tests of LoRA adapter slots (`--max-loras`, `--lora-load-ms`) and of reported-
 //! metric overrides (`--report-*`, `POST /admin/metrics-override`), read back through the
 //! filter's own Prometheus reader (`prefix_router::engine`). The real binary runs on a loopback
-//! port; a Drop guard kills it.
+//! port (`support::Emu`).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use hyper::Method;
@@ -12,29 +10,8 @@ use prefix_router::engine::{lora_tier, parse_metrics, saturated, EngineLimits, E
 use replica_emulator::client::Client;
 use serde_json::{json, Value};
 
-struct Emu(Child, String);
-
-impl Drop for Emu {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(args: &[&str]) -> Emu {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_replica-emulator"))
-        .args(["--host", "127.0.0.1", "--port", "0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn replica-emulator");
-    let mut line = String::new();
-    let out = child.stdout.take().expect("stdout");
-    BufReader::new(out).read_line(&mut line).expect("stdout");
-    let addr = line.trim().rsplit(' ').next().unwrap_or("").to_string();
-    Emu(child, format!("http://{addr}"))
-}
+mod support;
+use support::Emu;
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -64,7 +41,7 @@ async fn chat_ms(c: &Client, model: &str) -> f64 {
 
 #[test]
 fn adapters_load_into_lru_slots_at_a_cost_and_show_in_metrics() {
-    let emu = start(&[
+    let emu = Emu::start(&[
         "--lora-adapters",
         "a,b,c",
         "--max-loras",
@@ -79,7 +56,7 @@ fn adapters_load_into_lru_slots_at_a_cost_and_show_in_metrics() {
         "0",
     ]);
     rt().block_on(async {
-        let c = Client::new(&emu.1).unwrap();
+        let c = Client::new(&emu.url()).unwrap();
         let s = sample(&c).await;
         assert_eq!((s.max_lora, s.loras_running.len()), (Some(2), 0));
         assert_eq!(lora_tier(&s, "a"), 1); // free slot
@@ -110,9 +87,9 @@ fn adapters_load_into_lru_slots_at_a_cost_and_show_in_metrics() {
 
 #[test]
 fn unlimited_adapters_are_all_resident_and_free() {
-    let emu = start(&["--lora-adapters", "x,y", "--lora-load-ms", "500"]);
+    let emu = Emu::start(&["--lora-adapters", "x,y", "--lora-load-ms", "500"]);
     rt().block_on(async {
-        let c = Client::new(&emu.1).unwrap();
+        let c = Client::new(&emu.url()).unwrap();
         let s = sample(&c).await;
         assert_eq!(
             (s.loras_running.clone(), s.max_lora),
@@ -124,13 +101,13 @@ fn unlimited_adapters_are_all_resident_and_free() {
 
 #[test]
 fn reported_queue_and_kv_usage_can_be_forced() {
-    let emu = start(&["--report-waiting", "7"]);
+    let emu = Emu::start(&["--report-waiting", "7"]);
     let limits = EngineLimits {
         max_queue: 128.0,
         max_kv_usage: 0.9,
     };
     rt().block_on(async {
-        let c = Client::new(&emu.1).unwrap();
+        let c = Client::new(&emu.url()).unwrap();
         let s = sample(&c).await;
         assert_eq!(
             (s.waiting, s.running, s.kv_usage),
