@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod overrides;
 pub mod prom;
 pub mod prompt;
+pub mod responses;
 pub mod server;
 
 use std::sync::{Mutex, MutexGuard};
