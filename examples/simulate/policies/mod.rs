@@ -16,9 +16,11 @@
 //! | `oracle_ttft` | true cache and queue state, greedy minimum estimated TTFT |
 //! | `ours` | `prefix_router::affinity` (longest known prefix + cost-aware spill) |
 //! | `ours_2x` | `ours` in two independent Envoys (own index, own in-flight counts), requests split at random |
+//! | `MODE/N[/DELAY]` | `ours` in N gateways with the multi-gateway options of `gateways.rs` |
 
 pub mod basic;
 pub mod chwbl;
+pub mod gateways;
 pub mod gie;
 pub mod lru;
 pub mod oracle;
@@ -135,7 +137,8 @@ impl KeyBook {
             Ok(())
         };
         for p in policies {
-            match p.as_str() {
+            let p = if gateways::is_name(p) { "ours" } else { p.as_str() };
+            match p {
                 "random" => add("random", r#","strategy":"random""#.into())?,
                 "round_robin" => add("round_robin", r#","strategy":"round_robin""#.into())?,
                 "least_request_core" => {
@@ -229,6 +232,10 @@ pub fn build(
                 n,
                 seed,
             )?)
+        }
+        gw if gateways::is_name(gw) => {
+            let (i, router) = core("ours")?;
+            Box::new(gateways::build(gw, router, i, ours, n, seed)?)
         }
         other => {
             return Err(format!(
