@@ -12,7 +12,8 @@
 //!   selection), [`index`] (direct-mapped index of recently routed blocks),
 //!   [`affinity`] (longest known prefix, cost-aware spill), [`cost`] (prices
 //!   learned from observed TTFT), [`decision`] (the reason of every decision),
-//!   [`router`] (the facade);
+//!   [`router`] (the facade), [`peers`] (index writes exchanged between
+//!   gateway Envoys);
 //! - a **thin proxy-wasm adapter** (`filter`, only on `wasm32-wasip1`) that
 //!   buffers the body, keeps per-host in-flight counts and the prefix index in
 //!   shared data, sets the `override_host` header and counts every decision in
@@ -45,6 +46,7 @@ pub mod extract;
 pub mod hash;
 pub mod index;
 pub mod json;
+pub mod peers;
 pub mod ring;
 pub mod router;
 pub mod select;

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Markdown tables of the simulator's multi-gateway policies (MODE/N[/DELAY]).
+
+usage: scripts/multi-gateway-table.py RUN.json [RUN.json ...]
+
+Each JSON is `simulate --json` output of runs with `--gw-modes`. For every
+workload: one row per (mode, delay), one column per gateway count, cells
+`hit% / p50 / p90 ms`, a check mark when the cell meets the issue-11 target
+against one gateway (`ours`, N = 1): hit within 2 points and p90 within 10 %.
+The same workload in several files (seeds) is averaged per cell; the number
+of seeds is printed. Python 3 standard library only.
+"""
+import json
+import sys
+from collections import defaultdict
+
+
+def parse(name):
+    parts = name.split("/")
+    if len(parts) not in (2, 3):
+        return None
+    mode, n = parts[0], int(parts[1])
+    delay = int(float(parts[2])) if len(parts) == 3 else None
+    return mode, n, delay
+
+
+def main(paths):
+    # (workload) -> policy -> list of (hit, p50, p90, extra)
+    cells = defaultdict(lambda: defaultdict(list))
+    desc = {}
+    for p in paths:
+        with open(p) as f:
+            doc = json.load(f)
+        for w in doc["workloads"]:
+            desc[w["workload"]] = w["description"]
+            for r in w["policies"]:
+                t = r["ttft_ms"]
+                cells[w["workload"]][r["policy"]].append(
+                    (100 * r["hit_rate"], t["p50"], t["p90"], r.get("extra", {}))
+                )
+    for wl, pols in cells.items():
+        avg = {
+            k: tuple(sum(x[i] for x in v) / len(v) for i in range(3)) for k, v in pols.items()
+        }
+        seeds = max(len(v) for v in pols.values())
+        base = avg.get("ours") or avg.get("indep/1")
+        print(f"\n#### {wl}: {desc[wl]}\n")
+        if base:
+            print(
+                f"One gateway (`ours`): hit {base[0]:.1f} %, p50 {base[1]:.0f} ms, "
+                f"p90 {base[2]:.0f} ms ({seeds} seed(s)). Cells: hit % / p50 / p90 ms; "
+                "✓ = hit ≥ one gateway − 2 pts and p90 ≤ 1.1 × one gateway.\n"
+            )
+        rows = defaultdict(dict)
+        ns = set()
+        for k, v in avg.items():
+            q = parse(k)
+            if not q:
+                continue
+            mode, n, delay = q
+            ns.add(n)
+            rows[(mode, delay)][n] = v
+        ns = sorted(ns)
+        print("| mode | delay ms | " + " | ".join(f"N={n}" for n in ns) + " |")
+        print("|---|---|" + "---|" * len(ns))
+        order = sorted(rows, key=lambda md: (md[0], -1 if md[1] is None else md[1]))
+        for mode, delay in order:
+            out = []
+            for n in ns:
+                v = rows[(mode, delay)].get(n)
+                if not v:
+                    out.append("")
+                    continue
+                ok = base and v[0] >= base[0] - 2 and v[2] <= 1.1 * base[2]
+                out.append(f"{v[0]:.1f} / {v[1]:.0f} / {v[2]:.0f}{' ✓' if ok else ''}")
+            d = "—" if delay is None else str(delay)
+            print(f"| {mode} | {d} | " + " | ".join(out) + " |")
+        # Sync traffic of peer modes (bytes per request, share of request bytes).
+        sync = [
+            (k, v[0][3])
+            for k, v in sorted(pols.items())
+            if "peer" in k and v[0][3].get("sync_bytes_per_req")
+        ]
+        if sync:
+            print("\nPeer sync traffic (per routed request, all peers):\n")
+            print("| policy | slot entries | bytes | share of request bytes |")
+            print("|---|---|---|---|")
+            for k, e in sync:
+                print(
+                    f"| {k} | {e.get('sets_per_req', 0):.1f} | "
+                    f"{e.get('sync_bytes_per_req', 0):.0f} | "
+                    f"{100 * e.get('sync_share_of_body', 0):.2f} % |"
+                )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        print(__doc__)
+        sys.exit(2)
+    main(sys.argv[1:])
