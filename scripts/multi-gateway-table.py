@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Markdown tables of the simulator's multi-gateway policies (MODE/N[/DELAY]).
 
-usage: scripts/multi-gateway-table.py RUN.json [RUN.json ...]
+usage: scripts/multi-gateway-table.py RUN.json|RUN.txt [...]
 
-Each JSON is `simulate --json` output of runs with `--gw-modes`. For every
+Each file is the `--json` output of `simulate` runs with `--gw-modes`, or
+their printed tables (stdout). For every
 workload: one row per (mode, delay), one column per gateway count, cells
 `hit% / p50 / p90 ms`, a check mark when the cell meets the issue-11 target
 against one gateway (`ours`, N = 1): hit within 2 points and p90 within 10 %.
@@ -24,14 +25,53 @@ def parse(name):
     return mode, n, delay
 
 
+def load(path):
+    """Workloads as in `simulate --json`, from a JSON file or printed tables."""
+    with open(path) as f:
+        text = f.read()
+    if text.lstrip().startswith("{"):
+        return json.loads(text)["workloads"]
+    out, cur, extra = [], None, {}
+    for line in text.splitlines():
+        if line.startswith("== "):
+            name, _, desc = line[3:].partition(": ")
+            cur = {"workload": name, "description": desc, "policies": []}
+            out.append(cur)
+        elif line.startswith("  ") and cur and ": " in line:
+            pol, _, kv = line.strip().partition(": ")
+            extra[(cur["workload"], pol)] = {
+                k: float(v) for k, v in (x.split("=") for x in kv.split())
+            }
+        elif cur and line and not line.startswith(("policy", " ")):
+            f = line.split()
+            if len(f) > 4:
+                try:
+                    hit, p50, p90 = float(f[1]), float(f[2]), float(f[3])
+                except ValueError:
+                    continue
+                cur["policies"].append(
+                    {"policy": f[0], "hit_rate": hit / 100, "ttft_ms": {"p50": p50, "p90": p90}}
+                )
+    for w in out:
+        for r in w["policies"]:
+            r["extra"] = extra.get((w["workload"], r["policy"]), {})
+    return out
+
+
+MODE_ORDER = ["indep", "truth", "det", "det+truth", "peer", "peer+truth", "peer+eng"]
+
+
+def mode_rank(mode):
+    return (MODE_ORDER.index(mode), "") if mode in MODE_ORDER else (len(MODE_ORDER), mode)
+
+
 def main(paths):
+    passes = defaultdict(lambda: defaultdict(list))  # (mode, delay) -> n -> [workload ok]
     # (workload) -> policy -> list of (hit, p50, p90, extra)
     cells = defaultdict(lambda: defaultdict(list))
     desc = {}
     for p in paths:
-        with open(p) as f:
-            doc = json.load(f)
-        for w in doc["workloads"]:
+        for w in load(p):
             desc[w["workload"]] = w["description"]
             for r in w["policies"]:
                 t = r["ttft_ms"]
@@ -42,7 +82,7 @@ def main(paths):
         avg = {
             k: tuple(sum(x[i] for x in v) / len(v) for i in range(3)) for k, v in pols.items()
         }
-        seeds = max(len(v) for v in pols.values())
+        seeds = max(len(v) for k, v in pols.items() if parse(k))
         base = avg.get("ours") or avg.get("indep/1")
         print(f"\n#### {wl}: {desc[wl]}\n")
         if base:
@@ -63,7 +103,7 @@ def main(paths):
         ns = sorted(ns)
         print("| mode | delay ms | " + " | ".join(f"N={n}" for n in ns) + " |")
         print("|---|---|" + "---|" * len(ns))
-        order = sorted(rows, key=lambda md: (md[0], -1 if md[1] is None else md[1]))
+        order = sorted(rows, key=lambda md: (mode_rank(md[0]), -1 if md[1] is None else md[1]))
         for mode, delay in order:
             out = []
             for n in ns:
@@ -71,7 +111,8 @@ def main(paths):
                 if not v:
                     out.append("")
                     continue
-                ok = base and v[0] >= base[0] - 2 and v[2] <= 1.1 * base[2]
+                ok = bool(base) and v[0] >= base[0] - 2 and v[2] <= 1.1 * base[2]
+                passes[(mode, delay)][n].append((wl, ok))
                 out.append(f"{v[0]:.1f} / {v[1]:.0f} / {v[2]:.0f}{' ✓' if ok else ''}")
             d = "—" if delay is None else str(delay)
             print(f"| {mode} | {d} | " + " | ".join(out) + " |")
@@ -91,6 +132,20 @@ def main(paths):
                     f"{e.get('sync_bytes_per_req', 0):.0f} | "
                     f"{100 * e.get('sync_share_of_body', 0):.2f} % |"
                 )
+    # Summary: workloads meeting the target per (mode, delay) and N.
+    ns = sorted({n for v in passes.values() for n in v})
+    print("\n#### Workloads meeting the target (hit ≥ one gateway − 2 pts, p90 ≤ +10 %)\n")
+    print("| mode | delay ms | " + " | ".join(f"N={n}" for n in ns) + " |")
+    print("|---|---|" + "---|" * len(ns))
+    for mode, delay in sorted(passes, key=lambda md: (mode_rank(md[0]), -1 if md[1] is None else md[1])):
+        cells = []
+        for n in ns:
+            r = passes[(mode, delay)].get(n, [])
+            fails = [w for w, ok in r if not ok]
+            cell = f"{len(r) - len(fails)}/{len(r)}"
+            cells.append(cell + (f" (not {', '.join(fails)})" if fails else ""))
+        d = "—" if delay is None else str(delay)
+        print(f"| {mode} | {d} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

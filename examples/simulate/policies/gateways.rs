@@ -14,7 +14,7 @@
 //! | `anchor` | the ring key is an early block (`anchor_block`, default block 3 = characters 768–1023, or the last full block of a shorter prompt) instead of the whole-window key, and cold placement compares `det_choices` ring candidates: every gateway makes the same first choice for prompts that share that block |
 //! | `exc` | the index records only exceptions (decisions other than "cold, ring owner of the anchor") |
 //! | `det` | `eng+anchor` (deterministic first) |
-//! | `peer` | every index insert (the request's blocks and replica) is applied to every other gateway's table `DELAY` ms later; each gateway's outbox keeps at most `max_pending` inserts (oldest dropped, counted) |
+//! | `peer` | the slot writes of every index record are logged (`prefix_router::peers::LoggingStore`), encoded and decoded as the wire batch, and merged (`peers::merge`) into every other gateway's table `DELAY` ms later; each gateway's outbox keeps at most `max_pending` slot writes (oldest dropped, counted) |
 //! | `truth` | at the first token the engine's `cached_tokens` (what the replica really had cached for this request when it was routed) teaches the gateway: the cost model learns from delivered instead of expected uncached tokens, and the index records that the replica holds the delivered prefix |
 //!
 //! `DELAY_MS` is the peer-exchange delay for `peer` modes and the engine
@@ -33,7 +33,8 @@ use std::sync::OnceLock;
 use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::CostModel;
 use prefix_router::hash::BLOCK_UNITS;
-use prefix_router::index::{PrefixIndex, VecStore};
+use prefix_router::index::{PrefixIndex, SlotValue, VecStore};
+use prefix_router::peers::{self, DeltaLog, LoggingStore};
 use prefix_router::{Loads, Router, RoutingKey};
 
 use super::ours::OursParams;
@@ -50,11 +51,8 @@ pub struct Knobs {
     pub det_choices: usize,
     /// Engine scrape period of `eng` modes that also use `peer`, ms.
     pub scrape_ms: f64,
-    /// Peer inserts kept per gateway outbox.
+    /// Slot writes kept per gateway outbox (the peer log's capacity).
     pub max_pending: usize,
-    /// Wire bytes per slot entry sent to a peer (8-byte block key, 4-byte
-    /// time, 3 × 2-byte holders, 2 bytes framing).
-    pub entry_bytes: f64,
 }
 
 impl Default for Knobs {
@@ -64,7 +62,6 @@ impl Default for Knobs {
             det_choices: 2,
             scrape_ms: 100.0,
             max_pending: 4096,
-            entry_bytes: 20.0,
         }
     }
 }
@@ -80,7 +77,6 @@ impl Knobs {
             "det_choices" => self.det_choices = u().filter(|&c| c >= 1).ok_or_else(bad)?,
             "scrape_ms" => self.scrape_ms = f().ok_or_else(bad)?,
             "max_pending" => self.max_pending = u().filter(|&c| c >= 1).ok_or_else(bad)?,
-            "entry_bytes" => self.entry_bytes = f().ok_or_else(bad)?,
             _ => return Err(format!("--gw: unknown knob {k}")),
         }
         Ok(())
@@ -196,12 +192,12 @@ pub fn anchor_key(key: &RoutingKey, anchor_block: usize) -> Option<u64> {
     key.blocks.get(anchor_block.min(full - 1)).copied()
 }
 
-/// An index insert published to the peers.
-#[derive(Debug, Clone)]
+/// A slot write published to the peers.
+#[derive(Debug, Clone, Copy)]
 struct Delta {
     at_ms: u64,
-    replica: usize,
-    blocks: Vec<u64>,
+    slot: u32,
+    value: SlotValue,
 }
 
 /// One gateway Envoy.
@@ -211,6 +207,7 @@ struct Gateway {
     in_flight: Vec<u32>,
     since_scrape: Vec<u32>,
     outbox: VecDeque<Delta>,
+    log: DeltaLog,
     ticket: u64,
 }
 
@@ -234,6 +231,7 @@ struct Counts {
     dropped: u64,
     taught: u64,
     body_chars: u64,
+    wire_bytes: u64,
 }
 
 /// `N` gateways (see the module docs).
@@ -296,6 +294,7 @@ impl Gateways {
                 in_flight: vec![0; n],
                 since_scrape: vec![0; n],
                 outbox: VecDeque::new(),
+                log: DeltaLog::new(knobs.max_pending),
                 ticket: 0,
             })
             .collect();
@@ -343,8 +342,8 @@ impl Gateways {
         };
     }
 
-    /// Apply every published insert older than the delay to the other
-    /// gateways' tables.
+    /// Merge every published slot write older than the delay into the
+    /// other gateways' tables.
     fn sync(&mut self, now_ms: u64) {
         if !self.spec.mode.peer {
             return;
@@ -354,19 +353,42 @@ impl Gateways {
             while let Some(d) = self.gws[from]
                 .outbox
                 .front()
+                .copied()
                 .filter(|d| d.at_ms + delay <= now_ms)
             {
-                let d = d.clone();
                 self.gws[from].outbox.pop_front();
                 for (to, g) in self.gws.iter_mut().enumerate() {
                     if to != from {
-                        let known = self.index.lookup(&g.store, &d.blocks, now_ms);
-                        self.index
-                            .record(&mut g.store, &d.blocks, known.as_ref(), d.replica, d.at_ms);
+                        peers::merge(&mut g.store, d.slot, &d.value);
                         self.c.applied += 1;
                     }
                 }
             }
+        }
+    }
+
+    /// Publish gateway `k`'s log from `seq` on: through the wire format
+    /// (encode, validate, decode), into its outbox.
+    fn publish(&mut self, k: usize, seq: u64, now_ms: u64) {
+        let layout = peers::layout(self.index.config().slots, &[]);
+        let g = &mut self.gws[k];
+        let wire = g.log.encode_since(seq, usize::MAX, layout, 0);
+        self.c.wire_bytes += (wire.len() - peers::HEADER_BYTES) as u64;
+        let slots = self.index.config().slots;
+        let replicas = g.in_flight.len();
+        let Ok(batch) = peers::decode(&wire, layout, usize::MAX, slots, replicas) else {
+            return;
+        };
+        for (slot, value) in batch.entries {
+            if g.outbox.len() >= self.knobs.max_pending {
+                g.outbox.pop_front();
+                self.c.dropped += 1;
+            }
+            g.outbox.push_back(Delta {
+                at_ms: now_ms,
+                slot,
+                value,
+            });
         }
     }
 
@@ -417,23 +439,17 @@ impl Gateways {
             .key
             .and_then(|rk| self.router.ring().candidates(rk).next());
         let exception = c.reason != Reason::Cold || Some(c.primary) != first_choice;
+        let seq = g.log.next_seq();
         if !mode.exceptions || exception {
             self.c.records += 1;
+            let mut store = LoggingStore {
+                inner: &mut g.store,
+                log: &mut g.log,
+            };
             self.c.sets +=
                 self.index
-                    .record(&mut g.store, &key.blocks, known.as_ref(), c.primary, now_ms)
+                    .record(&mut store, &key.blocks, known.as_ref(), c.primary, now_ms)
                     as u64;
-            if mode.peer && !key.blocks.is_empty() {
-                if g.outbox.len() >= self.knobs.max_pending {
-                    g.outbox.pop_front();
-                    self.c.dropped += 1;
-                }
-                g.outbox.push_back(Delta {
-                    at_ms: now_ms,
-                    replica: c.primary,
-                    blocks: key.blocks.clone(),
-                });
-            }
         }
         if let Some(x) = g.in_flight.get_mut(c.primary) {
             *x += 1;
@@ -465,8 +481,11 @@ impl Gateways {
         }] += 1;
         self.c.routed += 1;
         self.c.body_chars += u64::from(req.body_chars);
-        if self.spec.mode.peer && self.spec.delay_ms == 0.0 {
-            self.sync(now_ms);
+        if mode.peer {
+            self.publish(k, seq, now_ms);
+            if self.spec.delay_ms == 0.0 {
+                self.sync(now_ms);
+            }
         }
         Routed {
             replica: c.primary,
@@ -533,13 +552,10 @@ impl Policy for Gateways {
     fn extra(&self) -> Vec<(String, f64)> {
         let n = self.c.routed.max(1) as f64;
         let sets = self.c.sets as f64 / n;
-        // Each insert's slot entries go to N − 1 peers.
+        // Each published slot write goes to N − 1 peers (batch headers,
+        // 24 bytes per pull, not counted).
         let peers = self.gws.len().saturating_sub(1) as f64;
-        let bytes = if self.spec.mode.peer {
-            sets * self.knobs.entry_bytes * peers
-        } else {
-            0.0
-        };
+        let bytes = self.c.wire_bytes as f64 / n * peers;
         let body = self.c.body_chars as f64 / n;
         vec![
             ("warm".into(), self.c.reasons[0] as f64 / n),
@@ -638,47 +654,52 @@ mod tests {
     }
 
     #[test]
-    fn peer_inserts_arrive_after_the_delay_and_the_outbox_is_bounded() {
+    fn peer_writes_arrive_after_the_delay_and_the_outbox_is_bounded() {
         let (book, reqs) = sagemaker(0.01);
         let m = ModelParams::default();
         let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
-        let knobs = Knobs {
-            max_pending: 2,
-            ..Knobs::default()
-        };
-        let mut g = gateways(&book, "peer/2/200", knobs);
+        let mut g = gateways(&book, "peer/2/200", Knobs::default());
         let blocks = |i: usize| &reqs[i].keys.core[0].blocks;
+        let full = blocks(0).len();
         g.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
-        assert_eq!(g.known_depth(0, blocks(0), 1000), blocks(0).len());
+        assert_eq!(g.known_depth(0, blocks(0), 1000), full);
         assert_eq!(g.known_depth(1, blocks(0), 1000), 0);
-        // Not yet due at 1.1 s; applied at 1.2 s (before routing request 1).
+        // Not yet due at 1.1 s; merged at 1.2 s (before routing request 2).
         g.route_on(0, 1, &reqs[1], &view(1.1, &reps, &m));
         assert_eq!(g.known_depth(1, blocks(0), 1100), 0);
         g.route_on(0, 2, &reqs[2], &view(1.2, &reps, &m));
-        assert_eq!(g.known_depth(1, blocks(0), 1200), blocks(0).len());
-        // Outbox of 2: a third pending insert drops the oldest.
-        g.route_on(0, 3, &reqs[3], &view(1.25, &reps, &m));
-        assert_eq!(g.c.dropped, 1);
-        g.route_on(1, 4, &reqs[4], &view(5.0, &reps, &m));
-        assert_eq!(g.known_depth(1, blocks(1), 5000), 0, "dropped");
-        assert_eq!(g.known_depth(1, blocks(3), 5000), blocks(3).len());
+        assert_eq!(g.known_depth(1, blocks(0), 1200), full);
+        assert!(g.c.wire_bytes >= (g.c.sets * peers::ITEM_BYTES as u64));
+        // An outbox of 4 slot writes keeps the last 4 of a record and counts the rest.
+        let knobs = Knobs {
+            max_pending: 4,
+            ..Knobs::default()
+        };
+        let mut small = gateways(&book, "peer/2/200", knobs);
+        small.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
+        assert_eq!(small.gws[0].outbox.len(), 4);
+        assert_eq!(small.c.dropped, small.c.sets - 4);
+        small.route_on(1, 1, &reqs[1], &view(5.0, &reps, &m));
+        assert_eq!(small.c.applied, 4);
     }
 
     #[test]
     fn anchor_is_an_early_full_block() {
-        let (_, reqs) = sagemaker(0.01);
+        let (_, reqs) = sagemaker(0.1);
         let k = &reqs[0].keys.core[0];
         assert_eq!(anchor_key(k, 3), Some(k.blocks[3]));
-        // Requests of the same group share the anchor though their windows differ.
-        let same = reqs
+        // Requests of the same group share the anchor though their windows
+        // differ; other groups do not.
+        let (same, other): (Vec<_>, Vec<_>) = reqs[1..]
             .iter()
-            .skip(1)
-            .find(|r| r.keys.core[0].blocks[..100] == k.blocks[..100])
-            .map(|r| &r.keys.core[0]);
-        if let Some(o) = same {
+            .map(|r| &r.keys.core[0])
+            .partition(|o| o.blocks[..100] == k.blocks[..100]);
+        assert!(!same.is_empty());
+        for o in same {
             assert_ne!(o.key, k.key);
             assert_eq!(anchor_key(o, 3), anchor_key(k, 3));
         }
+        assert!(other.iter().all(|o| anchor_key(o, 3) != anchor_key(k, 3)));
         // Short windows: last full block, or the window key with none.
         let mut short = k.clone();
         short.units = 2 * BLOCK_UNITS + 10;
