@@ -212,9 +212,8 @@ pub fn decode(
         let mut v = [0u8; ENTRY_BYTES];
         v.copy_from_slice(value);
         let ok = slot < slots
-            && Entry::decode(&v).is_some_and(|e| {
-                e.holders().next().is_some() && e.holders().all(|h| h < replicas)
-            });
+            && Entry::decode(&v)
+                .is_some_and(|e| e.holders().next().is_some() && e.holders().all(|h| h < replicas));
         if !ok {
             return Err(PeerError::BadEntry);
         }
@@ -397,9 +396,15 @@ mod tests {
             decode(&good, lay ^ 1, 8, 64, 1).unwrap_err(),
             PeerError::Layout
         );
-        assert_eq!(decode(&good, lay, 0, 64, 1).unwrap_err(), PeerError::TooMany);
+        assert_eq!(
+            decode(&good, lay, 0, 64, 1).unwrap_err(),
+            PeerError::TooMany
+        );
         // Slot outside the table, holder outside the replica list, empty tag.
-        assert_eq!(decode(&good, lay, 8, 3, 1).unwrap_err(), PeerError::BadEntry);
+        assert_eq!(
+            decode(&good, lay, 8, 3, 1).unwrap_err(),
+            PeerError::BadEntry
+        );
         let mut l2 = DeltaLog::new(8);
         l2.push(3, entry(42, 1, &[1]));
         assert_eq!(bad(&l2.encode_since(0, 8, lay, 1)), PeerError::BadEntry);
@@ -431,7 +436,13 @@ mod tests {
         // A restarted peer (new epoch): the cursor follows without a loss.
         let fresh = decode(&DeltaLog::new(4).encode_since(9, 3, lay, 2), lay, 3, 64, 1).unwrap();
         assert_eq!(cur.advance(&fresh), 0);
-        assert_eq!(cur, Cursor { epoch: Some(2), seq: 0 });
+        assert_eq!(
+            cur,
+            Cursor {
+                epoch: Some(2),
+                seq: 0
+            }
+        );
     }
 
     #[test]

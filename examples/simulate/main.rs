@@ -146,7 +146,9 @@ fn parse_args() -> Result<Args, String> {
             "--sync-delay-ms" => a.gw.delays = list(&val()?)?,
             "--gw" => {
                 for kv in val()?.split(',') {
-                    let (k, v) = kv.split_once('=').ok_or(format!("--gw expects K=V, got {kv}"))?;
+                    let (k, v) = kv
+                        .split_once('=')
+                        .ok_or(format!("--gw expects K=V, got {kv}"))?;
                     a.gw.knobs.set(k, v)?;
                 }
             }

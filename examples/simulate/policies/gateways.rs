@@ -15,6 +15,7 @@
 //! | `exc` | the index records only exceptions (decisions other than "cold, ring owner of the anchor") |
 //! | `det` | `eng+anchor` (deterministic first) |
 //! | `peer` | the slot writes of every index record are logged (`prefix_router::peers::LoggingStore`), encoded and decoded as the wire batch, and merged (`peers::merge`) into every other gateway's table `DELAY` ms later; each gateway's outbox keeps at most `max_pending` slot writes (oldest dropped, counted) |
+//! | `chg` | with `peer`: publish only news (a cold or spilled decision, a holder that was not the front one, or a known prefix shorter than half the hashed window); warm repeats update only the local table |
 //! | `truth` | at the first token the engine's `cached_tokens` (what the replica really had cached for this request when it was routed) teaches the gateway: the cost model learns from delivered instead of expected uncached tokens, and the index records that the replica holds the delivered prefix |
 //!
 //! `DELAY_MS` is the peer-exchange delay for `peer` modes and the engine
@@ -103,6 +104,8 @@ pub struct Mode {
     pub peer: bool,
     /// Engine-reported cached tokens teach the gateway.
     pub truth: bool,
+    /// Publish only news to the peers.
+    pub changes: bool,
 }
 
 impl Mode {
@@ -121,6 +124,7 @@ impl Mode {
                 }
                 "peer" => m.peer = true,
                 "truth" => m.truth = true,
+                "chg" => m.changes = true,
                 _ => return None,
             }
         }
@@ -148,9 +152,16 @@ pub struct Spec {
 pub fn parse_name(name: &str) -> Option<Spec> {
     let mut it = name.split('/');
     let mode = Mode::parse(it.next()?)?;
-    let n = it.next()?.parse::<usize>().ok().filter(|&n| (1..=64).contains(&n))?;
+    let n = it
+        .next()?
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| (1..=64).contains(&n))?;
     let delay_ms = match it.next() {
-        Some(d) => d.parse::<f64>().ok().filter(|d| d.is_finite() && *d >= 0.0)?,
+        Some(d) => d
+            .parse::<f64>()
+            .ok()
+            .filter(|d| d.is_finite() && *d >= 0.0)?,
         None if !mode.has_delay() => 0.0,
         None => return None,
     };
@@ -372,6 +383,8 @@ impl Gateways {
     fn publish(&mut self, k: usize, seq: u64, now_ms: u64) {
         let layout = peers::layout(self.index.config().slots, &[]);
         let g = &mut self.gws[k];
+        // Writes the bounded log forgot before this pull count as dropped.
+        self.c.dropped += g.log.oldest_seq().saturating_sub(seq);
         let wire = g.log.encode_since(seq, usize::MAX, layout, 0);
         self.c.wire_bytes += (wire.len() - peers::HEADER_BYTES) as u64;
         let slots = self.index.config().slots;
@@ -440,16 +453,26 @@ impl Gateways {
             .and_then(|rk| self.router.ring().candidates(rk).next());
         let exception = c.reason != Reason::Cold || Some(c.primary) != first_choice;
         let seq = g.log.next_seq();
+        // News for the peers: a new prefix or holder, or a known prefix
+        // that covers less than half of the hashed window.
+        let news = c.reason != Reason::Warm
+            || known.as_ref().is_some_and(|k| {
+                k.entry.holders().next() != Some(c.primary) || 2 * k.depth * BLOCK_UNITS < key.units
+            });
         if !mode.exceptions || exception {
             self.c.records += 1;
-            let mut store = LoggingStore {
-                inner: &mut g.store,
-                log: &mut g.log,
-            };
-            self.c.sets +=
+            let sets = if mode.peer && (news || !mode.changes) {
+                let mut store = LoggingStore {
+                    inner: &mut g.store,
+                    log: &mut g.log,
+                };
                 self.index
                     .record(&mut store, &key.blocks, known.as_ref(), c.primary, now_ms)
-                    as u64;
+            } else {
+                self.index
+                    .record(&mut g.store, &key.blocks, known.as_ref(), c.primary, now_ms)
+            };
+            self.c.sets += sets as u64;
         }
         if let Some(x) = g.in_flight.get_mut(c.primary) {
             *x += 1;
@@ -544,7 +567,11 @@ impl Policy for Gateways {
 
     fn on_done(&mut self, idx: u32, replica: usize) {
         let k = self.pending.get(idx as usize).map_or(0, |p| p.gateway) as usize;
-        if let Some(c) = self.gws.get_mut(k).and_then(|g| g.in_flight.get_mut(replica)) {
+        if let Some(c) = self
+            .gws
+            .get_mut(k)
+            .and_then(|g| g.in_flight.get_mut(replica))
+        {
             *c = c.saturating_sub(1);
         }
     }
@@ -614,13 +641,27 @@ mod tests {
         assert!(s.mode.engine_load && s.mode.anchor && s.mode.truth && !s.mode.peer);
         assert_eq!((s.n, s.delay_ms), (4, 200.0));
         assert_eq!(parse_name("indep/2").unwrap().n, 2);
-        for bad in ["indep/2/50", "peer/2", "bogus/2", "det/0/50", "ours", "peer/2/5/5"] {
+        for bad in [
+            "indep/2/50",
+            "peer/2",
+            "bogus/2",
+            "det/0/50",
+            "ours",
+            "peer/2/5/5",
+        ] {
             assert!(parse_name(bad).is_none(), "{bad}");
         }
         let g = grid(&["indep".into(), "peer".into()], &[1, 2], &[0, 50]).unwrap();
         assert_eq!(
             g,
-            ["indep/1", "indep/2", "peer/1/0", "peer/1/50", "peer/2/0", "peer/2/50"]
+            [
+                "indep/1",
+                "indep/2",
+                "peer/1/0",
+                "peer/1/50",
+                "peer/2/0",
+                "peer/2/50"
+            ]
         );
         assert!(g.iter().all(|n| is_name(n)));
         assert!(grid(&["nope".into()], &[1], &[0]).is_err());
@@ -630,8 +671,7 @@ mod tests {
     fn one_independent_gateway_is_ours() {
         let (book, reqs) = sagemaker(0.04);
         let m = ModelParams::default();
-        let mut ours =
-            Ours::new(book.routers[0].1.clone(), 0, OursParams::default(), &m).unwrap();
+        let mut ours = Ours::new(book.routers[0].1.clone(), 0, OursParams::default(), &m).unwrap();
         let mut one = gateways(&book, "indep/1", Knobs::default());
         let a = engine::run(&mut ours, &reqs, &m, 7);
         let b = engine::run(&mut one, &reqs, &m, 7);
@@ -681,6 +721,30 @@ mod tests {
         assert_eq!(small.c.dropped, small.c.sets - 4);
         small.route_on(1, 1, &reqs[1], &view(5.0, &reps, &m));
         assert_eq!(small.c.applied, 4);
+    }
+
+    #[test]
+    fn only_news_is_published_with_chg() {
+        let (book, reqs) = sagemaker(0.01);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let mut g = gateways(&book, "peer+chg/2/0", Knobs::default());
+        g.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
+        let first = g.c.wire_bytes;
+        assert!(first > 0);
+        assert_eq!(
+            g.known_depth(1, &reqs[0].keys.core[0].blocks, 1000),
+            reqs[0].keys.core[0].blocks.len()
+        );
+        // The same prompt again through gateway 0: warm at the front holder, nothing sent.
+        g.route_on(0, 1, &reqs[0], &view(1.5, &reps, &m));
+        assert_eq!(g.c.reasons[0], 1);
+        assert_eq!(g.c.wire_bytes, first);
+        // Without chg the repeat is published.
+        let mut all = gateways(&book, "peer/2/0", Knobs::default());
+        all.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
+        all.route_on(0, 1, &reqs[0], &view(1.5, &reps, &m));
+        assert!(all.c.wire_bytes > first);
     }
 
     #[test]

@@ -137,7 +137,11 @@ impl KeyBook {
             Ok(())
         };
         for p in policies {
-            let p = if gateways::is_name(p) { "ours" } else { p.as_str() };
+            let p = if gateways::is_name(p) {
+                "ours"
+            } else {
+                p.as_str()
+            };
             match p {
                 "random" => add("random", r#","strategy":"random""#.into())?,
                 "round_robin" => add("round_robin", r#","strategy":"round_robin""#.into())?,
