@@ -8,8 +8,9 @@ their printed tables (stdout). For every
 workload: one row per (mode, delay), one column per gateway count, cells
 `hit% / p50 / p90 ms`, a check mark when the cell meets the issue-11 target
 against one gateway (`ours`, N = 1): hit within 2 points and p90 within 10 %.
-The same workload in several files (seeds) is averaged per cell; the number
-of seeds is printed. Python 3 standard library only.
+The same workload in several files (seeds) is averaged per cell (identical
+rows, such as `ours` repeated in each file of one seed, count once); the
+number of seeds is printed. Python 3 standard library only.
 """
 import json
 import sys
@@ -75,9 +76,11 @@ def main(paths):
             desc[w["workload"]] = w["description"]
             for r in w["policies"]:
                 t = r["ttft_ms"]
-                cells[w["workload"]][r["policy"]].append(
-                    (100 * r["hit_rate"], t["p50"], t["p90"], r.get("extra", {}))
-                )
+                row = (round(100 * r["hit_rate"], 1), round(t["p50"]), round(t["p90"]))
+                runs = cells[w["workload"]][r["policy"]]
+                # The same run in several files (e.g. `ours` in each) counts once.
+                if all(x[:3] != row for x in runs):
+                    runs.append(row + (r.get("extra", {}),))
     for wl, pols in cells.items():
         avg = {
             k: tuple(sum(x[i] for x in v) / len(v) for i in range(3)) for k, v in pols.items()
