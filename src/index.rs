@@ -10,7 +10,15 @@
 //! slot `(k >> 32) % slots`; a write simply overwrites the slot, so memory is
 //! bounded and old prefixes fade out as new ones take their slots.
 //!
-//! Entry (16 bytes, little endian): `tag` (the key's low 48 bits, never 0) ‖
+//! **Keyed placement.** Block keys are hashes of public text, so anyone could
+//! compute which slot a prefix lives in and aim junk at it. The slot and the
+//! tag are therefore taken from `xxh3(key, seed = secret)` where `secret`
+//! ([`IndexConfig::secret`]) is drawn per Envoy process at start (the filter
+//! takes it from the host's random source, see `src/filter/secret.rs`) and
+//! never leaves it: without it a client cannot tell which slot a prefix uses
+//! (one 8-byte xxh3 per probe or write, a few ns).
+//!
+//! Entry (16 bytes, little endian): `tag` (the keyed hash's low 48 bits, never 0) ‖
 //! `time` (u32, deciseconds on the caller's clock, wrapping) ‖ up to
 //! [`MAX_HOLDERS`] replica indices as u16 `index + 1` (0 = none), most
 //! recently routed first.
@@ -222,6 +230,8 @@ pub struct IndexConfig {
     /// Rewrite the known ladder blocks too (repairs collisions), not only the
     /// new ones.
     pub rewrite_known: bool,
+    /// Seed of the keyed slot hash (per process; see the module docs).
+    pub secret: u64,
 }
 
 impl Default for IndexConfig {
@@ -231,6 +241,7 @@ impl Default for IndexConfig {
             max_writes: 32,
             ladder_bits: 3,
             rewrite_known: false,
+            secret: 0,
         }
     }
 }
@@ -246,6 +257,8 @@ pub fn on_ladder(p: usize, bits: u32) -> bool {
 pub fn ladder(n: usize, bits: u32) -> impl Iterator<Item = usize> {
     (0..n).filter(move |&p| on_ladder(p, bits))
 }
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// The index logic (stateless; the state is the [`SlotStore`]).
 #[derive(Debug, Clone, Copy)]
@@ -269,16 +282,36 @@ impl PrefixIndex {
         self.cfg
     }
 
+    /// Slot and tag of a block key: both from the keyed hash.
+    pub fn place(&self, key: u64) -> (u32, u64) {
+        let k = xxh3_64_with_seed(&key.to_le_bytes(), self.cfg.secret);
+        let slot = ((k >> 32) % u64::from(self.cfg.slots.max(1))) as u32;
+        (slot, tag_of(k))
+    }
+
     /// Slot of a block key.
     pub fn slot(&self, key: u64) -> u32 {
-        ((key >> 32) % u64::from(self.cfg.slots.max(1))) as u32
+        self.place(key).0
     }
 
     fn probe<S: SlotStore>(&self, store: &S, key: u64) -> Option<Entry> {
+        let (slot, tag) = self.place(key);
         store
-            .get(self.slot(key))
+            .get(slot)
             .and_then(|v| Entry::decode(&v))
-            .filter(|e| e.tag == tag_of(key))
+            .filter(|e| e.tag == tag)
+    }
+
+    /// Write a fresh-or-updated entry of `key`.
+    fn put<S: SlotStore>(
+        &self,
+        store: &mut S,
+        key: u64,
+        time: u32,
+        holders: [Option<u16>; MAX_HOLDERS],
+    ) {
+        let (slot, tag) = self.place(key);
+        store.set(slot, Entry { tag, time, holders }.encode());
     }
 
     /// Longest known prefix of `blocks` (see the module docs); `None` when
@@ -361,21 +394,11 @@ impl PrefixIndex {
         let n = blocks.len();
         let r = replica.min(u16::MAX as usize - 1) as u16;
         let time = decis(now_ms);
-        let fresh = |key: u64| Entry {
-            tag: tag_of(key),
-            time,
-            holders: [Some(r), None, None],
-        };
+        let fresh = [Some(r), None, None];
         let mut sets = 0;
         let depth = known.map_or(0, |k| k.depth.min(n));
         if let Some(k) = known.filter(|_| depth > 0) {
-            let key = blocks[depth - 1];
-            let e = Entry {
-                tag: tag_of(key),
-                time,
-                holders: k.entry.with_front(r),
-            };
-            store.set(self.slot(key), e.encode());
+            self.put(store, blocks[depth - 1], time, k.entry.with_front(r));
             sets += 1;
         }
         // Every ladder block but the deepest known one (written above), the
@@ -391,12 +414,12 @@ impl PrefixIndex {
             if budget == 0 {
                 break;
             }
-            store.set(self.slot(blocks[p]), fresh(blocks[p]).encode());
+            self.put(store, blocks[p], time, fresh);
             sets += 1;
             budget -= 1;
         }
         if depth < n {
-            store.set(self.slot(last), fresh(last).encode());
+            self.put(store, last, time, fresh);
             sets += 1;
         }
         sets
@@ -527,5 +550,34 @@ mod tests {
         for seed in 10..60 {
             assert_eq!(idx.lookup(&st, &chain(seed, 0, seed, 64), 0), None);
         }
+    }
+
+    #[test]
+    fn slots_depend_on_the_secret() {
+        let cfg = |secret| IndexConfig {
+            slots: 65536,
+            secret,
+            ..IndexConfig::default()
+        };
+        let (a, b) = (PrefixIndex::new(cfg(0x1234)), PrefixIndex::new(cfg(0x5678)));
+        // Someone who knows the text (so the block keys) but not the secret
+        // predicts the slots at chance level (1/65536 each).
+        let keys = chain(42, 1000, 0, 1000);
+        let guessed = keys.iter().filter(|&&k| a.slot(k) == b.slot(k)).count();
+        assert!(guessed <= 2, "{guessed} of 1000 slots predicted");
+        let unkeyed = PrefixIndex::new(cfg(0));
+        let guessed = keys
+            .iter()
+            .filter(|&&k| a.slot(k) == unkeyed.slot(k))
+            .count();
+        assert!(
+            guessed <= 2,
+            "{guessed} of 1000 slots predicted without the secret"
+        );
+        // An index written under one secret reads as empty under another.
+        let mut st = VecStore::new(65536);
+        a.record(&mut st, &keys[..64], None, 1, 0);
+        assert!(a.lookup(&st, &keys[..64], 0).is_some());
+        assert_eq!(b.lookup(&st, &keys[..64], 0), None);
     }
 }

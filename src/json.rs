@@ -20,6 +20,7 @@
 //! engine answers it), which is the behaviour we want.
 
 use crate::hash::PrefixHasher;
+use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 
 /// Deepest nesting accepted.
 pub const MAX_DEPTH: usize = 128;
@@ -213,9 +214,12 @@ impl<'a> Scanner<'a> {
         self.object_members_walking(None, f).map(|_| ())
     }
 
-    /// [`Scanner::object_members`], except that the first member named `walk.0`
-    /// is hashed into `walk.1` while it is validated ([`walk_text`]'s rules, one
-    /// pass instead of a skip and a walk). Returns whether that member was seen.
+    /// [`Scanner::object_members`], except that a member named `walk.0` is
+    /// hashed into `walk.1` while it is validated ([`walk_text`]'s rules, one
+    /// pass instead of a skip and a walk). Duplicates follow Python's `json`
+    /// (what vLLM and SGLang parse with): the last one wins, so a later member
+    /// of that name restarts the hasher. Keys are compared unescaped
+    /// (`"m\u0065ssages"` is `messages`). Returns whether that member was seen.
     pub fn object_members_walking(
         &mut self,
         mut walk: Option<(&[u8], &mut PrefixHasher)>,
@@ -230,7 +234,10 @@ impl<'a> Scanner<'a> {
                 let key = self.string_raw()?;
                 self.eat(b':', "':'")?;
                 let value = match walk.as_mut() {
-                    Some((name, h)) if !walked && *name == key => {
+                    Some((name, h)) if key_position(key, &[*name]).is_some() => {
+                        if walked {
+                            h.restart();
+                        }
                         walked = true;
                         self.ws();
                         let start = self.pos;
@@ -255,6 +262,31 @@ impl<'a> Scanner<'a> {
         }
         Ok(walked)
     }
+}
+
+/// Index in `names` of a raw key (escapes left in). A key without a backslash
+/// (all real traffic) is compared as bytes; an escaped one is decoded into a
+/// small stack buffer first (a decoded key longer than any name matches none).
+/// No allocation either way.
+pub fn key_position(raw: &[u8], names: &[&[u8]]) -> Option<usize> {
+    if !raw.contains(&b'\\') {
+        return names.iter().position(|n| *n == raw);
+    }
+    let mut buf = [0u8; 32];
+    let mut len = 0;
+    let ended = for_each_piece(raw, |piece| {
+        let Some(dst) = buf.get_mut(len..len + piece.len()) else {
+            return false;
+        };
+        dst.copy_from_slice(piece);
+        len += piece.len();
+        true
+    });
+    if matches!(ended, Pieces::Stopped(_)) {
+        return None;
+    }
+    let key = buf.get(..len)?;
+    names.iter().position(|n| *n == key)
 }
 
 /// Unescape a raw JSON string's contents into a `String` (short fields only).
@@ -426,10 +458,14 @@ fn decode_u(s: &[u8]) -> (char, usize) {
 /// Separator after each element of a top-level array (messages, prompts, items).
 pub const ELEMENT_END: &[u8] = b"\x1e";
 
-/// Object fields whose values are prompt text.
-const TEXT_FIELDS: &[&[u8]] = &[b"content", b"text", b"output", b"input"];
-/// Object fields holding media references, hashed raw as uncounted markers.
-const MEDIA_FIELDS: &[&[u8]] = &[
+/// Object fields walked inside prompt values: the first [`TEXT_FIELDS`] are
+/// prompt text; the rest hold media references, hashed as uncounted markers
+/// ([`media_digest`]). At most 32 (a bit mask tracks duplicates).
+const PROMPT_FIELDS: &[&[u8]] = &[
+    b"content",
+    b"text",
+    b"output",
+    b"input",
     b"image_url",
     b"input_audio",
     b"file",
@@ -438,20 +474,29 @@ const MEDIA_FIELDS: &[&[u8]] = &[
     b"video_url",
     b"file_id",
 ];
+/// How many of [`PROMPT_FIELDS`] are text.
+const TEXT_FIELDS: usize = 4;
 
 /// Feed the prompt text of an already-validated raw value into `h`:
 /// strings → text; integers → their digits (token ids); arrays → each element,
 /// followed by `element_end`; objects → their text fields (media fields as
-/// markers). Stops as soon as the budget is spent.
-pub fn walk_text(raw: &[u8], h: &mut PrefixHasher, element_end: &[u8]) {
-    let mut s = Scanner::new(raw);
-    // The value was validated by `skip_value` already; an error only ends the walk.
-    let _ = walk(&mut s, h, element_end, 0);
+/// markers). Stops hashing as soon as the budget is spent.
+///
+/// # Errors
+/// The value was validated by `skip_value` already; the only error left is a
+/// prompt field repeated inside one object ([`walk`]).
+pub fn walk_text(raw: &[u8], h: &mut PrefixHasher, element_end: &[u8]) -> Result<()> {
+    walk(&mut Scanner::new(raw), h, element_end, 0)
 }
 
 /// Walk one value, feeding its text into `h` while the budget lasts, and
 /// validating all of it either way (as [`Scanner::skip_value`] would): the
 /// cursor ends after the value. Once the budget is spent the rest is skipped.
+///
+/// A prompt field ([`PROMPT_FIELDS`]) repeated inside one object is an error:
+/// Python's `json` keeps the last one, but the first has been hashed already
+/// and the walk is a single pass, so such a body routes as `bad_input` (still
+/// served). A 32-bit mask per object frame tracks the fields seen.
 fn walk(s: &mut Scanner<'_>, h: &mut PrefixHasher, element_end: &[u8], depth: usize) -> Result<()> {
     if depth > MAX_DEPTH {
         return s.err("less nesting");
@@ -482,6 +527,7 @@ fn walk(s: &mut Scanner<'_>, h: &mut PrefixHasher, element_end: &[u8], depth: us
                 s.pos += 1;
                 return Ok(());
             }
+            let mut seen = 0u32;
             loop {
                 if open == b'[' {
                     walk(s, h, b"", depth + 1)?;
@@ -489,13 +535,20 @@ fn walk(s: &mut Scanner<'_>, h: &mut PrefixHasher, element_end: &[u8], depth: us
                 } else {
                     let key = s.string_raw()?;
                     s.eat(b':', "':'")?;
-                    if TEXT_FIELDS.contains(&key) {
-                        walk(s, h, b"", depth + 1)?;
-                    } else if MEDIA_FIELDS.contains(&key) {
-                        let v = s.value_raw()?;
-                        h.push_marker(v);
-                    } else {
-                        s.skip_value()?;
+                    match key_position(key, PROMPT_FIELDS) {
+                        Some(i) if seen & (1 << i) != 0 => {
+                            return s.err("no repeated prompt field in an object");
+                        }
+                        Some(i) => {
+                            seen |= 1 << i;
+                            if i < TEXT_FIELDS {
+                                walk(s, h, b"", depth + 1)?;
+                            } else {
+                                let d = media_digest(s, depth + 1)?;
+                                h.push_marker(&d.to_le_bytes());
+                            }
+                        }
+                        None => s.skip_value()?,
                     }
                 }
                 match s.peek() {
@@ -518,6 +571,65 @@ fn walk(s: &mut Scanner<'_>, h: &mut PrefixHasher, element_end: &[u8], depth: us
         None => return s.err("a value"),
     }
     Ok(())
+}
+
+/// Digest of a media value (image URL or data URI, audio, file id…), the
+/// same whatever its JSON spelling: strings are hashed unescaped, whitespace
+/// is ignored and an object's members are combined in an order-independent
+/// way (a commutative sum of per-member hashes), arrays in order. Validates
+/// the value as [`Scanner::skip_value`] would. Cost: one pass over the value
+/// (xxh3 streams the string bytes); nothing copied, the marker is 8 bytes.
+fn media_digest(s: &mut Scanner<'_>, depth: usize) -> Result<u64> {
+    if depth > MAX_DEPTH {
+        return s.err("less nesting");
+    }
+    match s.peek() {
+        Some(b'"') => {
+            s.pos += 1;
+            let mut x = Xxh3::new();
+            match for_each_piece(&s.b[s.pos..], |piece| {
+                x.update(piece);
+                true
+            }) {
+                Pieces::Quote(q) => s.pos += q + 1,
+                _ => s.string_rest()?,
+            }
+            Ok(x.digest())
+        }
+        Some(open @ (b'[' | b'{')) => {
+            s.pos += 1;
+            let close = if open == b'[' { b']' } else { b'}' };
+            let mut acc = u64::from(open);
+            if s.peek() == Some(close) {
+                s.pos += 1;
+                return Ok(acc);
+            }
+            loop {
+                if open == b'[' {
+                    let v = media_digest(s, depth + 1)?;
+                    acc = xxh3_64_with_seed(&v.to_le_bytes(), acc);
+                } else {
+                    if s.peek() != Some(b'"') {
+                        return s.err("a string");
+                    }
+                    let k = media_digest(s, depth + 1)?;
+                    s.eat(b':', "':'")?;
+                    let v = media_digest(s, depth + 1)?;
+                    acc = acc.wrapping_add(xxh3_64_with_seed(&v.to_le_bytes(), k));
+                }
+                match s.peek() {
+                    Some(b',') => s.pos += 1,
+                    Some(c) if c == close => {
+                        s.pos += 1;
+                        return Ok(acc);
+                    }
+                    _ => return s.err("',' or a closing bracket"),
+                }
+            }
+        }
+        Some(_) => Ok(xxh3_64_with_seed(s.scalar_raw()?, 1)),
+        None => s.err("a value"),
+    }
 }
 
 #[cfg(test)]

@@ -46,6 +46,7 @@ pub mod extract;
 pub mod hash;
 pub mod index;
 pub mod json;
+pub mod paths;
 pub mod peers;
 pub mod ring;
 pub mod router;

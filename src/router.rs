@@ -11,7 +11,7 @@ use crate::cost::{CostConfig, CostModel};
 use crate::decision::{Branch, Decision, KeySource};
 use crate::extract::{extract, raw_prefix, BodyKind};
 use crate::hash::{mix, seed, BLOCK_UNITS};
-use crate::index::{IndexConfig, PrefixIndex, SlotStore};
+use crate::index::{IndexConfig, Known, PrefixIndex, SlotStore};
 use crate::ring::HashRing;
 use crate::select::{bounded, by_ticket, least_request, Bounds, Loads};
 
@@ -50,6 +50,16 @@ pub struct RoutingKey {
     pub source: KeySource,
     /// What happened to the routing id.
     pub routing_id: RoutingId,
+}
+
+/// The prompt size the `affinity` policy and the cost model reason about:
+/// the extracted text for the JSON APIs (bounded by `prefix_length`; media,
+/// tools and JSON syntax are not prompt text), the body length otherwise.
+pub fn prompt_chars(key: &RoutingKey, body_len: usize) -> usize {
+    match key.source {
+        KeySource::Chat | KeySource::Completions | KeySource::Responses => key.units,
+        _ => body_len,
+    }
 }
 
 /// A routing id is used only if it is 1–64 printable ASCII characters.
@@ -114,10 +124,10 @@ impl Router {
         }
     }
 
-    /// `affinity`: look the key up in the index, choose, record the choice.
-    /// `prompt_chars` estimates the prompt size (the body length will do).
-    /// Shared-data cost: the lookup's gets (≈ 1–11) and the record's sets
-    /// (≤ 34); see [`crate::index`].
+    /// `affinity`: look the key up in the index, choose, record the choice
+    /// at once ([`Router::choose_affinity`] then [`Router::record_affinity`]).
+    /// The filter records only after the upstream answered 2xx; tests and
+    /// examples that have no response use this.
     #[allow(clippy::too_many_arguments)]
     pub fn select_affinity<S: SlotStore>(
         &self,
@@ -129,6 +139,29 @@ impl Router {
         now_ms: u64,
         ticket: u64,
     ) -> (Decision, Choice) {
+        let (d, choice, known) =
+            self.choose_affinity(key, prompt_chars, loads, store, cost, now_ms, ticket);
+        if choice.reason != Reason::NoKey {
+            self.record_affinity(store, &key.blocks, known.as_ref(), choice.primary, now_ms);
+        }
+        (d, choice)
+    }
+
+    /// `affinity`: look the key up in the index and choose; nothing is
+    /// written. `prompt_chars` is the prompt size ([`prompt_chars`]). Returns
+    /// what the lookup found, for [`Router::record_affinity`] once the
+    /// upstream has answered. Shared-data cost: the lookup's gets (≈ 1–11).
+    #[allow(clippy::too_many_arguments)]
+    pub fn choose_affinity<S: SlotStore>(
+        &self,
+        key: &RoutingKey,
+        prompt_chars: usize,
+        loads: Loads<'_>,
+        store: &S,
+        cost: &CostModel,
+        now_ms: u64,
+        ticket: u64,
+    ) -> (Decision, Choice, Option<Known>) {
         let known = self.index.lookup(store, &key.blocks, now_ms);
         let request = affinity::Request {
             key,
@@ -138,11 +171,32 @@ impl Router {
             ticket,
         };
         let choice = affinity::choose(&self.ring, &request, cost, &self.affinity);
-        if choice.reason != Reason::NoKey {
-            self.index
-                .record(store, &key.blocks, known.as_ref(), choice.primary, now_ms);
-        }
-        (self.affinity_decision(key, &choice), choice)
+        (self.affinity_decision(key, &choice), choice, known)
+    }
+
+    /// `affinity`: record that `served` holds the prefix `blocks` (`known`:
+    /// what the lookup at routing found). The filter calls it when the
+    /// upstream answered 2xx, so only requests an engine accepted (and
+    /// therefore cached) enter the index. Shared-data cost: ≤ 34 sets.
+    pub fn record_affinity<S: SlotStore>(
+        &self,
+        store: &mut S,
+        blocks: &[u64],
+        known: Option<&Known>,
+        served: usize,
+        now_ms: u64,
+    ) {
+        self.index.record(store, blocks, known, served, now_ms);
+    }
+
+    /// Key the index's slot hash with a per-process secret
+    /// ([`crate::index`], "Keyed placement").
+    pub fn with_index_secret(mut self, secret: u64) -> Router {
+        self.index = PrefixIndex::new(IndexConfig {
+            secret,
+            ..self.index.config()
+        });
+        self
     }
 
     fn affinity_decision(&self, key: &RoutingKey, c: &Choice) -> Decision {
@@ -383,6 +437,21 @@ mod tests {
             r.select(&big, Loads::new(&[0, 0, 0]), 0).branch,
             Branch::Hit
         );
+    }
+
+    #[test]
+    fn prompt_size_is_the_text_not_the_body() {
+        let r = router("");
+        let image = "A".repeat(100_000);
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":[{{"type":"image_url","image_url":{{"url":"data:image/png;base64,{image}"}}}},{{"type":"text","text":"describe"}}]}}],"tools":[{{"type":"function","function":{{"name":"f","description":"{image}"}}}}]}}"#
+        );
+        let k = r.key(Body::Complete(body.as_bytes()), None);
+        assert_eq!(prompt_chars(&k, body.len()), "describe".len());
+        // Raw and oversize bodies: their length.
+        let raw = "plain text ".repeat(10);
+        let k = r.key(Body::Complete(raw.as_bytes()), None);
+        assert_eq!(prompt_chars(&k, raw.len()), raw.len());
     }
 
     #[test]

@@ -11,6 +11,14 @@
 //! `on_http_response_body` (first chunk of a stream) teaches the `affinity`
 //! cost model the observed time to first token, without buffering anything;
 //! `on_log` releases the in-flight count exactly once, whatever happened.
+//!
+//! Hostile traffic: a request that carries an `Upgrade` header or is a
+//! `CONNECT` routes at once without pausing (its "body" is a tunnel that
+//! never ends). `affinity` looks the index up at routing but records the
+//! prefix only when the upstream answered 2xx and the request was on one of
+//! the configured API `paths` (see [`crate::paths`]), for the host that
+//! actually served it; the cost model learns only from responses of the
+//! primary (a retry elsewhere says nothing about the primary's queue).
 
 use super::host::{self, BUFFER_REQUEST_BODY};
 use super::root::Plugin;
@@ -19,7 +27,8 @@ use super::stats::HostFailure;
 use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
 use crate::decision::Decision;
 use crate::hash::hash_id;
-use crate::router::{Body, RoutingId, RoutingKey};
+use crate::index::Known;
+use crate::router::{prompt_chars, Body, RoutingId, RoutingKey};
 use crate::select::Loads;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
@@ -51,6 +60,10 @@ pub struct RouterHttp {
     /// `upstream.address` as read at response headers (final: a response that
     /// has started is never retried), so `on_log` need not read it again.
     upstream: Option<Vec<u8>>,
+    /// `affinity`: the request is on a configured API path (may be recorded).
+    api_path: bool,
+    /// `affinity`: the prefix to record once the upstream answered 2xx.
+    pending_record: Option<(Vec<u64>, Option<Known>)>,
 }
 
 fn next_local_ticket() -> u64 {
@@ -74,6 +87,8 @@ impl RouterHttp {
             pending_cost: None,
             streaming: false,
             upstream: None,
+            api_path: false,
+            pending_record: None,
         }
     }
 
@@ -105,9 +120,9 @@ impl RouterHttp {
         next_local_ticket()
     }
 
-    /// Route with what is known of the body (`prompt_chars`: its size); sets
+    /// Route with what is known of the body (`body_len`: its size); sets
     /// the headers and takes an in-flight slot. Called at most once per request.
-    fn route(&mut self, body: Body<'_>, prompt_chars: usize) {
+    fn route(&mut self, body: Body<'_>, body_len: usize) {
         let Some(p) = self.plugin.clone() else { return };
         self.routed = true;
         let cfg = p.router.config();
@@ -139,7 +154,7 @@ impl RouterHttp {
         self.routed_at_ms = host::now_nanos() / 1_000_000;
 
         let decision = if cfg.strategy == Strategy::Affinity {
-            self.select_affinity(&p, &key, prompt_chars, loads, ticket)
+            self.select_affinity(&p, &key, prompt_chars(&key, body_len), loads, ticket)
         } else {
             p.router.select(&key, Loads::new(loads), ticket)
         };
@@ -202,18 +217,21 @@ impl RouterHttp {
                 }
             }
         };
-        let mut slots = SharedSlots::new(&p.prefix);
-        let (d, choice) = p.router.select_affinity(
+        let slots = SharedSlots::new(&p.prefix);
+        let (d, choice, known) = p.router.choose_affinity(
             key,
             prompt_chars,
             Loads::new(loads),
-            &mut slots,
+            &slots,
             &cost,
             self.routed_at_ms,
             ticket,
         );
         if slots.failures.get() > 0 {
             p.stats.failure(HostFailure::SharedData);
+        }
+        if self.api_path && choice.reason != crate::affinity::Reason::NoKey {
+            self.pending_record = Some((key.blocks.clone(), known));
         }
         let in_flight = loads.get(d.primary).copied().unwrap_or(0);
         self.pending_cost = Some((choice.expected_uncached_tokens(), f64::from(in_flight)));
@@ -259,6 +277,27 @@ impl RouterHttp {
         }
     }
 
+    /// `affinity`: the upstream answered; record the prefix for the host that
+    /// served it if the answer is 2xx (an engine that accepted the prompt has
+    /// it cached). At most once per request.
+    fn record_if_accepted(&mut self, p: &Plugin, served: Option<usize>) {
+        let Some((blocks, known)) = self.pending_record.take() else {
+            return;
+        };
+        let ok =
+            matches!(host::response_header(":status"), Ok(Some(s)) if s.first() == Some(&b'2'));
+        let Some(served) = served.or(self.primary).filter(|_| ok) else {
+            return;
+        };
+        let mut slots = SharedSlots::new(&p.prefix);
+        let now_ms = host::now_nanos() / 1_000_000;
+        p.router
+            .record_affinity(&mut slots, &blocks, known.as_ref(), served, now_ms);
+        if slots.failures.get() > 0 {
+            p.stats.failure(HostFailure::SharedData);
+        }
+    }
+
     /// The host that actually serves the request (after retries / fallback),
     /// read once and remembered.
     fn upstream_endpoint(&mut self, p: &Plugin) -> Option<usize> {
@@ -274,6 +313,14 @@ impl RouterHttp {
     }
 }
 
+/// Does the request open a tunnel (`Upgrade:` header, e.g. WebSocket, or
+/// `CONNECT`)? Its stream never ends, so the filter must not wait for a body.
+/// Header read failures count as "no" (the request then pauses as usual).
+fn is_tunnel() -> bool {
+    matches!(host::request_header("upgrade"), Ok(Some(v)) if !v.is_empty())
+        || matches!(host::request_header(":method"), Ok(Some(m)) if m.eq_ignore_ascii_case(b"CONNECT"))
+}
+
 impl Context for RouterHttp {}
 
 impl HttpContext for RouterHttp {
@@ -287,9 +334,17 @@ impl HttpContext for RouterHttp {
             log::warn!("#{} cannot remove {target}: {e}", self.context_id);
         }
         let needs_body = self.plugin.as_ref().is_some_and(|p| p.router.needs_body());
-        if end_of_stream || !needs_body {
+        if end_of_stream || !needs_body || is_tunnel() {
             self.route(Body::None, 0);
             return Action::Continue;
+        }
+        if let Some(p) = self
+            .plugin
+            .as_ref()
+            .filter(|p| p.router.config().strategy == Strategy::Affinity)
+        {
+            self.api_path = matches!(host::request_header(":path"),
+                Ok(Some(path)) if crate::paths::is_api_path(&p.router.config().paths, &path));
         }
         Action::Pause
     }
@@ -333,8 +388,18 @@ impl HttpContext for RouterHttp {
         let Some(p) = self.plugin.clone() else {
             return Action::Continue;
         };
+        let served = if self.holding.is_some() || self.pending_record.is_some() {
+            self.upstream_endpoint(&p)
+        } else {
+            None
+        };
+        if served.is_some() && served != self.primary {
+            // Another host's time to first token says nothing about the primary.
+            self.pending_cost = None;
+        }
+        self.record_if_accepted(&p, served);
         // A retry or the fallback used another host: count the request there.
-        if let (Some(held), Some(actual)) = (self.holding, self.upstream_endpoint(&p)) {
+        if let (Some(held), Some(actual)) = (self.holding, served) {
             if held != actual {
                 let released = p.in_flight.add(held, -1, None);
                 let taken = p.in_flight.add(actual, 1, None);

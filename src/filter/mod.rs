@@ -10,12 +10,14 @@
 //! - [`host`]: host calls that return every status instead of panicking;
 //! - [`inflight`]: the shared per-endpoint in-flight counts (CAS);
 //! - [`slots`]: the `affinity` prefix index's slot table in shared data;
+//! - [`secret`]: the per-process secret keying the index's slot hash;
 //! - [`stats`]: Envoy stats.
 
 mod host;
 mod http;
 mod inflight;
 mod root;
+mod secret;
 mod slots;
 mod stats;
 

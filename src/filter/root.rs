@@ -76,7 +76,14 @@ impl RootContext for RouterRoot {
             config.concurrency_threshold,
             config.load_factor
         );
-        let router = Router::new(config);
+        let secret = match super::secret::get_or_create(hash_id(&bytes) as u32) {
+            Ok(s) => s,
+            Err(e) => {
+                log::error!("cannot read or store the index secret: {e}");
+                return false;
+            }
+        };
+        let router = Router::new(config).with_index_secret(secret);
         let cost = RefCell::new(CostModel::new(router.cost_config()));
         self.plugin = Some(Rc::new(Plugin {
             router,

@@ -22,8 +22,11 @@ fn busy_owner_at_its_concurrency_threshold_spills() {
         ..ReplicaOpts::default()
     };
     let fast = ReplicaOpts::default();
+    // `prefix` semantics (ring owner, spill to the ring successor); `affinity`'s
+    // cost-aware spill is tested in affinity.rs.
     let w = World::start("spill", &[slow, fast.clone(), fast], |c| {
-        c.with("concurrency_threshold", json!(2))
+        c.with("strategy", json!("prefix"))
+            .with("concurrency_threshold", json!(2))
             .with("load_factor", json!(100.0))
     });
     let r = w.router();

@@ -12,7 +12,10 @@ use crate::harness::{procs::free_port, workdir, Client, Envoy, Fleet, ReplicaOpt
 /// owner the core predicts, with decision `hit`; stats count each request once.
 #[test]
 fn same_prefix_always_lands_on_the_same_replica() {
-    let w = World::start("sticky", &World::replicas(4), |c| c);
+    let w = World::start("sticky", &World::replicas(4), |c| {
+        // The ring-owner contract of `prefix` (SageMaker-compatible).
+        c.with("strategy", json!("prefix"))
+    });
     let r = w.router();
     let shared = text("sticky-tenant", 2600); // > prefix_length (2048)
 
@@ -88,7 +91,10 @@ fn same_prefix_always_lands_on_the_same_replica() {
 /// an array of text parts, odd whitespace) lands on one replica, for 6 conversations.
 #[test]
 fn json_whitespace_and_field_order_do_not_change_the_replica() {
-    let w = World::start("variants", &World::replicas(3), |c| c);
+    let w = World::start("variants", &World::replicas(3), |c| {
+        // The ring-owner contract of `prefix` (SageMaker-compatible).
+        c.with("strategy", json!("prefix"))
+    });
     let r = w.router();
     let mut owners = Vec::new();
     for t in 0..6 {

@@ -671,7 +671,12 @@ mod tests {
     fn one_independent_gateway_is_ours() {
         let (book, reqs) = sagemaker(0.04);
         let m = ModelParams::default();
-        let mut ours = Ours::new(book.routers[0].1.clone(), 0, OursParams::default(), &m).unwrap();
+        // The gateways record at routing (as `ours` with `record_at_route`).
+        let p = OursParams {
+            record_at_route: true,
+            ..OursParams::default()
+        };
+        let mut ours = Ours::new(book.routers[0].1.clone(), 0, p, &m).unwrap();
         let mut one = gateways(&book, "indep/1", Knobs::default());
         let a = engine::run(&mut ours, &reqs, &m, 7);
         let b = engine::run(&mut one, &reqs, &m, 7);

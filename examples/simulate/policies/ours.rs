@@ -12,7 +12,7 @@
 
 use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::{CostConfig, CostModel};
-use prefix_router::index::{IndexConfig, PrefixIndex, VecStore};
+use prefix_router::index::{IndexConfig, Known, PrefixIndex, VecStore};
 use prefix_router::{Config, Loads, Router};
 
 use super::{Policy, Routed, View};
@@ -32,6 +32,11 @@ pub struct OursParams {
     pub affinity: AffinityConfig,
     /// Initial prices and learning.
     pub cost: CostConfig,
+    /// Record the prefix in the index when routing (the filter before issue 8)
+    /// instead of when the response starts (the filter records after a 2xx
+    /// response; modelled at the first token, which is no earlier than the
+    /// response headers).
+    pub record_at_route: bool,
 }
 
 impl Default for OursParams {
@@ -49,6 +54,7 @@ impl Default for OursParams {
                 index: r.index().config(),
                 affinity: *r.affinity_config(),
                 cost: r.cost_config(),
+                record_at_route: false,
             },
             None => OursParams {
                 prefix_length: 65536,
@@ -56,6 +62,7 @@ impl Default for OursParams {
                 index: IndexConfig::default(),
                 affinity: AffinityConfig::default(),
                 cost: CostConfig::default(),
+                record_at_route: false,
             },
         }
     }
@@ -85,6 +92,7 @@ impl OursParams {
             "wait_ms_per_request" => self.cost.wait_ms_per_request = f()?,
             "learn" => self.cost.learn = v == "1" || v == "true",
             "forget" => self.cost.forget = f()?,
+            "record_at_route" => self.record_at_route = v == "1" || v == "true",
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
@@ -100,6 +108,9 @@ pub struct Ours {
     cost: CostModel,
     cfg: AffinityConfig,
     pending: Vec<(f32, u32)>,
+    /// Lookup result per request, kept until its response starts.
+    pending_known: Vec<Option<Known>>,
+    record_at_route: bool,
     reasons: [u64; 4],
     routed: u64,
     ticket: u64,
@@ -125,6 +136,8 @@ impl Ours {
             cost: CostModel::new(p.cost),
             cfg: p.affinity,
             pending: Vec::new(),
+            pending_known: Vec::new(),
+            record_at_route: p.record_at_route,
             reasons: [0; 4],
             routed: 0,
             ticket: 0,
@@ -161,16 +174,20 @@ impl Policy for Ours {
             };
             self.cold_why[why] += 1;
         }
-        self.index.record(
-            &mut self.store,
-            &key.blocks,
-            known.as_ref(),
-            c.primary,
-            now_ms,
-        );
+        if self.record_at_route {
+            self.index.record(
+                &mut self.store,
+                &key.blocks,
+                known.as_ref(),
+                c.primary,
+                now_ms,
+            );
+        }
         if self.pending.len() <= idx as usize {
             self.pending.resize(idx as usize + 1, (0.0, 0));
+            self.pending_known.resize(idx as usize + 1, None);
         }
+        self.pending_known[idx as usize] = known;
         self.pending[idx as usize] = (
             c.expected_uncached_tokens() as f32,
             view.in_flight.get(c.primary).copied().unwrap_or(0),
@@ -188,14 +205,20 @@ impl Policy for Ours {
         }
     }
 
-    fn on_first_token(
-        &mut self,
-        idx: u32,
-        _req: &SimRequest,
-        _replica: usize,
-        ttft: f64,
-        _now: f64,
-    ) {
+    fn on_first_token(&mut self, idx: u32, req: &SimRequest, replica: usize, ttft: f64, now: f64) {
+        if !self.record_at_route {
+            if let Some(key) = req.keys.core.get(self.key) {
+                let known = self.pending_known.get(idx as usize).copied().flatten();
+                let now_ms = (now * 1000.0) as u64;
+                self.index.record(
+                    &mut self.store,
+                    &key.blocks,
+                    known.as_ref(),
+                    replica,
+                    now_ms,
+                );
+            }
+        }
         if let Some(&(u, l)) = self.pending.get(idx as usize) {
             self.cost.observe(f64::from(u), f64::from(l), ttft * 1000.0);
         }

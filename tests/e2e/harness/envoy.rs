@@ -36,21 +36,40 @@ pub struct EnvoyConfig {
     pub body_buffer_limit: u64,
     /// Worker threads (`--concurrency`).
     pub concurrency: u32,
+    /// A native `header_mutation` strips the target header before the Wasm filter
+    /// (as `envoy/envoy.yaml` does).
+    pub native_strip: bool,
+    /// The Wasm filter's `failure_policy` (`envoy/envoy.yaml`: `FAIL_CLOSED`).
+    pub failure_policy: String,
+    /// Load this module instead of the filter (to make the VM fail).
+    pub wasm: Option<PathBuf>,
+    /// Accept WebSocket upgrades (`upgrade_configs`).
+    pub websocket: bool,
 }
 
 impl EnvoyConfig {
-    /// Strategy `prefix` over `endpoints` (filter list = cluster list), defaults otherwise.
-    pub fn prefix(endpoints: &[String]) -> EnvoyConfig {
+    /// The shipped default strategy (`affinity`, no `strategy` field) over
+    /// `endpoints` (filter list = cluster list), defaults otherwise.
+    pub fn new(endpoints: &[String]) -> EnvoyConfig {
         EnvoyConfig {
             endpoints: endpoints.to_vec(),
-            filter: json!({"strategy": "prefix", "endpoints": endpoints}),
+            filter: json!({"endpoints": endpoints}),
             filter_raw: None,
             retry_on: "connect-failure,refused-stream,reset,retriable-status-codes".into(),
             hc_interval_ms: 500,
             buffer_limit: 1 << 20,
             body_buffer_limit: 4 << 20,
             concurrency: 2,
+            native_strip: true,
+            failure_policy: "FAIL_CLOSED".into(),
+            wasm: None,
+            websocket: false,
         }
+    }
+
+    /// Strategy `prefix` over `endpoints`, defaults otherwise.
+    pub fn prefix(endpoints: &[String]) -> EnvoyConfig {
+        EnvoyConfig::new(endpoints).with("strategy", json!("prefix"))
     }
 
     /// Set one field of the plugin configuration.
@@ -85,6 +104,23 @@ impl EnvoyConfig {
         let retry_on = &self.retry_on;
         let buffer = self.buffer_limit;
         let body_buffer = self.body_buffer_limit;
+        let failure_policy = &self.failure_policy;
+        let native_strip = if self.native_strip {
+            r#"          - name: envoy.filters.http.header_mutation
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+              mutations:
+                request_mutations:
+                - remove: x-gateway-destination-endpoint
+"#
+        } else {
+            ""
+        };
+        let upgrades = if self.websocket {
+            "          upgrade_configs: [{upgrade_type: websocket}]\n"
+        } else {
+            ""
+        };
         format!(
             r#"admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
@@ -100,7 +136,7 @@ static_resources:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: llm_ingress
           stream_idle_timeout: 30s
-          access_log:
+{upgrades}          access_log:
           - name: envoy.access_loggers.stdout
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog
@@ -128,12 +164,13 @@ static_resources:
                         "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate
                     host_selection_retry_max_attempts: 5
           http_filters:
-          - name: envoy.filters.http.wasm
+{native_strip}          - name: envoy.filters.http.wasm
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
               config:
                 name: prefix_router
                 root_id: ""
+                failure_policy: {failure_policy}
                 allow_on_headers_stop_iteration: true
                 configuration:
                   "@type": type.googleapis.com/google.protobuf.StringValue
@@ -209,7 +246,7 @@ impl Envoy {
     /// Start Envoy on free ports without waiting for it.
     pub fn spawn(dir: &std::path::Path, name: &str, cfg: &EnvoyConfig) -> Envoy {
         let (admin_port, port) = (free_port(), free_port());
-        let wasm = wasm_path();
+        let wasm = cfg.wasm.clone().unwrap_or_else(wasm_path);
         let yaml = cfg.render(admin_port, port, &wasm.to_string_lossy());
         Envoy::spawn_yaml(
             dir,
@@ -324,6 +361,20 @@ impl Envoy {
             .get(&format!("http://127.0.0.1:{}{path}", self.admin_port))
             .map(|r| r.body)
             .unwrap_or_default()
+    }
+
+    /// The Envoy process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
+    }
+
+    /// Resident memory of the Envoy process (kB, `/proc/<pid>/status` `VmRSS`).
+    pub fn rss_kb(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
     }
 
     /// Current stats.

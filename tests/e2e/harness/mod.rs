@@ -122,8 +122,8 @@ pub struct World {
 }
 
 impl World {
-    /// Start `replicas` emulators, then Envoy with `EnvoyConfig::prefix(endpoints)`
-    /// changed by `tweak`.
+    /// Start `replicas` emulators, then Envoy with `EnvoyConfig::new(endpoints)`
+    /// (the default strategy, `affinity`) changed by `tweak`.
     pub fn start(
         name: &str,
         replicas: &[ReplicaOpts],
@@ -131,7 +131,7 @@ impl World {
     ) -> World {
         let dir = workdir(name);
         let fleet = Fleet::start_each(&dir, replicas);
-        let cfg = tweak(EnvoyConfig::prefix(&fleet.endpoints()));
+        let cfg = tweak(EnvoyConfig::new(&fleet.endpoints()));
         let envoy = Envoy::start(&dir, "envoy", &cfg);
         World {
             envoy,

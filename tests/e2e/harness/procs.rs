@@ -60,6 +60,11 @@ impl Proc {
         None
     }
 
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kill (SIGKILL) and reap now.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

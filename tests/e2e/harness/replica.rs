@@ -130,29 +130,64 @@ impl Fleet {
 
     /// Start one emulator per entry of `opts` and wait until each answers `/health`.
     pub fn start_each(dir: &std::path::Path, opts: &[ReplicaOpts]) -> Fleet {
-        let bin = emulator_bin();
         let mut replicas = Vec::new();
         for (i, o) in opts.iter().enumerate() {
             let id = format!("r{i}");
             let port = free_port();
-            let mut cmd = Command::new(&bin);
-            cmd.args(["--port", &port.to_string(), "--id", &id])
-                .args([
-                    "--prefill-us-per-token",
-                    &o.prefill_us_per_token.to_string(),
-                ])
-                .args(["--decode-ms-per-token", &o.decode_ms_per_token.to_string()])
-                .args(["--max-running", &o.max_running.to_string()])
-                .args(["--fail", o.fail]);
-            let proc = Proc::spawn(
-                &format!("replica {id}"),
-                cmd,
-                &dir.join(format!("{id}.log")),
-            );
+            let proc = spawn_emulator(dir, &id, port, o, 0);
             replicas.push(Replica { id, port, proc });
         }
-        let client = Client::new(Duration::from_secs(2));
         for r in &mut replicas {
+            r.wait_up();
+        }
+        Fleet { replicas }
+    }
+
+    /// `IP:port` of every replica, start order.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.replicas.iter().map(Replica::addr).collect()
+    }
+}
+
+/// Start one emulator process (`generation` numbers its log after restarts).
+fn spawn_emulator(
+    dir: &std::path::Path,
+    id: &str,
+    port: u16,
+    o: &ReplicaOpts,
+    generation: u32,
+) -> Proc {
+    let mut cmd = Command::new(emulator_bin());
+    cmd.args(["--port", &port.to_string(), "--id", id])
+        .args([
+            "--prefill-us-per-token",
+            &o.prefill_us_per_token.to_string(),
+        ])
+        .args(["--decode-ms-per-token", &o.decode_ms_per_token.to_string()])
+        .args(["--max-running", &o.max_running.to_string()])
+        .args(["--fail", o.fail]);
+    let log = if generation == 0 {
+        dir.join(format!("{id}.log"))
+    } else {
+        dir.join(format!("{id}.{generation}.log"))
+    };
+    Proc::spawn(&format!("replica {id}"), cmd, &log)
+}
+
+impl Replica {
+    /// Start a killed replica again on the same port (a new process, empty cache) and
+    /// wait until it answers `/health`.
+    pub fn restart(&mut self, dir: &std::path::Path, opts: &ReplicaOpts, generation: u32) {
+        self.proc.kill();
+        self.proc = spawn_emulator(dir, &self.id, self.port, opts, generation);
+        self.wait_up();
+    }
+
+    /// Wait until `/health` answers (panics with the log otherwise).
+    fn wait_up(&mut self) {
+        let client = Client::new(Duration::from_secs(2));
+        let r = self;
+        {
             let up = wait_for(Duration::from_secs(15), || {
                 if let Some(s) = r.proc.exited() {
                     panic!(
@@ -170,14 +205,10 @@ impl Fleet {
                 r.proc.log_tail(2000)
             );
         }
-        Fleet { replicas }
     }
+}
 
-    /// `IP:port` of every replica, start order.
-    pub fn endpoints(&self) -> Vec<String> {
-        self.replicas.iter().map(Replica::addr).collect()
-    }
-
+impl Fleet {
     /// The replica with `id`.
     pub fn by_id(&self, id: &str) -> &Replica {
         self.replicas
