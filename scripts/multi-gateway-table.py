@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Markdown tables of the simulator's multi-gateway policies (MODE/N[/DELAY]).
 
-usage: scripts/multi-gateway-table.py RUN.json|RUN.txt [...]
+usage: scripts/multi-gateway-table.py [--spread] RUN.json|RUN.txt [...]
 
 Each file is the `--json` output of `simulate` runs with `--gw-modes`, or
 their printed tables (stdout). For every
@@ -64,6 +64,37 @@ MODE_ORDER = ["indep", "truth", "det", "det+truth", "peer", "peer+truth", "peer+
 
 def mode_rank(mode):
     return (MODE_ORDER.index(mode), "") if mode in MODE_ORDER else (len(MODE_ORDER), mode)
+
+
+def spread(paths):
+    """Per workload, every policy with several seeds: mean (min–max)."""
+    cells = defaultdict(lambda: defaultdict(list))
+    for p in paths:
+        for w in load(p):
+            for r in w["policies"]:
+                row = (round(100 * r["hit_rate"], 1), round(r["ttft_ms"]["p90"]))
+                runs = cells[w["workload"]][r["policy"]]
+                if row not in runs:
+                    runs.append(row)
+    print("| workload | policy | seeds | hit % mean (min–max) | p90 ms mean (min–max) | target |")
+    print("|---|---|---|---|---|---|")
+    for wl, pols in cells.items():
+        base = pols.get("ours")
+        if not base:
+            continue
+        bh = sum(x[0] for x in base) / len(base)
+        bp = sum(x[1] for x in base) / len(base)
+        names = sorted((k for k, v in pols.items() if len(v) > 1), key=lambda k: (k != "ours", mode_rank(k.split("/")[0]), k))
+        for k in names:
+            v = pols[k]
+            h = [x[0] for x in v]
+            q = [x[1] for x in v]
+            mh, mq = sum(h) / len(h), sum(q) / len(q)
+            ok = "" if k == "ours" else ("✓" if mh >= bh - 2 and mq <= 1.1 * bp else "✗")
+            print(
+                f"| {wl} | {k} | {len(v)} | {mh:.1f} ({min(h):.1f}–{max(h):.1f}) | "
+                f"{mq:.0f} ({min(q)}–{max(q)}) | {ok} |"
+            )
 
 
 def main(paths):
@@ -159,4 +190,7 @@ if __name__ == "__main__":
     if len(sys.argv) < 2:
         print(__doc__)
         sys.exit(2)
-    main(sys.argv[1:])
+    if sys.argv[1] == "--spread":
+        spread(sys.argv[2:])
+    else:
+        main(sys.argv[1:])
