@@ -8,11 +8,13 @@ their printed tables (stdout). For every
 workload: one row per (mode, delay), one column per gateway count, cells
 `hit% / p50 / p90 ms`, a check mark when the cell meets the issue-11 target
 against one gateway (`ours`, N = 1): hit within 2 points and p90 within 10 %.
-The same workload in several files (seeds) is averaged per cell (identical
-rows, such as `ours` repeated in each file of one seed, count once); the
-number of seeds is printed. Python 3 standard library only.
+The same workload in several files of different seeds (the JSON's `seed`,
+or `_sN.` in a text file's name) is averaged per cell; a policy repeated in
+several files of one seed (such as `ours`) counts once. `--spread` prints,
+for every policy run with several seeds, the mean and the min–max. Python 3 standard library only.
 """
 import json
+import re
 import sys
 from collections import defaultdict
 
@@ -24,6 +26,16 @@ def parse(name):
     mode, n = parts[0], int(parts[1])
     delay = int(float(parts[2])) if len(parts) == 3 else None
     return mode, n, delay
+
+
+def seed_of(path):
+    """Seed of a run: the JSON's `seed`, else `_sN.` in the file name, else 1."""
+    with open(path) as f:
+        text = f.read()
+    if text.lstrip().startswith("{"):
+        return json.loads(text).get("seed", 1)
+    m = re.search(r"_s(\d+)\.", path)
+    return int(m.group(1)) if m else 1
 
 
 def load(path):
@@ -68,14 +80,16 @@ def mode_rank(mode):
 
 def spread(paths):
     """Per workload, every policy with several seeds: mean (min–max)."""
-    cells = defaultdict(lambda: defaultdict(list))
+    by_seed = defaultdict(lambda: defaultdict(dict))
     for p in paths:
+        seed = seed_of(p)
         for w in load(p):
             for r in w["policies"]:
                 row = (round(100 * r["hit_rate"], 1), round(r["ttft_ms"]["p90"]))
-                runs = cells[w["workload"]][r["policy"]]
-                if row not in runs:
-                    runs.append(row)
+                by_seed[w["workload"]][r["policy"]][seed] = row
+    cells = {
+        wl: {k: list(v.values()) for k, v in pols.items()} for wl, pols in by_seed.items()
+    }
     print("| workload | policy | seeds | hit % mean (min–max) | p90 ms mean (min–max) | target |")
     print("|---|---|---|---|---|---|")
     for wl, pols in cells.items():
@@ -99,19 +113,19 @@ def spread(paths):
 
 def main(paths):
     passes = defaultdict(lambda: defaultdict(list))  # (mode, delay) -> n -> [workload ok]
-    # (workload) -> policy -> list of (hit, p50, p90, extra)
-    cells = defaultdict(lambda: defaultdict(list))
+    # (workload) -> policy -> seed -> (hit, p50, p90, extra)
+    cells = defaultdict(lambda: defaultdict(dict))
     desc = {}
     for p in paths:
+        seed = seed_of(p)
         for w in load(p):
             desc[w["workload"]] = w["description"]
             for r in w["policies"]:
                 t = r["ttft_ms"]
-                row = (round(100 * r["hit_rate"], 1), round(t["p50"]), round(t["p90"]))
-                runs = cells[w["workload"]][r["policy"]]
-                # The same run in several files (e.g. `ours` in each) counts once.
-                if all(x[:3] != row for x in runs):
-                    runs.append(row + (r.get("extra", {}),))
+                row = (100 * r["hit_rate"], t["p50"], t["p90"], r.get("extra", {}))
+                # One run per (policy, seed): `ours` repeated in each file counts once.
+                cells[w["workload"]][r["policy"]][seed] = row
+    cells = {wl: {k: list(v.values()) for k, v in pols.items()} for wl, pols in cells.items()}
     for wl, pols in cells.items():
         avg = {
             k: tuple(sum(x[i] for x in v) / len(v) for i in range(3)) for k, v in pols.items()
