@@ -71,5 +71,21 @@ echo
 "$LOAD_BIN" table "${summaries[@]}"
 "$(bench_python)" scripts/bench/report.py demo "${summaries[@]}"
 echo
+# Predicted vs delivered, from the access-log field the filter writes (docs/delivered.md).
+echo "Cached prompt tokens reported by the replicas vs predicted by the router (access log usage=):"
+for s in "${strategies[@]}"; do
+  f="$DIR/logs-$s/envoy-$s.log"
+  [ -f "$f" ] || continue
+  grep -o 'predicted=[0-9-]* delivered=[0-9-]* prompt=[0-9-]*' "$f" |
+    awk -F'[= ]' -v s="$s" '{p += $2; d += $4; n += $6}
+      END {if (n > 0) printf "  %-12s delivered %5.1f %%   predicted %5.1f %%   (%d responses)\n", s, 100 * d / n, 100 * p / n, NR}'
+done
+last="${strategies[${#strategies[@]}-1]}"
+echo
+echo "Where to look (while Envoy runs): http://127.0.0.1:9901/stats?filter=prefix_router and"
+echo "http://127.0.0.1:9901/stats/prometheus (per-replica series carry an endpoint label);"
+echo "Grafana: envoy/grafana-dashboard.json. Access-log lines of the $last run ($DIR/logs-$last/envoy-$last.log):"
+grep 'usage="branch=' "$DIR/logs-$last/envoy-$last.log" 2>/dev/null | tail -3 | cut -c1-240 || true
+echo
 echo "Run took $((SECONDS - t_run)) s (plus $((t_run - t0)) s of build checks). Summaries: .work/demo/*.json;"
 echo "replica and Envoy logs: .work/demo/logs-*/. Benchmarks: ./build.sh bench"

@@ -150,6 +150,8 @@ pub struct RawConfig {
     pub learn_costs: Option<bool>,
     /// See [`AffinityParams::chars_per_token`].
     pub chars_per_token: Option<f64>,
+    /// See [`Config::read_usage`].
+    pub read_usage: Option<bool>,
     /// See [`Config::paths`].
     pub paths: Option<Vec<String>>,
 }
@@ -218,6 +220,10 @@ pub struct Config {
     pub virtual_nodes: u32,
     /// `affinity` parameters.
     pub affinity: AffinityParams,
+    /// Read the engine's usage (`cached_tokens`, response `id`) from the
+    /// responses as they pass: predicted vs delivered stats, index feedback,
+    /// Responses API pinning. Default true; false reads no response byte.
+    pub read_usage: bool,
     /// Request paths whose 2xx responses are recorded in the `affinity` index
     /// (exact match, query string ignored; see [`crate::paths`]).
     pub paths: Vec<String>,
@@ -550,6 +556,7 @@ impl Config {
             max_body_bytes: max_body_bytes as usize,
             virtual_nodes,
             affinity: affinity_params,
+            read_usage: raw.read_usage.unwrap_or(true),
             paths,
         })
     }
@@ -575,6 +582,17 @@ mod tests {
     }
 
     const EPS: &str = r#""endpoints":["127.0.0.1:8001","127.0.0.1:8000"]"#;
+
+    #[test]
+    fn read_usage_is_on_by_default() {
+        assert!(parse(&format!("{{{EPS}}}")).unwrap().read_usage);
+        assert!(
+            !parse(&format!("{{{EPS},\"read_usage\":false}}"))
+                .unwrap()
+                .read_usage
+        );
+        assert!(parse(&format!("{{{EPS},\"read_usage\":1}}")).is_err());
+    }
 
     #[test]
     fn defaults_and_canonical_order() {

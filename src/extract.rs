@@ -195,6 +195,24 @@ pub fn extract(body: &[u8], limit: usize, block_units: usize) -> Result<Extracte
     })
 }
 
+/// The Responses API's `previous_response_id` (a top-level string; the last
+/// one if repeated, as Python's `json` keeps it), if any. A second scan of the
+/// body, done only for Responses API bodies (`BodyKind::Responses`).
+pub fn previous_response_id(body: &[u8]) -> Option<String> {
+    let mut found = None;
+    Scanner::new(body)
+        .object_members(|k, v| {
+            if k == b"previous_response_id" {
+                found = Some(v);
+            }
+        })
+        .ok()?;
+    string_field("previous_response_id", found)
+        .ok()
+        .flatten()
+        .map(Cow::into_owned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,5 +503,19 @@ mod tests {
         assert_eq!(key(&a), key(&b));
         let first: String = "é".repeat(2048);
         assert_eq!(text_key(&a), expected(&[Ok(&first)]));
+    }
+
+    #[test]
+    fn previous_response_id_is_read() {
+        let b = br#"{"model":"m","input":"hi","previous_response_id":"resp_1","x":{"previous_response_id":"inner"}}"#;
+        assert_eq!(previous_response_id(b).as_deref(), Some("resp_1"));
+        let dup = br#"{"previous_response_id":"a","previous_response_id":"b"}"#;
+        assert_eq!(previous_response_id(dup).as_deref(), Some("b"));
+        assert_eq!(
+            previous_response_id(br#"{"previous_response_id":null}"#),
+            None
+        );
+        assert_eq!(previous_response_id(br#"{"input":"x"}"#), None);
+        assert_eq!(previous_response_id(b"not json"), None);
     }
 }

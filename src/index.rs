@@ -374,7 +374,62 @@ impl PrefixIndex {
                 None => hi = mid,
             }
         }
+        // Between the deepest known ladder position and the next (unknown)
+        // one, blocks written by `confirm` (engine-confirmed depths) extend
+        // the known prefix contiguously: binary search them too (no get when
+        // the gap is empty, ≤ log2(gap) + 1 otherwise).
+        let (mut a, mut b) = (pos[lo - 1] + 1, if lo < m { pos[lo] } else { n - 1 });
+        while a < b {
+            let mid = a + (b - a) / 2;
+            match self.probe(store, blocks[mid]) {
+                Some(e) => {
+                    best = Some(found(mid + 1, e));
+                    a = mid + 1;
+                }
+                None => b = mid,
+            }
+        }
         best
+    }
+
+    /// The engine confirmed (its `cached_tokens`) that `replica` holds the
+    /// first `depth` blocks of `blocks`: write the blocks after the deepest
+    /// ladder position below `depth` up to block `depth − 1`, with the holders
+    /// of `known` (what the request's lookup found) and `r` in front, as
+    /// `record` does,
+    /// so that [`PrefixIndex::lookup`] finds this exact depth for every
+    /// request sharing it (a shared system prompt rarely ends on a ladder
+    /// position). Sets only, at most the gap between two ladder positions
+    /// (≤ 31 for 256 blocks with 3 bits); returns the number of sets.
+    pub fn confirm<S: SlotStore>(
+        &self,
+        store: &mut S,
+        blocks: &[u64],
+        depth: usize,
+        known: Option<&Known>,
+        replica: usize,
+        now_ms: u64,
+    ) -> usize {
+        let top = depth.min(blocks.len());
+        let bits = self.cfg.ladder_bits;
+        let start = (0..top)
+            .rev()
+            .find(|&p| on_ladder(p, bits))
+            .map_or(0, |p| p + 1);
+        let r = replica.min(u16::MAX as usize - 1) as u16;
+        let holders = known.map_or([Some(r), None, None], |k| k.entry.with_front(r));
+        let mut sets = 0;
+        for &key in blocks.get(start..top).unwrap_or(&[]) {
+            let (slot, tag) = self.place(key);
+            let e = Entry {
+                tag,
+                time: decis(now_ms),
+                holders,
+            };
+            store.set(slot, e.encode());
+            sets += 1;
+        }
+        sets
     }
 
     /// Record that the request with `blocks` went to `replica` (see the module
@@ -526,6 +581,39 @@ mod tests {
         }
         let other = chain(10, 0, 3, 256);
         assert_eq!(idx.lookup(&st, &other, 0), None);
+    }
+
+    #[test]
+    fn confirmed_depth_is_found_exactly() {
+        let idx = PrefixIndex::new(IndexConfig::default());
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        // A group of requests sharing 23 blocks (a 6,000-character system prompt).
+        let a = chain(5, 23, 1, 25);
+        idx.record(&mut st, &a, None, 2, 0);
+        let b = chain(5, 23, 2, 25);
+        assert_eq!(
+            idx.lookup(&st, &b, 0).unwrap().depth,
+            20,
+            "ladder lower bound"
+        );
+        // The engine served b with 23 blocks cached: confirm them.
+        assert_eq!(idx.confirm(&mut st, &b, 23, None, 2, 0), 3);
+        let c = chain(5, 23, 3, 25);
+        let before = st.gets();
+        let k = idx.lookup(&st, &c, 0).unwrap();
+        assert_eq!((k.depth, k.entry.holders[0]), (23, Some(2)));
+        assert!(st.gets() - before <= 9);
+        // Confirming a ladder depth or nothing writes nothing; past the end is capped.
+        assert_eq!(idx.confirm(&mut st, &b, 20, None, 2, 0), 0);
+        assert_eq!(idx.confirm(&mut st, &b, 0, None, 2, 0), 0);
+        assert_eq!(
+            idx.confirm(&mut st, &b, 99, None, 2, 0),
+            1,
+            "after ladder position 23"
+        );
+        // An over-estimated depth is harmless: requests diverging earlier stop there.
+        let d = chain(5, 22, 4, 25);
+        assert_eq!(idx.lookup(&st, &d, 0).unwrap().depth, 22);
     }
 
     #[test]

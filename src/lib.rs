@@ -12,8 +12,11 @@
 //!   selection), [`index`] (direct-mapped index of recently routed blocks),
 //!   [`affinity`] (longest known prefix, cost-aware spill), [`cost`] (prices
 //!   learned from observed TTFT), [`decision`] (the reason of every decision),
-//!   [`router`] (the facade), [`peers`] (index writes exchanged between
-//!   gateway Envoys);
+//!   [`router`] (the facade), [`usage`] (what the engine delivered, read
+//!   from the response as it passes), [`feedback`] (the index corrected by
+//!   what was delivered), [`responses`] (Responses API conversations pinned
+//!   to the replica that stores them), [`peers`] (index writes exchanged
+//!   between gateway Envoys);
 //! - a **thin proxy-wasm adapter** (`filter`, only on `wasm32-wasip1`) that
 //!   buffers the body, keeps per-host in-flight counts and the prefix index in
 //!   shared data, sets the `override_host` header and counts every decision in
@@ -43,14 +46,17 @@ pub mod config;
 pub mod cost;
 pub mod decision;
 pub mod extract;
+pub mod feedback;
 pub mod hash;
 pub mod index;
 pub mod json;
 pub mod paths;
 pub mod peers;
+pub mod responses;
 pub mod ring;
 pub mod router;
 pub mod select;
+pub mod usage;
 
 #[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
 mod filter;

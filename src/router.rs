@@ -10,6 +10,7 @@ use crate::config::{Config, Strategy, MAX_ROUTING_ID_LEN};
 use crate::cost::{CostConfig, CostModel};
 use crate::decision::{Branch, Decision, KeySource};
 use crate::extract::{extract, raw_prefix, BodyKind};
+use crate::feedback::Horizons;
 use crate::hash::{mix, seed, BLOCK_UNITS};
 use crate::index::{IndexConfig, Known, PrefixIndex, SlotStore};
 use crate::ring::HashRing;
@@ -162,7 +163,40 @@ impl Router {
         now_ms: u64,
         ticket: u64,
     ) -> (Decision, Choice, Option<Known>) {
-        let known = self.index.lookup(store, &key.blocks, now_ms);
+        self.choose_affinity_fed(
+            key,
+            prompt_chars,
+            loads,
+            store,
+            cost,
+            (now_ms, ticket),
+            &Horizons::default(),
+        )
+    }
+
+    /// [`Router::choose_affinity`] with the engines' feedback: holders whose
+    /// entry is older than their eviction horizon are not holders
+    /// ([`crate::feedback`]). The returned lookup keeps an entry left
+    /// without holders (its depth is right, its holders were not): passed
+    /// to [`Router::record_affinity`], it is rewritten for the served
+    /// replica. `at` = (now ms, ticket).
+    #[allow(clippy::too_many_arguments)]
+    pub fn choose_affinity_fed<S: SlotStore>(
+        &self,
+        key: &RoutingKey,
+        prompt_chars: usize,
+        loads: Loads<'_>,
+        store: &S,
+        cost: &CostModel,
+        at: (u64, u64),
+        horizons: &Horizons,
+    ) -> (Decision, Choice, Option<Known>) {
+        let (now_ms, ticket) = at;
+        let found = self
+            .index
+            .lookup(store, &key.blocks, now_ms)
+            .map(|k| horizons.filter(k));
+        let known = found.filter(|k| k.entry.holders().next().is_some());
         let request = affinity::Request {
             key,
             prompt_chars,
@@ -171,7 +205,7 @@ impl Router {
             ticket,
         };
         let choice = affinity::choose(&self.ring, &request, cost, &self.affinity);
-        (self.affinity_decision(key, &choice), choice, known)
+        (self.affinity_decision(key, &choice), choice, found)
     }
 
     /// `affinity`: record that `served` holds the prefix `blocks` (`known`:

@@ -13,6 +13,7 @@ pub mod load;
 pub mod metrics;
 pub mod prom;
 pub mod prompt;
+pub mod responses;
 pub mod server;
 
 use std::sync::{Mutex, MutexGuard};

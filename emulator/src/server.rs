@@ -1,6 +1,7 @@
 //! The emulator's HTTP/1.1 server: accept loop, routing, and the non-model endpoints.
 //!
-//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`
+//! (non-streaming, see [`crate::responses`]), `GET /v1/models`,
 //! `GET /health`, `GET /metrics`, `GET /version`, `GET /debug/requests[?since=SEQ]`,
 //! `DELETE /debug/requests`, `POST /admin/fail?mode=none|503|hang|die`,
 //! `POST /admin/reset-cache`, `GET /admin/state`. Anything else: 404 JSON error (405 for a
@@ -51,6 +52,8 @@ pub struct Emulator {
     pub metrics: crate::metrics::Metrics,
     pub slots: Arc<Semaphore>,
     pub prefill_lanes: Option<Arc<Semaphore>>,
+    /// Stored `/v1/responses` of this instance (vLLM keeps them per instance).
+    pub responses: Mutex<crate::responses::ResponseStore>,
     fail: AtomicU8,
     debug: Mutex<DebugLog>,
     seq: AtomicU64,
@@ -71,6 +74,7 @@ impl Emulator {
                     cfg.prefill_lanes.min(Semaphore::MAX_PERMITS),
                 ))
             }),
+            responses: Mutex::default(),
             fail: AtomicU8::new(cfg.fail.to_u8()),
             debug: Mutex::new(DebugLog::default()),
             seq: AtomicU64::new(0),
@@ -125,6 +129,7 @@ fn path_class(path: &str) -> &'static str {
     match path {
         "/v1/chat/completions" => "chat",
         "/v1/completions" => "completions",
+        "/v1/responses" => "responses",
         "/v1/models" => "models",
         "/health" => "health",
         "/metrics" => "metrics",
@@ -256,6 +261,7 @@ async fn route(emu: &Arc<Emulator>, req: Request<Incoming>) -> Resp {
         (&Method::POST, "/v1/completions") => {
             return completion(emu, Api::Completions, req, rec).await
         }
+        (&Method::POST, "/v1/responses") => return responses(emu, req, rec).await,
         (&Method::GET, "/health") => json_resp(StatusCode::OK, &json!({"status": "ok"})),
         (&Method::GET, "/metrics") => {
             let mut r = Response::new(EmuBody::full(emu.snapshot_metrics()));
@@ -306,6 +312,7 @@ async fn route(emu: &Arc<Emulator>, req: Request<Incoming>) -> Resp {
             _,
             "/v1/chat/completions"
             | "/v1/completions"
+            | "/v1/responses"
             | "/health"
             | "/metrics"
             | "/v1/models"
@@ -459,15 +466,23 @@ fn parse_job(
     })
 }
 
-async fn completion(
-    emu: &Arc<Emulator>,
-    api: Api,
-    req: Request<Incoming>,
-    mut rec: RecordGuard,
-) -> Resp {
+/// `POST /v1/responses`.
+async fn responses(emu: &Arc<Emulator>, req: Request<Incoming>, mut rec: RecordGuard) -> Resp {
     let arrived = Instant::now();
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(c) => c.to_bytes(),
+    let body = match read_body(req, &mut rec).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let (status, v, o) = crate::responses::handle(emu, rec.seq, &body, arrived).await;
+    let outcome = if status.is_success() { "ok" } else { "error" };
+    rec.finish(outcome, status.as_u16(), o.as_ref());
+    json_resp(status, &v)
+}
+
+/// The whole request body (≤ [`MAX_BODY`]), or the error response (recorded).
+async fn read_body(req: Request<Incoming>, rec: &mut RecordGuard) -> Result<Bytes, Resp> {
+    match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
         Err(e) => {
             let too_big = e
                 .downcast_ref::<http_body_util::LengthLimitError>()
@@ -484,8 +499,21 @@ async fn completion(
                 )
             };
             rec.finish("error", status.as_u16(), None);
-            return error(status, "BadRequestError", &msg);
+            Err(error(status, "BadRequestError", &msg))
         }
+    }
+}
+
+async fn completion(
+    emu: &Arc<Emulator>,
+    api: Api,
+    req: Request<Incoming>,
+    mut rec: RecordGuard,
+) -> Resp {
+    let arrived = Instant::now();
+    let body = match read_body(req, &mut rec).await {
+        Ok(b) => b,
+        Err(r) => return r,
     };
     let job = match parse_job(emu, api, rec.seq, &body, arrived) {
         Ok(j) => j,

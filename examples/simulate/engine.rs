@@ -237,6 +237,7 @@ pub fn run(
                                 rec.ttft,
                                 now,
                             );
+                            policy.on_delivered(req, &reqs[req as usize], r as usize, cached);
                         }
                         Outcome::Done { req } => {
                             in_flight[r as usize] = in_flight[r as usize].saturating_sub(1);

@@ -167,7 +167,10 @@ fn parse_args() -> Result<Args, String> {
         policies::gateways::set_knobs(a.gw.knobs);
     }
     for p in &a.policies {
-        if !ALL.contains(&p.as_str()) && !policies::gateways::is_name(p) {
+        if !ALL.contains(&p.as_str())
+            && !policies::EXTRA.contains(&p.as_str())
+            && !policies::gateways::is_name(p)
+        {
             return Err(format!("unknown policy {p}; known: {}", ALL.join(", ")));
         }
     }

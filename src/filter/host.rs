@@ -53,6 +53,8 @@ pub enum MetricKind {
     Counter = 0,
     /// Gauge.
     Gauge = 1,
+    /// Histogram (`record_metric` adds a sample).
+    Histogram = 2,
 }
 
 /// Log levels of `proxy_log`.

@@ -20,12 +20,13 @@
 //! actually served it; the cost model learns only from responses of the
 //! primary (a retry elsewhere says nothing about the primary's queue).
 
+use super::delivered::Delivery;
 use super::host::{self, BUFFER_REQUEST_BODY};
 use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::HostFailure;
 use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
-use crate::decision::Decision;
+use crate::decision::{Branch, Decision, KeySource};
 use crate::hash::hash_id;
 use crate::index::Known;
 use crate::router::{prompt_chars, Body, RoutingId, RoutingKey};
@@ -64,6 +65,8 @@ pub struct RouterHttp {
     api_path: bool,
     /// `affinity`: the prefix to record once the upstream answered 2xx.
     pending_record: Option<(Vec<u64>, Option<Known>)>,
+    /// Predicted vs delivered cached tokens.
+    delivery: Delivery,
 }
 
 fn next_local_ticket() -> u64 {
@@ -89,6 +92,7 @@ impl RouterHttp {
             upstream: None,
             api_path: false,
             pending_record: None,
+            delivery: Delivery::default(),
         }
     }
 
@@ -153,7 +157,21 @@ impl RouterHttp {
         let ticket = self.ticket(&p);
         self.routed_at_ms = host::now_nanos() / 1_000_000;
 
-        let decision = if cfg.strategy == Strategy::Affinity {
+        let pinned = match body {
+            Body::Complete(b) if key.source == KeySource::Responses => {
+                self.delivery.responses_api();
+                p.delivered.pinned(b, self.routed_at_ms)
+            }
+            _ => None,
+        };
+        let decision = if let Some(r) = pinned {
+            // The replica that stores the previous response (vLLM: per instance).
+            Decision {
+                primary: r,
+                secondary: None,
+                branch: Branch::Hit,
+            }
+        } else if cfg.strategy == Strategy::Affinity {
             self.select_affinity(&p, &key, prompt_chars(&key, body_len), loads, ticket)
         } else {
             p.router.select(&key, Loads::new(loads), ticket)
@@ -170,6 +188,8 @@ impl RouterHttp {
             }
         }
         self.primary = Some(decision.primary);
+        self.delivery
+            .routed(decision.branch.as_str(), decision.primary);
         self.set_headers(&p, decision);
         p.stats
             .decision(decision.branch, key.source, decision.primary);
@@ -192,6 +212,10 @@ impl RouterHttp {
                 .and_then(|s| cfg.endpoints.get(s))
                 .map_or("-", String::as_str),
         );
+        if cfg.strategy == Strategy::Affinity && self.api_path {
+            // Confirmed depths are written for API paths only, like the record.
+            self.delivery.keep_blocks(key.blocks);
+        }
     }
 
     /// `affinity`: index lookup + choice + record over shared data.
@@ -218,14 +242,25 @@ impl RouterHttp {
             }
         };
         let slots = SharedSlots::new(&p.prefix);
-        let (d, choice, known) = p.router.choose_affinity(
-            key,
-            prompt_chars,
-            Loads::new(loads),
-            &slots,
-            &cost,
+        let (d, choice, known) = p.delivered.with_horizons(self.routed_at_ms, |h| {
+            p.router.choose_affinity_fed(
+                key,
+                prompt_chars,
+                Loads::new(loads),
+                &slots,
+                &cost,
+                (self.routed_at_ms, ticket),
+                h,
+            )
+        });
+        let block_tokens =
+            crate::hash::BLOCK_UNITS as f64 / p.router.affinity_config().chars_per_token;
+        self.delivery.expect(
+            &choice,
+            known.as_ref(),
+            key.blocks.len(),
+            block_tokens,
             self.routed_at_ms,
-            ticket,
         );
         if slots.failures.get() > 0 {
             p.stats.failure(HostFailure::SharedData);
@@ -426,6 +461,7 @@ impl HttpContext for RouterHttp {
                 }
             }
         }
+        self.delivery.on_headers(&p);
         if self.pending_cost.is_some() {
             self.streaming = matches!(
                 host::response_header("content-type"),
@@ -435,7 +471,11 @@ impl HttpContext for RouterHttp {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, size: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if let Some(p) = self.plugin.clone() {
+            let served = self.upstream_endpoint(&p);
+            self.delivery.on_chunk(&p, size, end_of_stream, served);
+        }
         // First chunk of a stream = first token: teach the cost model. Nothing
         // is buffered (buffering SSE would destroy the client's TTFT).
         if self.streaming && size > 0 {
@@ -454,6 +494,10 @@ impl HttpContext for RouterHttp {
     }
 
     fn on_log(&mut self) {
+        if let Some(p) = self.plugin.clone() {
+            let served = self.upstream_endpoint(&p);
+            self.delivery.finish(&p, served);
+        }
         let (Some(p), Some(idx)) = (self.plugin.clone(), self.holding.take()) else {
             return;
         };

@@ -11,8 +11,11 @@
 //! - [`inflight`]: the shared per-endpoint in-flight counts (CAS);
 //! - [`slots`]: the `affinity` prefix index's slot table in shared data;
 //! - [`secret`]: the per-process secret keying the index's slot hash;
-//! - [`stats`]: Envoy stats.
+//! - [`stats`]: Envoy stats;
+//! - [`delivered`]: predicted vs delivered cached tokens, read from the
+//!   response as it passes, and the index feedback.
 
+mod delivered;
 mod host;
 mod http;
 mod inflight;

@@ -27,6 +27,8 @@ pub struct Plugin {
     pub cost: RefCell<CostModel>,
     /// Metric ids.
     pub stats: Stats,
+    /// Predicted vs delivered: metrics and eviction horizons.
+    pub delivered: super::delivered::Shared,
 }
 
 /// The root context; holds the plugin once configured.
@@ -85,10 +87,12 @@ impl RootContext for RouterRoot {
         };
         let router = Router::new(config).with_index_secret(secret);
         let cost = RefCell::new(CostModel::new(router.cost_config()));
+        let delivered = super::delivered::Shared::new(&router.config().endpoints, &prefix);
         self.plugin = Some(Rc::new(Plugin {
             router,
             in_flight,
             rr_key: format!("{prefix}rr"),
+            delivered,
             prefix,
             cost,
             stats,

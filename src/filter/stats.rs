@@ -40,7 +40,8 @@ pub enum HostFailure {
     Body,
 }
 
-fn define(kind: MetricKind, name: &str) -> Option<u32> {
+/// Define one metric (a failure is logged; the metric is then not counted).
+pub(super) fn define(kind: MetricKind, name: &str) -> Option<u32> {
     match host::define_metric(kind, name) {
         Ok(id) => Some(id),
         Err(e) => {

@@ -25,6 +25,7 @@ pub mod gie;
 pub mod lru;
 pub mod oracle;
 pub mod ours;
+pub mod ours_feedback;
 pub mod sglang;
 
 use prefix_router::{Config, Router};
@@ -74,6 +75,9 @@ pub trait Policy: Send {
         _now: f64,
     ) {
     }
+    /// The engine reported `cached` prompt tokens served from its cache for
+    /// request `idx` on `replica` (known with the first token).
+    fn on_delivered(&mut self, _idx: u32, _req: &SimRequest, _replica: usize, _cached: u32) {}
     /// Request `idx` finished on `replica` (its response ended).
     fn on_done(&mut self, _idx: u32, _replica: usize) {}
     /// Extra figures for the report (name, value).
@@ -98,6 +102,10 @@ pub const ALL: &[&str] = &[
     "ours",
     "ours_2x",
 ];
+
+/// Policies run only when named (`--policies`): `ours` with engine feedback
+/// (`policies/ours_feedback.rs`), on one and on two gateways.
+pub const EXTRA: &[&str] = &["ours_feedback", "ours_feedback_2x"];
 
 /// Endpoint names of `n` replicas (sorted order = replica index for ≤ 9).
 pub fn endpoints(n: usize) -> Vec<String> {
@@ -160,7 +168,7 @@ impl KeyBook {
                         r#","strategy":"prefix","prefix_length":2048,"concurrency_threshold":{BASELINE_THRESHOLD},"load_factor":100"#
                     ),
                 )?,
-                "ours" | "ours_2x" => add(
+                "ours" | "ours_2x" | "ours_feedback" | "ours_feedback_2x" => add(
                     "ours",
                     format!(
                         r#","strategy":"prefix","prefix_length":{},"virtual_nodes":{}"#,
@@ -236,6 +244,18 @@ pub fn build(
                 n,
                 seed,
             )?)
+        }
+        "ours_feedback" | "ours_feedback_2x" => {
+            let (i, router) = core("ours")?;
+            let m = if name == "ours_feedback" { 1 } else { 2 };
+            Box::new(ours_feedback::OursFeedback::new(
+                router,
+                i,
+                ours.clone(),
+                m,
+                n,
+                seed,
+            ))
         }
         gw if gateways::is_name(gw) => {
             let (i, router) = core("ours")?;

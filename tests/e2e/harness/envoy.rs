@@ -124,6 +124,10 @@ impl EnvoyConfig {
         format!(
             r#"admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
+stats_config:
+  stats_tags:
+  - tag_name: endpoint
+    regex: '^wasmcustom\.prefix_router\.endpoint\.(([^.]+)\.)'
 static_resources:
   listeners:
   - name: llm_ingress
@@ -142,7 +146,7 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog
               log_format:
                 text_format_source:
-                  inline_string: "ACCESS %REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% upstream=%UPSTREAM_HOST% decision=%REQ(x-prefix-router-decision)% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% replica=%RESP(x-replica-id)% dur=%DURATION%\n"
+                  inline_string: "ACCESS %REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% upstream=%UPSTREAM_HOST% decision=%REQ(x-prefix-router-decision)% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% replica=%RESP(x-replica-id)% dur=%DURATION% usage=%FILTER_STATE(wasm.prefix_router:PLAIN)%\n"
           route_config:
             name: llm_routes
             virtual_hosts:

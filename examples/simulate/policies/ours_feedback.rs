@@ -1,0 +1,268 @@
+//! OURS + engine feedback: `ours` whose index is corrected by what the
+//! engines report (`cached_tokens` of each response), as the filter does
+//! (`src/filter/delivered.rs`):
+//! 1. lookup, then drop the holders older than their replica's eviction
+//!    horizon ([`prefix_router::feedback::Horizons::filter`]), choose; record
+//!    when the response starts (as `ours` and the filter do);
+//! 2. at the first token (the engine's `cached_tokens` is known),
+//!    [`prefix_router::usage::compare`] the prediction with what was
+//!    delivered; an expected hit that got a miss raises the replica's horizon
+//!    to the time of the index entry that predicted it; a delivery deeper
+//!    than predicted writes the confirmed depth
+//!    ([`prefix_router::index::PrefixIndex::confirm`]).
+//!
+//! `ours_feedback_2x`: two gateways, each with its own index, horizons, cost
+//! model and in-flight counts, requests split at random (as `ours_2x`); each
+//! learns only from the responses it proxied.
+
+use prefix_router::affinity::{self, AffinityConfig, Reason};
+use prefix_router::cost::CostModel;
+use prefix_router::feedback::Horizons;
+use prefix_router::hash::BLOCK_UNITS;
+use prefix_router::index::{decis, Known, PrefixIndex, VecStore};
+use prefix_router::usage::{compare, predict, Prediction, Surprise};
+use prefix_router::{Loads, Router};
+
+use super::ours::OursParams;
+use super::{Policy, Routed, View};
+use crate::engine::SimRequest;
+
+struct Gateway {
+    store: VecStore,
+    horizons: Horizons,
+    cost: CostModel,
+    in_flight: Vec<u32>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Pending {
+    gateway: u8,
+    primary: u32,
+    predicted: f32,
+    uncached: f32,
+    load: u32,
+    entry_time: Option<u32>,
+    routed_at: u32,
+    known: Option<Known>,
+}
+
+/// OURS with feedback, over `m` gateways.
+pub struct OursFeedback {
+    router: Router,
+    key: usize,
+    index: PrefixIndex,
+    cfg: AffinityConfig,
+    gateways: Vec<Gateway>,
+    pending: Vec<Pending>,
+    rng: crate::rng::Rng,
+    ticket: u64,
+    routed: u64,
+    /// [expected hit got miss, expected miss got hit, horizon raises].
+    surprises: [u64; 3],
+    predicted_tokens: f64,
+    delivered_tokens: f64,
+    confirms: u64,
+}
+
+impl OursFeedback {
+    /// `m` gateways over `n` replicas; `key` indexes `Keys::core`.
+    pub fn new(router: Router, key: usize, p: OursParams, m: usize, n: usize, seed: u64) -> Self {
+        let gateways = (0..m.clamp(1, 255))
+            .map(|_| Gateway {
+                store: VecStore::new(p.index.slots),
+                horizons: Horizons::new(n),
+                cost: CostModel::new(p.cost),
+                in_flight: vec![0; n],
+            })
+            .collect();
+        OursFeedback {
+            router,
+            key,
+            index: PrefixIndex::new(p.index),
+            cfg: p.affinity,
+            gateways,
+            pending: Vec::new(),
+            rng: crate::rng::Rng::new(seed ^ 0x6662),
+            ticket: 0,
+            routed: 0,
+            surprises: [0; 3],
+            predicted_tokens: 0.0,
+            delivered_tokens: 0.0,
+            confirms: 0,
+        }
+    }
+}
+
+impl Policy for OursFeedback {
+    fn route(&mut self, idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
+        let now_ms = (view.now * 1000.0) as u64;
+        let multi = self.gateways.len() > 1;
+        let g = if multi {
+            self.rng.below(self.gateways.len() as u64) as usize
+        } else {
+            0
+        };
+        let (Some(key), Some(gw)) = (req.keys.core.get(self.key), self.gateways.get_mut(g)) else {
+            return Routed {
+                replica: 0,
+                spill: false,
+            };
+        };
+        // One gateway sees its own counts; the single gateway sees the view's.
+        let loads = if multi {
+            &gw.in_flight[..]
+        } else {
+            view.in_flight
+        };
+        let found = self
+            .index
+            .lookup(&gw.store, &key.blocks, now_ms)
+            .map(|k| gw.horizons.filter(k));
+        let known = found.filter(|k| k.entry.holders().next().is_some());
+        self.ticket += 1;
+        let request = affinity::Request {
+            key,
+            prompt_chars: req.body_chars as usize,
+            known: known.as_ref(),
+            loads: Loads::new(loads),
+            ticket: self.ticket,
+        };
+        let c = affinity::choose(self.router.ring(), &request, &gw.cost, &self.cfg);
+        let load = loads.get(c.primary).copied().unwrap_or(0);
+        if let Some(x) = gw.in_flight.get_mut(c.primary) {
+            *x += 1;
+        }
+        if self.pending.len() <= idx as usize {
+            self.pending.resize(idx as usize + 1, Pending::default());
+        }
+        self.pending[idx as usize] = Pending {
+            gateway: g as u8,
+            primary: c.primary as u32,
+            predicted: predict(
+                c.expected_cached_tokens,
+                known.map_or(0, |k| k.depth),
+                key.blocks.len(),
+                BLOCK_UNITS as f64 / self.cfg.chars_per_token.max(0.1),
+                c.prompt_tokens,
+            ) as f32,
+            uncached: c.expected_uncached_tokens() as f32,
+            load,
+            entry_time: known.map(|k| k.entry.time),
+            routed_at: decis(now_ms),
+            known: found,
+        };
+        self.routed += 1;
+        Routed {
+            replica: c.primary,
+            spill: c.reason == Reason::Spill,
+        }
+    }
+
+    fn on_first_token(&mut self, idx: u32, req: &SimRequest, r: usize, ttft: f64, now: f64) {
+        if let Some(p) = self.pending.get(idx as usize) {
+            if let Some(gw) = self.gateways.get_mut(p.gateway as usize) {
+                // Recorded once the response starts, for the replica that served it (as the
+                // filter records after a 2xx).
+                if let Some(key) = req.keys.core.get(self.key) {
+                    let now_ms = (now * 1000.0) as u64;
+                    self.index
+                        .record(&mut gw.store, &key.blocks, p.known.as_ref(), r, now_ms);
+                }
+                gw.cost
+                    .observe(f64::from(p.uncached), f64::from(p.load), ttft * 1000.0);
+            }
+        }
+    }
+
+    fn on_delivered(&mut self, idx: u32, req: &SimRequest, replica: usize, cached: u32) {
+        let Some(p) = self.pending.get(idx as usize).copied() else {
+            return;
+        };
+        let predicted = if replica == p.primary as usize {
+            f64::from(p.predicted)
+        } else {
+            0.0
+        };
+        // The engine had more than the index could show: confirm that depth.
+        let block_tokens = BLOCK_UNITS as f64 / self.cfg.chars_per_token.max(0.1);
+        let confirmed = (f64::from(cached) / block_tokens) as usize;
+        if confirmed as f64 * block_tokens > predicted + 0.5 {
+            if let (Some(gw), Some(key)) = (
+                self.gateways.get_mut(p.gateway as usize),
+                req.keys.core.get(self.key),
+            ) {
+                let now_ms = u64::from(p.routed_at) * 100;
+                self.index.confirm(
+                    &mut gw.store,
+                    &key.blocks,
+                    confirmed,
+                    p.known.as_ref(),
+                    replica,
+                    now_ms,
+                );
+                self.confirms += 1;
+            }
+        }
+        self.predicted_tokens += predicted;
+        self.delivered_tokens += f64::from(cached);
+        let pr = Prediction {
+            cached_tokens: predicted,
+            prompt_tokens: f64::from(req.prompt_tokens),
+        };
+        let hit_tokens = BLOCK_UNITS as f64 / self.cfg.chars_per_token.max(0.1);
+        let s = compare(
+            &pr,
+            u64::from(cached),
+            Some(u64::from(req.prompt_tokens)),
+            hit_tokens,
+            self.cfg.min_match,
+        );
+        match s {
+            Surprise::ExpectedHitGotMiss => {
+                self.surprises[0] += 1;
+                if let (Some(gw), Some(t)) =
+                    (self.gateways.get_mut(p.gateway as usize), p.entry_time)
+                {
+                    if gw.horizons.raise(replica, t, p.routed_at) {
+                        self.surprises[2] += 1;
+                    }
+                }
+            }
+            Surprise::ExpectedMissGotHit => self.surprises[1] += 1,
+            Surprise::None if predicted >= hit_tokens => {
+                if let Some(gw) = self.gateways.get_mut(p.gateway as usize) {
+                    gw.horizons.hit(replica);
+                }
+            }
+            Surprise::None => {}
+        }
+    }
+
+    fn on_done(&mut self, idx: u32, replica: usize) {
+        let g = self
+            .pending
+            .get(idx as usize)
+            .map_or(0, |p| p.gateway as usize);
+        if let Some(x) = self
+            .gateways
+            .get_mut(g)
+            .and_then(|gw| gw.in_flight.get_mut(replica))
+        {
+            *x = x.saturating_sub(1);
+        }
+    }
+
+    fn extra(&self) -> Vec<(String, f64)> {
+        let n = self.routed.max(1) as f64;
+        vec![
+            ("expected_hit_got_miss".into(), self.surprises[0] as f64 / n),
+            ("expected_miss_got_hit".into(), self.surprises[1] as f64 / n),
+            ("horizon_raises".into(), self.surprises[2] as f64),
+            ("confirms_per_req".into(), self.confirms as f64 / n),
+            (
+                "predicted_over_delivered".into(),
+                self.predicted_tokens / self.delivered_tokens.max(1.0),
+            ),
+        ]
+    }
+}

@@ -1,0 +1,443 @@
+//! Predicted vs delivered: the adapter side of [`crate::usage`] and
+//! [`crate::feedback`].
+//!
+//! Per request ([`Delivery`]):
+//! - at routing, what the router expects: the branch and, for `affinity`, the
+//!   prompt tokens expected from the primary's cache (the index match) and
+//!   the prompt size estimated with `chars_per_token`
+//!   ([`crate::affinity::Choice`]);
+//! - at response headers, a [`UsageScanner`] if the response is JSON or an
+//!   event stream;
+//! - each response chunk is read (`get_http_response_body` of the current
+//!   chunk only) and fed to the scanner, then `Action::Continue`: nothing is
+//!   buffered, the first byte is not delayed;
+//! - at the end of the response (last chunk, or `on_log` if the stream was cut):
+//!   stats, the access-log field and the feedback.
+//!
+//! Stats (per endpoint, `<ep>` = `10_0_0_1_8000`; envoy/envoy.yaml's
+//! `stats_tags` turns `<ep>` into an `endpoint` label):
+//! `prefix_router.endpoint.<ep>.predicted_cached_tokens` and
+//! `...delivered_cached_tokens` (histograms, one sample each per response
+//! that reported usage), `...prompt_tokens` (counter, engine-reported),
+//! `...surprise.expected_hit_got_miss` and `...surprise.expected_miss_got_hit`
+//! (counters); totals `prefix_router.delivered.<prompt_tokens|cached_tokens|
+//! predicted_tokens|responses|unreported>` (counters: the delivered hit rate
+//! is `cached_tokens / prompt_tokens`, the predicted one
+//! `predicted_tokens / prompt_tokens`).
+//!
+//! Access log: filter state `wasm.prefix_router` (proxy-wasm `set_property`),
+//! `branch=<b> predicted=<tokens|-> delivered=<tokens|-> prompt=<tokens|->
+//! surprise=<none|expected_hit_got_miss|expected_miss_got_hit>`; log it with
+//! `%FILTER_STATE(wasm.prefix_router:PLAIN)%`.
+//!
+//! Responses API: the response `id` is remembered with the replica that
+//! served it ([`crate::responses`], shared data `<ns>resp/`), and a request
+//! whose `previous_response_id` is known goes to that replica ([`Shared::pinned`]).
+//!
+//! Feedback: expected hits that got misses raise the served replica's
+//! eviction horizon (three in a row, [`crate::feedback`]; shared data key
+//! `<ns>horizon`, CAS; every worker rereads
+//! it at most once per [`HORIZON_REFRESH_MS`]); a request served by another
+//! replica than the primary (retry, fallback) is recorded for that replica
+//! by the record after a 2xx (`http.rs`); when the engine served more cached tokens than predicted
+//! (the index's ladder only proves a lower bound, or another gateway put the
+//! prefix there), the confirmed depth is written
+//! ([`crate::index::PrefixIndex::confirm`], ≤ 31 sets, only then).
+
+use super::host::{self, HostError, MetricKind};
+use super::root::Plugin;
+use super::slots::SharedSlots;
+use super::stats::{define, endpoint_label};
+use crate::affinity::Choice;
+use crate::extract::previous_response_id;
+use crate::feedback::Horizons;
+use crate::hash::BLOCK_UNITS;
+use crate::index::{decis, Known};
+use crate::responses;
+use crate::usage::{compare, predict, Prediction, Surprise, UsageScanner};
+use std::cell::RefCell;
+
+/// Buffer type of the response body (proxy-wasm ABI).
+const BUFFER_RESPONSE_BODY: u32 = 1;
+/// Filter-state name of the access-log field (Envoy prefixes `wasm.`).
+pub const PROPERTY: &str = "prefix_router";
+/// Workers reread the shared horizons at most this often.
+pub const HORIZON_REFRESH_MS: u64 = 1000;
+const CAS_ATTEMPTS: usize = 8;
+
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_set_property(path: *const u8, path_size: usize, data: *const u8, size: usize) -> u32;
+}
+
+fn set_property(name: &str, value: &str) -> Result<(), HostError> {
+    // SAFETY: pointers and lengths of live strs.
+    match unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) } {
+        0 => Ok(()),
+        e => Err(HostError(e)),
+    }
+}
+
+/// Metric ids of one endpoint.
+struct EndpointStats {
+    predicted: Option<u32>,
+    delivered: Option<u32>,
+    prompt: Option<u32>,
+    hit_got_miss: Option<u32>,
+    miss_got_hit: Option<u32>,
+}
+
+/// Plugin-wide state of this module (one per VM).
+pub struct Shared {
+    endpoints: Vec<EndpointStats>,
+    prompt_tokens: Option<u32>,
+    cached_tokens: Option<u32>,
+    predicted_tokens: Option<u32>,
+    responses: Option<u32>,
+    unreported: Option<u32>,
+    horizon_key: String,
+    /// Shared-data namespace of the response id → replica table.
+    responses_ns: String,
+    /// This worker's copy of the horizons and when it was read (ms).
+    horizons: RefCell<(Horizons, Option<u64>)>,
+}
+
+fn add(id: Option<u32>, v: u64) {
+    if let Some(id) = id {
+        host::increment_metric(id, i64::try_from(v).unwrap_or(i64::MAX));
+    }
+}
+
+fn sample(id: Option<u32>, v: u64) {
+    if let Some(id) = id {
+        host::record_metric(id, v);
+    }
+}
+
+impl Shared {
+    /// Define the metrics for `endpoints`; `ns` is the plugin's shared-data namespace.
+    pub fn new(endpoints: &[String], ns: &str) -> Shared {
+        let (c, h) = (MetricKind::Counter, MetricKind::Histogram);
+        let ep = |e: &str, what: &str, kind| {
+            define(
+                kind,
+                &format!("prefix_router.endpoint.{}.{what}", endpoint_label(e)),
+            )
+        };
+        Shared {
+            endpoints: endpoints
+                .iter()
+                .map(|e| EndpointStats {
+                    predicted: ep(e, "predicted_cached_tokens", h),
+                    delivered: ep(e, "delivered_cached_tokens", h),
+                    prompt: ep(e, "prompt_tokens", c),
+                    hit_got_miss: ep(e, "surprise.expected_hit_got_miss", c),
+                    miss_got_hit: ep(e, "surprise.expected_miss_got_hit", c),
+                })
+                .collect(),
+            prompt_tokens: define(c, "prefix_router.delivered.prompt_tokens"),
+            cached_tokens: define(c, "prefix_router.delivered.cached_tokens"),
+            predicted_tokens: define(c, "prefix_router.delivered.predicted_tokens"),
+            responses: define(c, "prefix_router.delivered.responses"),
+            unreported: define(c, "prefix_router.delivered.unreported"),
+            horizon_key: format!("{ns}horizon"),
+            responses_ns: format!("{ns}resp/"),
+            horizons: RefCell::new((Horizons::new(endpoints.len()), None)),
+        }
+    }
+
+    /// Run `f` with the eviction horizons (reread from shared data at most
+    /// once per [`HORIZON_REFRESH_MS`]).
+    pub fn with_horizons<T>(&self, now_ms: u64, f: impl FnOnce(&Horizons) -> T) -> T {
+        let n = self.endpoints.len();
+        let Ok(mut cell) = self.horizons.try_borrow_mut() else {
+            return f(&Horizons::default());
+        };
+        let due = cell
+            .1
+            .map_or(true, |t| now_ms.saturating_sub(t) >= HORIZON_REFRESH_MS);
+        if due {
+            match host::shared_get(&self.horizon_key) {
+                Ok((Some(b), _)) => cell.0 = Horizons::decode(&b, n),
+                Ok((None, _)) => {}
+                Err(e) => log::debug!("cannot read {}: {e}", self.horizon_key),
+            }
+            cell.1 = Some(now_ms);
+        }
+        f(&cell.0)
+    }
+
+    /// Responses API: the replica that produced the body's
+    /// `previous_response_id`, if known ([`crate::responses`]).
+    pub fn pinned(&self, body: &[u8], now_ms: u64) -> Option<usize> {
+        let id = previous_response_id(body)?;
+        let r = responses::find(&SharedSlots::new(&self.responses_ns), &id, now_ms)?;
+        (r < self.endpoints.len()).then_some(r)
+    }
+
+    /// A miss on replica `r` ([`Horizons::raise`]), in shared data (CAS) and here.
+    fn raise(&self, r: usize, time: u32, routed_at: u32) {
+        self.update(|h| {
+            h.raise(r, time, routed_at);
+        });
+    }
+
+    /// A delivered predicted hit on replica `r` ([`Horizons::hit`]): only
+    /// when this worker saw misses pending there (no shared-data call otherwise).
+    fn hit(&self, r: usize) {
+        let armed = self.horizons.try_borrow().is_ok_and(|cell| cell.0.armed(r));
+        if armed {
+            self.update(|h| {
+                h.hit(r);
+            });
+        }
+    }
+
+    /// Apply `f` to the shared horizons (CAS) and to this worker's copy.
+    fn update(&self, f: impl Fn(&mut Horizons)) {
+        let n = self.endpoints.len();
+        for _ in 0..CAS_ATTEMPTS {
+            let Ok((bytes, cas)) = host::shared_get(&self.horizon_key) else {
+                break;
+            };
+            let mut h = bytes.map_or_else(|| Horizons::new(n), |b| Horizons::decode(&b, n));
+            f(&mut h);
+            match host::shared_set(&self.horizon_key, &h.encode(), cas) {
+                Ok(()) => {
+                    self.store_local(h);
+                    return;
+                }
+                Err(host::CAS_MISMATCH) => continue,
+                Err(e) => {
+                    log::warn!("cannot write {}: {e}", self.horizon_key);
+                    break;
+                }
+            }
+        }
+        // Shared data failed: at least this worker learns.
+        if let Ok(mut cell) = self.horizons.try_borrow_mut() {
+            f(&mut cell.0);
+        }
+    }
+
+    fn store_local(&self, h: Horizons) {
+        if let Ok(mut cell) = self.horizons.try_borrow_mut() {
+            cell.0 = h;
+        }
+    }
+}
+
+/// What one request expected and what its response delivered.
+#[derive(Default)]
+pub struct Delivery {
+    branch: &'static str,
+    primary: Option<usize>,
+    prediction: Option<Prediction>,
+    /// What the index knew (holders kept by a confirmed depth).
+    known: Option<Known>,
+    /// Index entry time behind a warm prediction, and the routing time (deciseconds).
+    entry_time: Option<u32>,
+    routed_at: u32,
+    /// `affinity`: the request's block keys (to record the replica that served it).
+    blocks: Vec<u64>,
+    scanner: Option<UsageScanner>,
+    /// A Responses API request: remember which replica produced the response.
+    responses_api: bool,
+    done: bool,
+}
+
+impl Delivery {
+    /// Routed to `primary` by `branch`.
+    pub fn routed(&mut self, branch: &'static str, primary: usize) {
+        self.branch = branch;
+        self.primary = Some(primary);
+    }
+
+    /// `affinity`: the prediction for the primary and what the index knew.
+    /// `blocks` = the request's block count, `block_tokens` = tokens per block.
+    pub fn expect(
+        &mut self,
+        choice: &Choice,
+        known: Option<&Known>,
+        blocks: usize,
+        block_tokens: f64,
+        now_ms: u64,
+    ) {
+        self.routed_at = decis(now_ms);
+        let depth = known.map_or(0, |k| k.depth);
+        self.prediction = Some(Prediction {
+            cached_tokens: predict(
+                choice.expected_cached_tokens,
+                depth,
+                blocks,
+                block_tokens,
+                choice.prompt_tokens,
+            ),
+            prompt_tokens: choice.prompt_tokens,
+        });
+        self.entry_time = known.map(|k| k.entry.time);
+        self.known = known.copied();
+    }
+
+    /// A Responses API request (its response id is remembered).
+    pub fn responses_api(&mut self) {
+        self.responses_api = true;
+    }
+
+    /// `affinity`: keep the block keys (moved, not copied).
+    pub fn keep_blocks(&mut self, blocks: Vec<u64>) {
+        self.blocks = blocks;
+    }
+
+    /// Response headers: scan the body if it is JSON or an event stream
+    /// (and `read_usage` is on).
+    pub fn on_headers(&mut self, p: &Plugin) {
+        if self.primary.is_none() || !p.router.config().read_usage {
+            return;
+        }
+        self.scanner = match host::response_header("content-type") {
+            Ok(Some(v)) => {
+                let has = |n: &[u8]| v.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n));
+                if has(b"text/event-stream") {
+                    Some(UsageScanner::sse())
+                } else if has(b"json") {
+                    Some(UsageScanner::new())
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+    }
+
+    /// One response chunk of `size` bytes; `end` on the last one.
+    pub fn on_chunk(&mut self, p: &Plugin, size: usize, end: bool, served: Option<usize>) {
+        if let Some(s) = self.scanner.as_mut() {
+            if size > 0 {
+                match host::buffer(BUFFER_RESPONSE_BODY, 0, size) {
+                    Ok(Some(chunk)) => s.feed(&chunk),
+                    Ok(None) => {}
+                    Err(e) => log::debug!("cannot read a response chunk: {e}"),
+                }
+            }
+        }
+        if end {
+            self.finish(p, served);
+        }
+    }
+
+    /// The response ended (or the stream was cut: called again from
+    /// `on_log`; only the first call counts).
+    pub fn finish(&mut self, p: &Plugin, served: Option<usize>) {
+        if self.done || self.primary.is_none() {
+            return;
+        }
+        self.done = true;
+        let Some(scanner) = self.scanner.take() else {
+            return;
+        };
+        let d = &p.delivered;
+        let usage = scanner.usage();
+        let served = served.or(self.primary);
+        let elsewhere = served != self.primary;
+        // A prediction is about the primary; another host was expected to have nothing.
+        let prediction = self.prediction.map(|mut pr| {
+            if elsewhere {
+                pr.cached_tokens = 0.0;
+            }
+            pr
+        });
+        let fmt = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+        let predicted = prediction.map(|pr| pr.cached_tokens.round().max(0.0) as u64);
+        let Some(cached) = usage.cached() else {
+            add(d.unreported, 1);
+            self.log_field(predicted, None, None, None, &fmt);
+            return;
+        };
+        if let (true, Some(id), Some(r)) = (self.responses_api, usage.id.as_deref(), served) {
+            let now = host::now_nanos() / 1_000_000;
+            responses::remember(&mut SharedSlots::new(&d.responses_ns), id, r, now);
+        }
+        let prompt = usage.prompt();
+        add(d.responses, 1);
+        add(d.cached_tokens, cached);
+        add(d.prompt_tokens, prompt.unwrap_or(0));
+        add(d.predicted_tokens, predicted.unwrap_or(0));
+        let eps = served.and_then(|s| d.endpoints.get(s));
+        if let Some(e) = eps {
+            sample(e.delivered, cached);
+            sample(e.predicted, predicted.unwrap_or(0));
+            add(e.prompt, prompt.unwrap_or(0));
+        }
+        let cfg = p.router.affinity_config();
+        let hit_tokens = BLOCK_UNITS as f64 / cfg.chars_per_token.max(0.1);
+        let surprise = prediction.map_or(Surprise::None, |pr| {
+            compare(&pr, cached, prompt, hit_tokens, cfg.min_match)
+        });
+        match (surprise, eps, served) {
+            (Surprise::ExpectedHitGotMiss, Some(e), Some(r)) => {
+                add(e.hit_got_miss, 1);
+                if let Some(t) = self.entry_time {
+                    d.raise(r, t, self.routed_at);
+                }
+            }
+            (Surprise::ExpectedMissGotHit, Some(e), _) => add(e.miss_got_hit, 1),
+            (Surprise::None, _, Some(r)) if predicted.unwrap_or(0) as f64 >= hit_tokens => d.hit(r),
+            _ => {}
+        }
+        if let (Some(r), false) = (served, self.blocks.is_empty()) {
+            let now = host::now_nanos() / 1_000_000;
+            let mut slots = SharedSlots::new(&p.prefix);
+            // The engine had more of the prefix than the index could show:
+            // confirm that depth so the next request sharing it is predicted exactly.
+            let confirmed = (cached as f64 / hit_tokens) as usize;
+            if confirmed as f64 * hit_tokens > predicted.unwrap_or(0) as f64 + 0.5 {
+                p.router.index().confirm(
+                    &mut slots,
+                    &self.blocks,
+                    confirmed,
+                    self.known.as_ref(),
+                    r,
+                    now,
+                );
+            }
+            if slots.failures.get() > 0 {
+                p.stats.failure(super::stats::HostFailure::SharedData);
+            }
+        }
+        self.log_field(
+            predicted,
+            Some(cached),
+            prompt,
+            Some(surprise.as_str()),
+            &fmt,
+        );
+        log::debug!(
+            "delivered: branch={} predicted={predicted:?} cached={cached} prompt={prompt:?} surprise={} id={:?}",
+            self.branch,
+            surprise.as_str(),
+            usage.id
+        );
+    }
+
+    fn log_field(
+        &self,
+        predicted: Option<u64>,
+        delivered: Option<u64>,
+        prompt: Option<u64>,
+        surprise: Option<&str>,
+        fmt: &dyn Fn(Option<u64>) -> String,
+    ) {
+        let value = format!(
+            "branch={} predicted={} delivered={} prompt={} surprise={}",
+            self.branch,
+            fmt(predicted),
+            fmt(delivered),
+            fmt(prompt),
+            surprise.unwrap_or("-")
+        );
+        if let Err(e) = set_property(PROPERTY, &value) {
+            log::debug!("cannot set {PROPERTY}: {e}");
+        }
+    }
+}

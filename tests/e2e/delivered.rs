@@ -1,0 +1,319 @@
+//! Predicted vs delivered (`src/filter/delivered.rs`): the filter reads the engine's
+//! `cached_tokens` from the response as it passes (JSON and SSE), compares it with what
+//! it predicted, counts surprises per endpoint, writes an access-log field, and corrects
+//! its index when a replica evicted prefixes behind its back.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::harness::client::Client;
+use crate::harness::procs::wait_for;
+use crate::harness::workload::{text, MODEL};
+use crate::harness::World;
+
+/// A request of prefix group `g` (a 6,000-character system prompt) with a unique question.
+fn request(g: usize, i: usize, stream: bool) -> String {
+    let mut v = json!({
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": text(&format!("group{g}"), 6000)},
+            {"role": "user", "content": format!("question {i} of group {g}: what now?")}
+        ],
+        "max_tokens": 4,
+        "stream": stream
+    });
+    if stream {
+        v["stream_options"] = json!({"include_usage": true});
+    }
+    v.to_string()
+}
+
+/// `key=value` pairs of the access log's `usage=` field.
+fn usage_fields(line: &str) -> BTreeMap<String, String> {
+    let Some((_, rest)) = line.split_once(" usage=") else {
+        return BTreeMap::new();
+    };
+    rest.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn cached_in(body: &str) -> Option<u64> {
+    // JSON body, or the SSE event that carries the usage.
+    let from = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    if let Ok(v) = serde_json::from_str::<Value>(body) {
+        return from(&v);
+    }
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find_map(|v| from(&v))
+}
+
+fn prometheus(w: &World) -> String {
+    w.envoy.admin("/stats/prometheus")
+}
+
+/// Six groups, five requests each, half of them streamed with `include_usage`: the filter
+/// reads every response's usage (JSON and SSE); once each group has been seen twice (the
+/// engine's first hit confirms the exact shared depth) its prediction matches what the
+/// replicas delivered within 2 %; no surprise is counted; every access-log line carries
+/// `branch= predicted= delivered=`; and Prometheus gets the per-replica stats as one family
+/// with an `endpoint` label.
+#[test]
+fn predicted_matches_delivered_on_a_steady_workload() {
+    let w = World::start("delivered-steady", &World::replicas(3), |c| {
+        c.with("strategy", json!("affinity"))
+    });
+    let mut delivered_by_client = 0u64;
+    let mut warm = None;
+    for i in 0..5 {
+        if i == 2 {
+            warm = Some(w.envoy.wait_idle());
+        }
+        for g in 0..6 {
+            let stream = (i + g) % 2 == 1;
+            let reply = w.chat(&request(g, i, stream));
+            assert_eq!(reply.status, 200, "{}", reply.body);
+            delivered_by_client += cached_in(&reply.body)
+                .unwrap_or_else(|| panic!("no usage in the response: {}", reply.body));
+        }
+    }
+    let s = w.envoy.wait_idle();
+    let warm = warm.unwrap();
+    assert_eq!(
+        s.get("prefix_router.delivered.responses"),
+        30,
+        "{}",
+        s.dump("delivered")
+    );
+    assert_eq!(s.get("prefix_router.delivered.unreported"), 0);
+    let cached = s.get("prefix_router.delivered.cached_tokens");
+    assert_eq!(
+        cached, delivered_by_client,
+        "the filter read what the client got"
+    );
+    let steady = |name: &str| s.get(name) - warm.get(name);
+    let cached = steady("prefix_router.delivered.cached_tokens");
+    let predicted = steady("prefix_router.delivered.predicted_tokens");
+    assert!(cached > 18 * 1000, "the groups hit: {cached}");
+    let err = (predicted as f64 - cached as f64).abs() / cached as f64;
+    assert!(
+        err <= 0.02,
+        "steady state: predicted {predicted} vs delivered {cached} cached tokens: {:.1} % apart",
+        err * 100.0
+    );
+    eprintln!(
+        "steady state: predicted {predicted} vs delivered {cached} cached tokens ({:.2} %); all 30: predicted {} delivered {}",
+        err * 100.0,
+        s.get("prefix_router.delivered.predicted_tokens"),
+        s.get("prefix_router.delivered.cached_tokens")
+    );
+    let surprises: u64 = s.matching("surprise").iter().map(|(_, v)| *v).sum();
+    assert_eq!(surprises, 0, "{}", s.dump("surprise"));
+
+    let lines = w.envoy.wait_access_log(30);
+    let fields: Vec<_> = lines.iter().map(|l| usage_fields(l)).collect();
+    assert_eq!(fields.len(), 30, "{lines:#?}");
+    let mut logged = 0u64;
+    for (f, line) in fields.iter().zip(&lines) {
+        for k in ["branch", "predicted", "delivered", "prompt", "surprise"] {
+            assert!(f.contains_key(k), "{k} missing: {line}");
+        }
+        assert_eq!(f["surprise"], "none", "{line}");
+        logged += f["delivered"]
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("{line}"));
+        if f["branch"] == "hit" {
+            assert!(f["predicted"].parse::<u64>().unwrap() > 1000, "{line}");
+        }
+    }
+    assert_eq!(logged, delivered_by_client);
+
+    // One Prometheus family per stat, the replica as a label (histograms appear after
+    // Envoy's stats flush, every 5 s).
+    let text = wait_for(Duration::from_secs(12), || {
+        let t = prometheus(&w);
+        t.contains("prefix_router_endpoint_delivered_cached_tokens_count{")
+            .then_some(t)
+    })
+    .unwrap_or_else(|| {
+        let t = prometheus(&w);
+        let ours: Vec<&str> = t.lines().filter(|l| l.contains("prefix_router")).collect();
+        panic!(
+            "no delivered histogram in Prometheus output:\n{}",
+            ours.join("\n")
+        )
+    });
+    for ep in w.fleet.endpoints() {
+        let label = format!("endpoint=\"{}\"", ep.replace(['.', ':'], "_"));
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("prefix_router_endpoint_routed{") && l.contains(&label)),
+            "no routed counter labelled {label}"
+        );
+    }
+    assert!(
+        !text.contains("prefix_router_endpoint_127_0_0_1"),
+        "endpoint left in a metric name"
+    );
+}
+
+/// Six groups are warmed on one replica, whose cache is then reset behind the router's
+/// back (what a restart does). The newest group's next request, then the two oldest
+/// ones', are predicted hits and delivered misses: three `expected_hit_got_miss`. Three
+/// misses in a row raise the replica's eviction horizon to the newest entry among them,
+/// so the three groups in between are no longer predicted hits (no further surprise:
+/// without the feedback there would be six), and every group hits again, as predicted,
+/// on its next request.
+#[test]
+fn an_evicted_replica_is_detected_and_the_index_recovers() {
+    let w = World::start("delivered-evict", &World::replicas(1), |c| {
+        c.with("strategy", json!("affinity"))
+    });
+    for g in 0..6 {
+        for i in 0..2 {
+            assert_eq!(w.chat(&request(g, i, false)).status, 200);
+        }
+    }
+    // Entries strictly older than the requests that follow (the index clock is 100 ms).
+    std::thread::sleep(Duration::from_millis(250));
+    let ep = w.fleet.endpoints()[0].clone();
+    let r = Client::new(Duration::from_secs(5))
+        .post(&format!("http://{ep}/admin/reset-cache"), b"", &[])
+        .expect("reset-cache");
+    assert_eq!(r.status, 200);
+    let miss_name = format!(
+        "prefix_router.endpoint.{}.surprise.expected_hit_got_miss",
+        ep.replace(['.', ':'], "_")
+    );
+    assert_eq!(w.envoy.stats().get(&miss_name), 0);
+
+    // Cached tokens of group `g`'s next request; the surprise count after it.
+    let next = |g: usize, i: usize| {
+        let reply = w.chat(&request(g, i, false));
+        let cached = cached_in(&reply.body).unwrap_or(0);
+        (cached, w.envoy.stats().get(&miss_name))
+    };
+    // Newest group, then the oldest two: predicted hits, delivered misses, counted.
+    for (n, g) in [(1, 5), (2, 0), (3, 1)] {
+        let (cached, misses) = next(g, 10);
+        assert!(
+            cached < 100 && misses == n,
+            "group {g}: {cached} cached, {misses} surprises"
+        );
+    }
+    // The groups in between: no longer predicted (the horizon), so no further surprise
+    // (older prefixes of the evicted replica would otherwise still be predicted hits).
+    for g in 2..5 {
+        let (cached, misses) = next(g, 10);
+        assert!(
+            cached < 100 && misses == 3,
+            "group {g}: {cached} cached, {misses} surprises"
+        );
+    }
+    // Recovered: every group hits again, as predicted.
+    for g in 0..6 {
+        let (cached, misses) = next(g, 11);
+        assert!(
+            cached > 1000 && misses == 3,
+            "group {g}: {cached} cached, {misses} surprises"
+        );
+    }
+    let s = w.envoy.wait_idle();
+    assert_eq!(s.get(&miss_name), 3);
+    let lines = w.envoy.wait_access_log(24);
+    assert_eq!(lines.len(), 24, "{lines:#?}");
+    // After the reset: three surprises, three groups no longer predicted, six hits.
+    let expected = [
+        ("", "expected_hit_got_miss"),
+        ("", "expected_hit_got_miss"),
+        ("", "expected_hit_got_miss"),
+        ("cold", "none"),
+        ("cold", "none"),
+        ("cold", "none"),
+    ]
+    .into_iter()
+    .chain(std::iter::repeat(("hit", "none")).take(6));
+    for (line, (branch, surprise)) in lines[12..].iter().zip(expected) {
+        let f = usage_fields(line);
+        let get = |k: &str| f.get(k).cloned().unwrap_or_default();
+        if !branch.is_empty() {
+            assert_eq!(get("branch"), branch, "{line}");
+        }
+        assert_eq!(get("surprise"), surprise, "{line}");
+    }
+}
+
+/// Responses API: a chain of five `store: true` responses, each continuing the previous
+/// one with only its new input (so its prompt alone says nothing about where the
+/// conversation lives), stays on the replica that stores the conversation (the emulator,
+/// like vLLM, answers 404 for an id it does not hold), and the replica's cache serves
+/// the growing conversation.
+#[test]
+fn a_previous_response_id_chain_stays_on_one_replica() {
+    let w = World::start("delivered-responses", &World::replicas(4), |c| {
+        c.with("strategy", json!("affinity"))
+    });
+    let mut replicas = std::collections::BTreeSet::new();
+    let mut previous: Option<String> = None;
+    for turn in 0..5 {
+        let mut body = json!({
+            "model": MODEL,
+            "input": format!("turn {turn}: {}", text(&format!("t{turn}"), 1500)),
+            "max_output_tokens": 8,
+            "store": true
+        });
+        if turn == 0 {
+            body["instructions"] = json!(text("responses-chain", 3000));
+        }
+        if let Some(p) = &previous {
+            body["previous_response_id"] = json!(p);
+        }
+        let reply = w.post("/v1/responses", &body.to_string());
+        assert_eq!(reply.status, 200, "turn {turn}: {}", reply.body);
+        replicas.insert(w.served_by(&reply));
+        let v: Value = serde_json::from_str(&reply.body).unwrap();
+        if turn > 0 {
+            let cached = v["usage"]["input_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0);
+            assert!(
+                cached > 500,
+                "turn {turn}: conversation not reused: {}",
+                reply.body
+            );
+        }
+        previous = v["id"].as_str().map(str::to_string);
+    }
+    assert_eq!(replicas.len(), 1, "the chain moved: {replicas:?}");
+    // An id nobody produced is routed like any request; the replica answers 404.
+    let lost = json!({"model": MODEL, "input": "hello", "previous_response_id": "resp_unknown"});
+    assert_eq!(w.post("/v1/responses", &lost.to_string()).status, 404);
+    let s = w.envoy.wait_idle();
+    assert_eq!(s.get("prefix_router.source.responses"), 6);
+}
+
+/// `read_usage: false` turns the feature off: no response byte is read, nothing is counted
+/// and the access-log field stays empty, while routing is unchanged.
+#[test]
+fn read_usage_false_reads_nothing() {
+    let w = World::start("delivered-off", &World::replicas(2), |c| {
+        c.with("strategy", json!("affinity"))
+            .with("read_usage", json!(false))
+    });
+    for i in 0..3 {
+        let reply = w.chat(&request(0, i, i == 1));
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    let s = w.envoy.wait_idle();
+    assert_eq!(s.branch("hit"), 2, "{}", s.dump("prefix_router"));
+    assert_eq!(s.get("prefix_router.delivered.responses"), 0);
+    assert_eq!(s.get("prefix_router.delivered.unreported"), 0);
+    for line in w.envoy.wait_access_log(3) {
+        assert!(line.ends_with("usage=-"), "{line}");
+    }
+}
