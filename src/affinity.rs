@@ -277,14 +277,25 @@ pub fn choose(
             holders[m] = h;
             m += 1;
         }
-        (m > 0).then_some((holders, m, cached))
+        let coverage = seen / key.units.max(1) as f64;
+        (m > 0).then_some((holders, m, cached, coverage))
     });
-    if let Some((holders, m, cached)) = warm {
+    if let Some((holders, m, cached, coverage)) = warm {
         let holders = &holders[..m];
+        // Slack by value: a holder may exceed the mean by the load factor's
+        // slack times the share of the prompt it holds (plus one request), so
+        // a short shared prefix (a system prompt under long, varied prompts)
+        // does not pull its traffic onto a few replicas, while a prefix that
+        // is most of the prompt keeps the full bound.
+        let coverage = coverage.clamp(0.0, 1.0);
+        let mean1 = total as f64 / count.max(1) as f64 + 1.0;
+        let warm_cap = v.cap.min(
+            mean1 * (1.0 + (cfg.load_factor - 1.0).max(0.0) * (2.0 * coverage).min(1.0)) + 1.0,
+        );
         let best_ok = holders
             .iter()
             .copied()
-            .filter(|&h| v.acceptable(h))
+            .filter(|&h| v.acceptable(h) && f64::from(v.load(h)) + 1.0 <= warm_cap)
             .min_by_key(|&h| v.load(h));
         let alt = place(ring, ring_key, &v, holders, cfg.cold_choices);
         let (primary, reason) = match (best_ok, alt) {
@@ -458,6 +469,34 @@ mod tests {
         let c = pick(&k, Some(&known(64, &[2, 4], 0)), &loads);
         assert_eq!(c.reason, Reason::Spill);
         assert!(c.primary != 2 && c.primary != 4);
+    }
+
+    #[test]
+    fn a_short_shared_prefix_gets_less_slack_than_a_long_one() {
+        // Mean load 4 (bound 2 × 5 = 10): a holder at 7 in flight.
+        let mut loads = [4u32; 7];
+        loads[3] = 7;
+        loads[0] = 1;
+        // The prefix is the whole prompt: the holder is kept.
+        let whole = key(11, 64);
+        let c = pick(&whole, Some(&known(64, &[3], 0)), &loads);
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        // The same known prefix under a prompt 4× longer (coverage 0.25):
+        // with the holder at 8 in flight (mean 29/7), slack
+        // (mean + 1)·1.5 + 1 ≈ 8.7 < 8 + 1 ≤ full bound 10.3: a new holder.
+        loads[3] = 8;
+        let mut long = key(11, 64);
+        long.units *= 4;
+        let req = Request {
+            key: &long,
+            prompt_chars: long.units,
+            known: Some(&known(64, &[3], 0)),
+            loads: Loads::new(&loads),
+            ticket: 0,
+        };
+        let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
+        assert_eq!(c.reason, Reason::Spill);
+        assert_ne!(c.primary, 3);
     }
 
     #[test]

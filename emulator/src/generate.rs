@@ -249,30 +249,34 @@ pub async fn run(emu: Arc<Emulator>, job: Job, sink: Option<mpsc::Sender<Bytes>>
     out.queued_ms = ms(admitted_at - job.arrived);
     m.queue_time.observe(out.queued_ms / 1e3);
 
-    // Admission: prefix-cache lookup and KV allocation.
     let root = root_hash(job.lora.as_deref(), job.cache_salt.as_deref());
     let hashes = block_hashes(&job.tokens, cfg.block_tokens, root);
-    let admitted = lock(&emu.cache).admit(hashes, n, job.max_tokens);
-    out.cached_tokens = admitted.cached_tokens;
-    let blocks = BlocksGuard {
-        emu: &emu,
-        alloc: admitted.allocation,
-    };
-    m.prompt_tokens.fetch_add(n as u64, Relaxed);
 
-    // Prefill.
-    {
+    // Prefill. The prefix cache is looked up when the prefill is scheduled (after the prefill
+    // lane is taken), as vLLM's scheduler does, not when the running slot is taken: a request
+    // queued behind another with the same prefix then reuses what that one just computed. The
+    // prompt's blocks are committed before the lane is released.
+    let blocks = {
         let _lane = match &emu.prefill_lanes {
             Some(lanes) => lanes.clone().acquire_owned().await.ok(),
             None => None,
         };
+        // Admission: prefix-cache lookup and KV allocation.
+        let admitted = lock(&emu.cache).admit(hashes, n, job.max_tokens);
+        out.cached_tokens = admitted.cached_tokens;
+        let blocks = BlocksGuard {
+            emu: &emu,
+            alloc: admitted.allocation,
+        };
+        m.prompt_tokens.fetch_add(n as u64, Relaxed);
         let uncached = n - out.cached_tokens;
         let us = cfg.prefill_overhead_ms * 1e3 + uncached as f64 * cfg.prefill_us_per_token;
         if us > 0.0 {
             tokio::time::sleep(Duration::from_micros(us as u64)).await;
         }
-    }
-    lock(&emu.cache).commit(&blocks.alloc);
+        lock(&emu.cache).commit(&blocks.alloc);
+        blocks
+    };
     let first = Instant::now();
     let ttft = first - job.arrived;
     out.ttft_ms = Some(ms(ttft));

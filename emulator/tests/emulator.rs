@@ -544,3 +544,42 @@ fn max_running_queues_fifo_and_gauges_return_to_zero() {
         }
     });
 }
+
+/// The prefix cache is looked up when the prefill starts (vLLM: at schedule time), not when the
+/// running slot is taken: with one prefill lane, a request queued behind another with the same
+/// prompt reuses what that one computed.
+#[test]
+fn cache_is_checked_when_the_prefill_is_scheduled() {
+    let emu = Emu::start(&[
+        "--prefill-lanes",
+        "1",
+        "--prefill-us-per-token",
+        "300",
+        "--decode-ms-per-token",
+        "0",
+    ]);
+    rt().block_on(async {
+        let c = Client::new(&emu.url()).unwrap();
+        let body = chat_body(512, true, 1);
+        // Both take a running slot at once; the second waits for the lane (≈ 150 ms).
+        let (a, b) = tokio::join!(
+            stream(&c, "/v1/chat/completions", &body, &[]),
+            stream(&c, "/v1/chat/completions", &body, &[])
+        );
+        let cached: Vec<u64> = [&a, &b]
+            .iter()
+            .map(|s| {
+                assert_eq!(s.status, 200);
+                usage_of(&s.events)["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap_or(0)
+            })
+            .collect();
+        assert_eq!(cached.iter().filter(|&&x| x == 0).count(), 1, "{cached:?}");
+        assert_eq!(
+            cached.iter().filter(|&&x| x >= 496).count(),
+            1,
+            "{cached:?}"
+        );
+    });
+}

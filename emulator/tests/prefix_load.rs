@@ -160,3 +160,66 @@ fn unreachable_target_reports_errors_and_fails() {
     assert!(!ok, "{out}");
     assert!(out.contains("err=3"), "{out}");
 }
+
+/// `--trace`: a Mooncake-style file (epoch-nanosecond strings, 32-token blocks) is replayed at
+/// its own times: the requests that repeat an earlier prefix hit it, the time scale stretches
+/// the run, and a malformed line is an error naming it.
+#[test]
+fn trace_replay_keeps_times_and_prefixes() {
+    let (_emu, port) = start_emulator();
+    let url = format!("http://127.0.0.1:{port}");
+    let path = tmp("trace.jsonl");
+    let base: u128 = 1_764_460_800_000_000_000;
+    let mut text = String::new();
+    for i in 0..6u128 {
+        // Requests 0, 2, 4 share blocks 7, 8, 9; 1, 3, 5 are unique. 100 ms apart.
+        let ids = if i % 2 == 0 {
+            "[7, 8, 9]".to_string()
+        } else {
+            format!("[{}, {}, {}]", 100 + 3 * i, 101 + 3 * i, 102 + 3 * i)
+        };
+        text.push_str(&format!(
+            "{{\"timestamp\": \"{}\", \"input_length\": 90, \"output_length\": 50, \"hash_ids\": {ids}}}\n",
+            base + i * 100_000_000
+        ));
+    }
+    std::fs::write(&path, &text).unwrap();
+    let p = path.to_str().unwrap();
+    let out_json = tmp("trace.json");
+    let j = out_json.to_str().unwrap();
+    let (ok, out) = load(&[
+        "--url",
+        &url,
+        "--replica",
+        &url,
+        "--trace",
+        p,
+        "--time-scale",
+        "4",
+        "--max-tokens",
+        "2",
+        "--json",
+        j,
+    ]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("block 32 tokens") && out.contains("time unit ns"),
+        "{out}"
+    );
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&out_json).unwrap()).unwrap();
+    assert_eq!(s["ok"], 6);
+    // Last arrival at 0.5 s × 4 = 2 s.
+    assert!(
+        s["duration_s"].as_f64().unwrap_or(0.0) >= 2.0,
+        "{}",
+        s["duration_s"]
+    );
+    // Two of the three shared-prefix requests reuse 80 of their 90+ prompt tokens.
+    let hit = s["hit_rate"].as_f64().unwrap();
+    assert!(hit > 0.2 && hit < 0.5, "hit rate {hit}");
+    std::fs::write(&path, format!("{text}{{\"timestamp\": 1}}\n")).unwrap();
+    let (ok, out) = load(&["--url", &url, "--trace", p]);
+    assert!(!ok && out.contains("line 7"), "{out}");
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&out_json);
+}

@@ -144,15 +144,21 @@ pub fn summarize(policy: &str, reqs: &[SimRequest], res: &RunResult, wall_s: f64
     }
 }
 
-/// A text table of one workload.
-pub fn table(workload: &str, description: &str, rows: &[Summary]) -> String {
+/// A text table of one workload; `bound` = infinite-cache hit rate.
+pub fn table(workload: &str, description: &str, rows: &[Summary], bound: f64) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "\n== {workload}: {description}");
     let _ = writeln!(
         s,
-        "{:<19} {:>6} {:>8} {:>8} {:>8} {:>8} {:>7} {:>13} {:>6} {:>6} {:>6} {:>5} {:>6}",
+        "   infinite-cache exact-prefix bound: {:.1} % hit (`%bd` = hit / bound)",
+        100.0 * bound
+    );
+    let _ = writeln!(
+        s,
+        "{:<19} {:>6} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7} {:>13} {:>6} {:>6} {:>6} {:>5} {:>6}",
         "policy",
         "hit%",
+        "%bd",
         "p50 ms",
         "p90 ms",
         "p99 ms",
@@ -168,9 +174,10 @@ pub fn table(workload: &str, description: &str, rows: &[Summary]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<19} {:>6.1} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>7.0} {:>6.1} - {:>4.1} {:>6.1} {:>6.2} {:>6.2} {:>5.1} {:>5.1}s{}",
+            "{:<19} {:>6.1} {:>5.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>7.0} {:>6.1} - {:>4.1} {:>6.1} {:>6.2} {:>6.2} {:>5.1} {:>5.1}s{}",
             r.policy,
             100.0 * r.hit_rate,
+            100.0 * r.hit_rate / bound,
             1e3 * r.p50,
             1e3 * r.p90,
             1e3 * r.p99,

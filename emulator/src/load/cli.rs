@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::client::Client;
 use crate::load::report::{self, RunInfo, Summary};
 use crate::load::runner::{self, RunConfig};
+use crate::load::trace;
 use crate::load::workload::{self, Params};
 
 #[derive(Parser, Debug)]
@@ -119,6 +120,20 @@ pub struct RunArgs {
     /// Write one JSON line per request here.
     #[arg(long)]
     pub requests_jsonl: Option<PathBuf>,
+    /// Replay this Mooncake-style JSONL trace (timestamps, input_length, output_length,
+    /// hash_ids) at its own arrival times instead of a workload; the same file the simulator
+    /// reads (`--workload trace --trace FILE`). Outputs are capped at --max-tokens.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Trace timestamps are multiplied by this (< 1 = faster, more load).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Trace timestamp unit: s | ms | us | ns (default: detected, see the summary line).
+    #[arg(long)]
+    pub time_unit: Option<String>,
+    /// Tokens per trace block (default: inferred from input_length / len(hash_ids)).
+    #[arg(long)]
+    pub block_tokens: Option<u32>,
     /// Runtime worker threads (1 = single-threaded).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -161,7 +176,29 @@ pub async fn run(a: RunArgs) -> Result<Summary, String> {
         "completions" => "/v1/completions",
         o => return Err(format!("--api must be chat or completions, not {o}")),
     };
-    let items = workload::build(&a.workload, &a.params(), a.seed)?;
+    let (items, workload_name) = match &a.trace {
+        Some(path) => {
+            let opt = trace::TraceOptions {
+                time_scale: a.time_scale,
+                time_unit: a
+                    .time_unit
+                    .as_deref()
+                    .map(trace::TimeUnit::parse)
+                    .transpose()?,
+                block_tokens: a.block_tokens,
+            };
+            let (reqs, st, name) = trace::load_requests(&path.to_string_lossy(), &opt)?;
+            eprintln!("prefix-load: trace {name}: {}", st.summary());
+            (
+                workload::from_trace(&reqs, st.block_tokens as usize, a.max_tokens),
+                format!("trace:{name}"),
+            )
+        }
+        None => (
+            workload::build(&a.workload, &a.params(), a.seed)?,
+            a.workload.clone(),
+        ),
+    };
     let headers = a
         .headers
         .iter()
@@ -202,12 +239,13 @@ pub async fn run(a: RunArgs) -> Result<Summary, String> {
     eprintln!(
         "prefix-load: {} requests ({}) -> {}{} ({})",
         items.len(),
-        a.workload,
+        workload_name,
         a.url,
         path,
-        match a.rate {
-            Some(r) => format!("{r} req/s open loop"),
-            None => format!("concurrency {}", a.concurrency),
+        match (a.trace.is_some(), a.rate) {
+            (true, _) => format!("trace times x {}", a.time_scale),
+            (false, Some(r)) => format!("{r} req/s open loop"),
+            (false, None) => format!("concurrency {}", a.concurrency),
         }
     );
     let (outcomes, wall) = runner::run(client, cfg, items).await;
@@ -220,7 +258,7 @@ pub async fn run(a: RunArgs) -> Result<Summary, String> {
     let envoy = envoy_before.as_ref().zip(envoy_after.as_ref());
     let info = RunInfo {
         label: a.label.clone(),
-        workload: a.workload.clone(),
+        workload: workload_name,
         seed: a.seed,
         url: a.url.clone(),
         path: path.to_string(),

@@ -82,7 +82,7 @@ fn body_of(cfg: &RunConfig, item: &Item) -> Bytes {
     } else {
         json!({"model": cfg.model, "prompt": as_prompt(&item.messages)})
     };
-    v["max_tokens"] = json!(cfg.max_tokens);
+    v["max_tokens"] = json!(item.max_tokens.unwrap_or(cfg.max_tokens));
     v["stream"] = json!(true);
     v["stream_options"] = json!({"include_usage": true});
     Bytes::from(v.to_string())
@@ -251,12 +251,18 @@ pub async fn run(client: Client, cfg: RunConfig, items: Vec<Item>) -> (Vec<Outco
         cfg,
     });
     let mut tasks = Vec::new();
-    if let Some(rate) = shared.cfg.rate.filter(|r| *r > 0.0) {
+    let timed = shared.items.first().is_some_and(|i| i.at_s.is_some());
+    let rate = shared.cfg.rate.filter(|r| *r > 0.0);
+    if timed || rate.is_some() {
+        // Open loop: each item at its trace time (`--trace`), else Poisson at `rate`; at most
+        // max_in_flight at once.
         let limit = Arc::new(Semaphore::new(shared.cfg.max_in_flight.max(1)));
         let mut rng = Rng::new(shared.cfg.seed).fork(99);
         let mut at = Duration::ZERO;
         for i in 0..n {
-            if i > 0 {
+            if timed {
+                at = Duration::from_secs_f64(shared.items[i].at_s.unwrap_or(0.0).clamp(0.0, 1e9));
+            } else if let Some(rate) = rate.filter(|_| i > 0) {
                 at += Duration::from_secs_f64(rng.exp(1.0 / rate));
             }
             if at > shared.cfg.deadline {

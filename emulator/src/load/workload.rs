@@ -54,6 +54,10 @@ pub struct Item {
     pub messages: Vec<Message>,
     /// Index of the request that must finish before this one starts (previous turn).
     pub after: Option<usize>,
+    /// Start time, seconds after the run starts (trace replay); `None` = the run's schedule.
+    pub at_s: Option<f64>,
+    /// `max_tokens` of this request (trace replay); `None` = `--max-tokens`.
+    pub max_tokens: Option<usize>,
 }
 
 /// Sizes of the workloads (defaults depend on the workload, see [`Params::for_workload`]).
@@ -148,6 +152,8 @@ fn shared_prefix(rng: &mut Rng, p: &Params, n: usize, tag: &str) -> Vec<Item> {
                     },
                 ],
                 after: None,
+                at_s: None,
+                max_tokens: None,
             }
         })
         .collect()
@@ -166,6 +172,8 @@ fn unique(rng: &mut Rng, p: &Params, n: usize, tag: &str) -> Vec<Item> {
                     content: format!("{id:016x} {}", text(&mut r, p.suffix_tokens)),
                 }],
                 after: None,
+                at_s: None,
+                max_tokens: None,
             }
         })
         .collect()
@@ -204,6 +212,8 @@ fn multi_turn(rng: &mut Rng, p: &Params, n: usize, tag: &str) -> Vec<Item> {
                 kind: "multi-turn",
                 messages: h.clone(),
                 after: last[c],
+                at_s: None,
+                max_tokens: None,
             });
             last[c] = Some(out.len() - 1);
             h.push(Message {
@@ -279,6 +289,59 @@ pub fn as_prompt(messages: &[Message]) -> String {
         .map(|m| m.content.as_str())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Requests of a trace (`--trace`): block id `b` becomes `block` tokens of words drawn from a
+/// generator seeded by `b` (equal ids, equal text), the last block cut to the prompt length and
+/// a unique tail when the ids do not cover it; the first block is the system message and the
+/// rest one user message (as in the simulator). `max_tokens` = the trace's output length,
+/// capped at `max_output`. Arrival times are the trace's (already time-scaled).
+pub fn from_trace(
+    reqs: &[crate::load::trace::TraceRequest],
+    block: usize,
+    max_output: usize,
+) -> Vec<Item> {
+    let mut blocks: std::collections::HashMap<u64, String> = std::collections::HashMap::new();
+    reqs.iter()
+        .map(|r| {
+            let mut parts: Vec<String> = Vec::with_capacity(r.ids.len() + 1);
+            let mut left = r.input as usize;
+            for &b in &r.ids {
+                let t = left.min(block);
+                let full = blocks
+                    .entry(b)
+                    .or_insert_with(|| text(&mut Rng::new(b ^ 0x7472_6163_6500_0000), block));
+                parts.push(full[..(t * 4).min(full.len())].to_string());
+                left -= t;
+            }
+            if left > 0 {
+                parts.push(text(&mut Rng::new(0x7461_696c ^ r.line as u64), left));
+            }
+            let mut messages = Vec::with_capacity(2);
+            let mut it = parts.into_iter();
+            if let Some(first) = it.next() {
+                messages.push(Message {
+                    role: "system",
+                    content: first,
+                });
+            }
+            let rest: String = it.collect();
+            if !rest.is_empty() {
+                messages.push(Message {
+                    role: "user",
+                    content: rest,
+                });
+            }
+            Item {
+                group: format!("trace-l{}", r.line),
+                kind: "trace",
+                messages,
+                after: None,
+                at_s: Some(r.at_s),
+                max_tokens: Some((r.output as usize).clamp(1, max_output.max(1))),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -15,16 +15,21 @@ pub struct Core {
     key: usize,
     rng: Rng,
     counter: u64,
+    spill_least: bool,
 }
 
 impl Core {
-    /// Wrap `router`; its keys are `Keys::core[key]`.
-    pub fn new(router: Router, key: usize, seed: u64) -> Core {
+    /// Wrap `router`; its keys are `Keys::core[key]`. `spill_least`: when
+    /// the ring owner is over its threshold, go to the least-loaded replica
+    /// (SageMaker: "routes the request to an instance with more available
+    /// capacity") instead of the next one on the ring.
+    pub fn new(router: Router, key: usize, seed: u64, spill_least: bool) -> Core {
         Core {
             router,
             key,
             rng: Rng::new(seed ^ 0xc0de),
             counter: 0,
+            spill_least,
         }
     }
 }
@@ -45,10 +50,14 @@ impl Policy for Core {
                 ticket,
             ),
         };
-        Routed {
-            replica: d.primary,
-            spill: matches!(d.branch, Branch::Spill | Branch::LeastLoaded),
-        }
+        let spill = matches!(d.branch, Branch::Spill | Branch::LeastLoaded);
+        let replica = if spill && self.spill_least {
+            let l = view.in_flight;
+            (0..l.len()).min_by_key(|&i| l[i]).unwrap_or(d.primary)
+        } else {
+            d.primary
+        };
+        Routed { replica, spill }
     }
 }
 

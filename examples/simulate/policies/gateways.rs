@@ -678,13 +678,13 @@ mod tests {
         };
         let mut ours = Ours::new(book.routers[0].1.clone(), 0, p, &m).unwrap();
         let mut one = gateways(&book, "indep/1", Knobs::default());
-        let a = engine::run(&mut ours, &reqs, &m, 7);
-        let b = engine::run(&mut one, &reqs, &m, 7);
+        let a = engine::run(&mut ours, &reqs, &m, 7, &engine::Limits::default()).unwrap();
+        let b = engine::run(&mut one, &reqs, &m, 7, &engine::Limits::default()).unwrap();
         let pick = |r: &engine::RunResult| r.records.iter().map(|x| x.replica).collect::<Vec<_>>();
         assert_eq!(pick(&a), pick(&b));
         // Two gateways that share nothing do not reproduce it.
         let mut two = gateways(&book, "indep/2", Knobs::default());
-        let c = engine::run(&mut two, &reqs, &m, 7);
+        let c = engine::run(&mut two, &reqs, &m, 7, &engine::Limits::default()).unwrap();
         assert_ne!(pick(&a), pick(&c));
     }
 

@@ -45,8 +45,24 @@ pub fn hashes(messages_json: &[u8], model: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Scorer weights and saturation thresholds (defaults 3, 2, 2, 5, 0.8).
+#[derive(Debug, Clone, Copy)]
+pub struct Weights {
+    /// Prefix scorer weight.
+    pub prefix: f64,
+    /// Queue scorer weight.
+    pub queue: f64,
+    /// KV-cache utilisation scorer weight.
+    pub kv: f64,
+    /// Saturated when more requests wait than this.
+    pub sat_waiting: u32,
+    /// Saturated above this KV-cache usage.
+    pub sat_kv: f64,
+}
+
 /// The EPP.
 pub struct Gie {
+    w: Weights,
     n: usize,
     hash_to_pods: IdMap<u64>,
     lrus: Vec<Lru>,
@@ -56,8 +72,9 @@ pub struct Gie {
 
 impl Gie {
     /// `n` pods, per-pod LRU of `capacity` blocks.
-    pub fn new(n: usize, capacity: usize, seed: u64) -> Gie {
+    pub fn new(n: usize, capacity: usize, seed: u64, w: Weights) -> Gie {
         Gie {
+            w,
             n,
             hash_to_pods: IdMap::default(),
             lrus: (0..n).map(|_| Lru::new(capacity)).collect(),
@@ -94,7 +111,7 @@ impl Policy for Gie {
         // Saturation filter (fail open).
         let m = view.scraped;
         let mut cands: Vec<usize> = (0..n)
-            .filter(|&p| m[p].waiting <= 5 && m[p].kv_usage <= 0.8)
+            .filter(|&p| m[p].waiting <= self.w.sat_waiting && m[p].kv_usage <= self.w.sat_kv)
             .collect();
         if cands.is_empty() {
             cands = (0..n).collect();
@@ -109,7 +126,7 @@ impl Policy for Gie {
                 f64::from(max_q - m[p].waiting) / f64::from(max_q - min_q)
             };
             let kv = 1.0 - m[p].kv_usage;
-            3.0 * prefix + 2.0 * queue + 2.0 * kv
+            self.w.prefix * prefix + self.w.queue * queue + self.w.kv * kv
         };
         // Max-score picker: shuffle, then the first maximum.
         for i in (1..self.order.len()).rev() {

@@ -12,11 +12,15 @@
 //! | `chwbl` | KubeAI `PrefixHash` (consistent hashing with bounded loads) |
 //! | `gie` | Gateway API Inference Extension / llm-d EPP, approximate prefix scorer |
 //! | `sglang` | SGLang router `cache_aware` (CLI defaults) |
-//! | `oracle` | true cache state: longest really-cached prefix under the bounded load |
-//! | `oracle_ttft` | true cache and queue state, greedy minimum estimated TTFT |
+//! | `greedy_true_state` | true cache state: longest really-cached prefix under ours' load bound (a greedy heuristic, not a bound) |
+//! | `greedy_true_ttft` | true cache and queue state, greedy minimum estimated TTFT under ours' load bound |
 //! | `ours` | `prefix_router::affinity` (longest known prefix + cost-aware spill) |
 //! | `ours_2x` | `ours` in two independent Envoys (own index, own in-flight counts), requests split at random |
 //! | `MODE/N[/DELAY]` | `ours` in N gateways with the multi-gateway options of `gateways.rs` |
+//!
+//! Baselines take parameters in their name, `base:k=v/k=v` (see
+//! [`PARAMS`]); `*_tuned` names are the best settings of a sweep
+//! (`examples/simulate/README.md`, "Fair baselines").
 
 pub mod basic;
 pub mod chwbl;
@@ -97,11 +101,183 @@ pub const ALL: &[&str] = &[
     "chwbl",
     "gie",
     "sglang",
-    "oracle",
-    "oracle_ttft",
+    "greedy_true_state",
+    "greedy_true_ttft",
     "ours",
     "ours_2x",
 ];
+
+/// Default report order with the tuned baselines.
+pub const DEFAULT: &[&str] = &[
+    "random",
+    "round_robin",
+    "least_request",
+    "least_request_core",
+    "session",
+    "sagemaker",
+    "sagemaker_tuned",
+    "chwbl",
+    "chwbl_tuned",
+    "gie",
+    "gie_tuned",
+    "sglang",
+    "sglang_tuned",
+    "greedy_true_state",
+    "greedy_true_ttft",
+    "ours",
+    "ours_2x",
+];
+
+/// Parameters each baseline accepts (`name:k=v/k=v`) with their defaults
+/// (the documented defaults the rows without parameters use).
+pub const PARAMS: &[(&str, &[(&str, f64)])] = &[
+    // prefix_length chars, concurrency_threshold, least = overflow to the
+    // least loaded instead of walking the ring.
+    (
+        "sagemaker",
+        &[("pl", 2048.0), ("th", 256.0), ("least", 0.0)],
+    ),
+    // KubeAI meanLoadFactor.
+    ("chwbl", &[("lf", 1.25)]),
+    // scorer weights, saturation thresholds.
+    (
+        "gie",
+        &[
+            ("wp", 3.0),
+            ("wq", 2.0),
+            ("wk", 2.0),
+            ("satq", 5.0),
+            ("satkv", 0.8),
+        ],
+    ),
+    // cache_threshold, balance_abs_threshold, balance_rel_threshold.
+    ("sglang", &[("cache", 0.3), ("abs", 64.0), ("rel", 1.5)]),
+];
+
+/// Best settings of the baseline sweep (README, "Fair baselines"), by name.
+pub const TUNED: &[(&str, &str)] = &[
+    ("sagemaker_tuned", "sagemaker:pl=4096/th=256/least=1"),
+    ("chwbl_tuned", "chwbl:lf=2"),
+    ("gie_tuned", "gie:wp=5/wq=1/satq=20"),
+    ("sglang_tuned", "sglang:cache=0.1/abs=64/rel=1.5"),
+];
+
+/// Base of the multi-gateway policies `MODE/N[/DELAY]` ([`gateways`]).
+pub const GATEWAYS: &str = "ours_gateways";
+
+/// A policy name resolved to its base and parameters.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Base policy (an entry of [`ALL`]).
+    pub base: String,
+    /// Parameter values (defaults filled in).
+    pub params: Vec<(String, f64)>,
+    /// `ours`/`ours_2x`: `k=v` overrides of `--ours` (any [`ours::OursParams::set`] name).
+    pub ours: Vec<(String, String)>,
+}
+
+impl Spec {
+    /// `base`'s parameters of ours: `--ours` with this name's overrides.
+    ///
+    /// # Errors
+    /// Unknown parameter or bad value.
+    pub fn ours_params(&self, base: &ours::OursParams) -> Result<ours::OursParams, String> {
+        let mut p = base.clone();
+        for (k, v) in &self.ours {
+            p.set(k, v)?;
+        }
+        Ok(p)
+    }
+}
+
+fn ours_label(p: &ours::OursParams) -> String {
+    format!("ours_pl{}_vn{}", p.prefix_length, p.virtual_nodes)
+}
+
+impl Spec {
+    /// Parameter `k` (0 when the base has no such parameter).
+    pub fn get(&self, k: &str) -> f64 {
+        self.params
+            .iter()
+            .find(|(n, _)| n == k)
+            .map_or(0.0, |(_, v)| *v)
+    }
+}
+
+/// Resolve `name` (`base`, `base:k=v/k=v` or a `*_tuned` alias).
+///
+/// # Errors
+/// Unknown base or parameter, bad value.
+pub fn resolve(name: &str) -> Result<Spec, String> {
+    if gateways::is_name(name) {
+        return Ok(Spec {
+            base: GATEWAYS.to_string(),
+            params: Vec::new(),
+            ours: Vec::new(),
+        });
+    }
+    let name = TUNED
+        .iter()
+        .find(|(t, _)| *t == name)
+        .map_or(name, |(_, s)| *s);
+    let (base, rest) = name.split_once(':').unwrap_or((name, ""));
+    if !ALL.contains(&base) && !EXTRA.contains(&base) {
+        return Err(format!(
+            "unknown policy {base:?}; known: {}, {}",
+            ALL.join(", "),
+            TUNED.iter().map(|t| t.0).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if base.starts_with("ours") {
+        let mut ours = Vec::new();
+        for kv in rest.split('/').filter(|s| !s.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("{name}: expected k=v, got {kv}"))?;
+            ours::OursParams::default().set(k, v)?;
+            ours.push((k.to_string(), v.to_string()));
+        }
+        return Ok(Spec {
+            base: base.to_string(),
+            params: Vec::new(),
+            ours,
+        });
+    }
+    let defaults: &[(&str, f64)] = PARAMS
+        .iter()
+        .find(|(b, _)| *b == base)
+        .map_or(&[], |(_, d)| d);
+    let mut params: Vec<(String, f64)> =
+        defaults.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    for kv in rest.split('/').filter(|s| !s.is_empty()) {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("{name}: expected k=v, got {kv}"))?;
+        let v: f64 = v
+            .parse()
+            .ok()
+            .filter(|x: &f64| x.is_finite())
+            .ok_or_else(|| format!("{name}: bad value {v}"))?;
+        let slot = params
+            .iter_mut()
+            .find(|(n, _)| n == k)
+            .ok_or_else(|| format!("{name}: {base} has no parameter {k}"))?;
+        slot.1 = v;
+    }
+    Ok(Spec {
+        base: base.to_string(),
+        params,
+        ours: Vec::new(),
+    })
+}
+
+fn sagemaker_label(s: &Spec) -> String {
+    format!(
+        "sagemaker_pl{}_th{}",
+        s.get("pl") as u64,
+        s.get("th") as u64
+    )
+}
 
 /// Policies run only when named (`--policies`): `ours` with engine feedback
 /// (`policies/ours_feedback.rs`), on one and on two gateways.
@@ -145,12 +321,8 @@ impl KeyBook {
             Ok(())
         };
         for p in policies {
-            let p = if gateways::is_name(p) {
-                "ours"
-            } else {
-                p.as_str()
-            };
-            match p {
+            let spec = resolve(p)?;
+            match spec.base.as_str() {
                 "random" => add("random", r#","strategy":"random""#.into())?,
                 "round_robin" => add("round_robin", r#","strategy":"round_robin""#.into())?,
                 "least_request_core" => {
@@ -163,18 +335,23 @@ impl KeyBook {
                     ),
                 )?,
                 "sagemaker" => add(
-                    "sagemaker",
+                    &sagemaker_label(&spec),
                     format!(
-                        r#","strategy":"prefix","prefix_length":2048,"concurrency_threshold":{BASELINE_THRESHOLD},"load_factor":100"#
+                        r#","strategy":"prefix","prefix_length":{},"concurrency_threshold":{},"load_factor":100"#,
+                        spec.get("pl") as u64,
+                        spec.get("th") as u32
                     ),
                 )?,
-                "ours" | "ours_2x" | "ours_feedback" | "ours_feedback_2x" => add(
-                    "ours",
-                    format!(
-                        r#","strategy":"prefix","prefix_length":{},"virtual_nodes":{}"#,
-                        ours.prefix_length, ours.virtual_nodes
-                    ),
-                )?,
+                "ours" | "ours_2x" | "ours_feedback" | "ours_feedback_2x" | GATEWAYS => {
+                    let o = spec.ours_params(ours)?;
+                    add(
+                        &ours_label(&o),
+                        format!(
+                            r#","strategy":"prefix","prefix_length":{},"virtual_nodes":{}"#,
+                            o.prefix_length, o.virtual_nodes
+                        ),
+                    )?
+                }
                 _ => {}
             }
         }
@@ -213,53 +390,66 @@ pub fn build(
             .ok_or_else(|| format!("no router for {label}"))?;
         Ok((i, book.routers[i].1.clone()))
     };
-    Ok(match name {
-        "random" | "round_robin" | "least_request_core" | "session" | "sagemaker" => {
+    let spec = resolve(name)?;
+    Ok(match spec.base.as_str() {
+        "random" | "round_robin" | "least_request_core" | "session" => {
             let label = if name == "least_request_core" {
                 "least_request"
             } else {
                 name
             };
             let (i, router) = core(label)?;
-            Box::new(basic::Core::new(router, i, seed))
+            Box::new(basic::Core::new(router, i, seed, false))
+        }
+        "sagemaker" => {
+            let (i, router) = core(&sagemaker_label(&spec))?;
+            Box::new(basic::Core::new(router, i, seed, spec.get("least") != 0.0))
         }
         "least_request" => Box::new(basic::PowerOfTwo::new(n, seed)),
-        "chwbl" => Box::new(chwbl::Chwbl::new(n, 1.25, 256)),
-        "gie" => Box::new(gie::Gie::new(n, model.kv_blocks as usize, seed)),
-        "sglang" => Box::new(sglang::CacheAware::new(n, seed)),
-        "oracle" => Box::new(oracle::Oracle::new(n, true)),
-        "oracle_ttft" => Box::new(oracle::Oracle::new(n, false)),
+        "chwbl" => Box::new(chwbl::Chwbl::new(n, spec.get("lf"), 256)),
+        "gie" => Box::new(gie::Gie::new(
+            n,
+            model.kv_blocks as usize,
+            seed,
+            gie::Weights {
+                prefix: spec.get("wp"),
+                queue: spec.get("wq"),
+                kv: spec.get("wk"),
+                sat_waiting: spec.get("satq") as u32,
+                sat_kv: spec.get("satkv"),
+            },
+        )),
+        "sglang" => Box::new(sglang::CacheAware::new(
+            n,
+            seed,
+            sglang::Thresholds {
+                cache: spec.get("cache"),
+                balance_abs: spec.get("abs") as u32,
+                balance_rel: spec.get("rel"),
+            },
+        )),
+        "greedy_true_state" => Box::new(oracle::Oracle::new(n, true, &ours.affinity)),
+        "greedy_true_ttft" => Box::new(oracle::Oracle::new(n, false, &ours.affinity)),
         "ours" => {
-            let (i, router) = core("ours")?;
-            Box::new(ours::Ours::new(router, i, ours.clone(), model)?)
+            let o = spec.ours_params(ours)?;
+            let (i, router) = core(&ours_label(&o))?;
+            Box::new(ours::Ours::new(router, i, o, model)?)
         }
         "ours_2x" => {
-            let (i, router) = core("ours")?;
-            Box::new(ours::OursMulti::new(
-                router,
-                i,
-                ours.clone(),
-                model,
-                2,
-                n,
-                seed,
-            )?)
+            let o = spec.ours_params(ours)?;
+            let (i, router) = core(&ours_label(&o))?;
+            Box::new(ours::OursMulti::new(router, i, o, model, 2, n, seed)?)
         }
         "ours_feedback" | "ours_feedback_2x" => {
-            let (i, router) = core("ours")?;
-            let m = if name == "ours_feedback" { 1 } else { 2 };
-            Box::new(ours_feedback::OursFeedback::new(
-                router,
-                i,
-                ours.clone(),
-                m,
-                n,
-                seed,
-            ))
+            let o = spec.ours_params(ours)?;
+            let (i, router) = core(&ours_label(&o))?;
+            let m = if spec.base == "ours_feedback" { 1 } else { 2 };
+            Box::new(ours_feedback::OursFeedback::new(router, i, o, m, n, seed))
         }
-        gw if gateways::is_name(gw) => {
-            let (i, router) = core("ours")?;
-            Box::new(gateways::build(gw, router, i, ours, n, seed)?)
+        GATEWAYS => {
+            let o = spec.ours_params(ours)?;
+            let (i, router) = core(&ours_label(&o))?;
+            Box::new(gateways::build(name, router, i, &o, n, seed)?)
         }
         other => {
             return Err(format!(

@@ -1,14 +1,16 @@
-//! ORACLES: route with the replicas' **true** state, which no router has.
+//! GREEDY TRUE-STATE policies: route with the replicas' **true** state, which
+//! no router has. They are greedy heuristics (one request at a time), **not
+//! upper bounds**; the bound is `bound.rs`.
 //!
-//! `oracle` (cache oracle): among the replicas within the bounded load
-//! `in_flight + 1 ≤ 1.25 × (total + 1) / n` (the same bound as CHWBL and
-//! ours), the one whose KV cache really holds the longest prefix of the
-//! prompt; ties (e.g. nothing cached anywhere) go to the lowest estimated
-//! TTFT below; if no replica is within the bound, the lowest estimated TTFT.
-//! This is the hit-rate reference: perfect knowledge of cache contents under
-//! the same load bound.
+//! Both consider only the replicas `ours` would accept: `in_flight <
+//! concurrency_threshold` and `in_flight + 1 ≤ load_factor × (mean + 1)`
+//! (the same [`AffinityConfig`] as ours); when none is, every replica.
 //!
-//! `oracle_ttft`: for every replica `r`, estimate the request's TTFT there as
+//! `greedy_true_state`: among those, the one whose KV cache really holds the
+//! longest prefix of the prompt; ties (e.g. nothing cached anywhere) go to
+//! the lowest estimated TTFT below.
+//!
+//! `greedy_true_ttft`: for every replica `r`, estimate the request's TTFT there as
 //! ```text
 //! steps(r) · step_time(r) + prefill(backlog(r)) + prefill(cached(r) .. prompt)
 //! ```
@@ -21,19 +23,29 @@
 //! per-request routing quality, not a proven optimum; hit rate is reported for
 //! it like for every policy.
 
+use prefix_router::affinity::AffinityConfig;
+
 use super::{Policy, Routed, View};
 use crate::engine::SimRequest;
 
-/// The oracle.
+/// The greedy true-state policies.
 pub struct Oracle {
     n: usize,
     cache_first: bool,
+    load_factor: f64,
+    threshold: u32,
 }
 
 impl Oracle {
-    /// `n` replicas; `cache_first` = `oracle`, else `oracle_ttft`.
-    pub fn new(n: usize, cache_first: bool) -> Oracle {
-        Oracle { n, cache_first }
+    /// `n` replicas; `cache_first` = `greedy_true_state`, else
+    /// `greedy_true_ttft`; the load bound of `cfg`.
+    pub fn new(n: usize, cache_first: bool, cfg: &AffinityConfig) -> Oracle {
+        Oracle {
+            n,
+            cache_first,
+            load_factor: cfg.load_factor,
+            threshold: cfg.concurrency_threshold,
+        }
     }
 }
 
@@ -41,7 +53,12 @@ impl Policy for Oracle {
     fn route(&mut self, _idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
         let m = view.model;
         let total: u32 = view.in_flight.iter().sum();
-        let cap = 1.25 * f64::from(total + 1) / self.n.max(1) as f64;
+        let cap = self.load_factor * (f64::from(total) / self.n.max(1) as f64 + 1.0);
+        let ok = |r: usize| {
+            let l = view.in_flight[r];
+            l < self.threshold && f64::from(l) + 1.0 <= cap
+        };
+        let any_ok = (0..self.n.min(view.in_flight.len())).any(ok);
         let mut best: Option<(usize, f64, u32)> = None;
         let mut best_cache: Option<(usize, u32, f64)> = None;
         let mut cached_max = 0;
@@ -62,7 +79,10 @@ impl Policy for Oracle {
                 + backlog * m.prefill_s_per_token
                 + m.prefill_cost(c, req.prompt_tokens);
             let out = rep.outstanding();
-            if self.cache_first && f64::from(view.in_flight[r]) + 1.0 <= cap {
+            if any_ok && !ok(r) {
+                continue;
+            }
+            if self.cache_first {
                 let better = match best_cache {
                     None => true,
                     Some((_, bc, be)) => c > bc || (c == bc && est < be),

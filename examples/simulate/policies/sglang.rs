@@ -24,27 +24,34 @@ use crate::engine::SimRequest;
 use crate::rng::Rng;
 use crate::text::KV_BLOCK_TOKENS;
 
-/// CLI `--cache-threshold`.
-pub const CACHE_THRESHOLD: f64 = 0.3;
-/// CLI `--balance-abs-threshold`.
-pub const BALANCE_ABS: u32 = 64;
-/// CLI `--balance-rel-threshold`.
-pub const BALANCE_REL: f64 = 1.5;
 /// CLI `--max-tree-size` in 64-character blocks.
 pub const MAX_TREE_BLOCKS: usize = 67_108_864 / 64;
+
+/// The three thresholds (CLI defaults: 0.3, 64, 1.5).
+#[derive(Debug, Clone, Copy)]
+pub struct Thresholds {
+    /// `--cache-threshold`.
+    pub cache: f64,
+    /// `--balance-abs-threshold`.
+    pub balance_abs: u32,
+    /// `--balance-rel-threshold`.
+    pub balance_rel: f64,
+}
 
 /// The policy.
 pub struct CacheAware {
     trees: Vec<Lru>,
     rng: Rng,
+    t: Thresholds,
 }
 
 impl CacheAware {
     /// `n` workers.
-    pub fn new(n: usize, seed: u64) -> CacheAware {
+    pub fn new(n: usize, seed: u64, t: Thresholds) -> CacheAware {
         CacheAware {
             trees: (0..n).map(|_| Lru::new(MAX_TREE_BLOCKS)).collect(),
             rng: Rng::new(seed ^ 0x591a),
+            t,
         }
     }
 }
@@ -55,7 +62,8 @@ impl Policy for CacheAware {
         let min = loads.iter().copied().min().unwrap_or(0);
         let max = loads.iter().copied().max().unwrap_or(0);
         let least = loads.iter().position(|&l| l == min).unwrap_or(0);
-        let imbalanced = max - min > BALANCE_ABS && f64::from(max) > BALANCE_REL * f64::from(min);
+        let imbalanced =
+            max - min > self.t.balance_abs && f64::from(max) > self.t.balance_rel * f64::from(min);
         // Longest match (the tree is walked in both branches in SGLang's code
         // only when balanced; computed here for the spill statistic).
         let counts: Vec<usize> = self
@@ -66,8 +74,8 @@ impl Policy for CacheAware {
         let best = counts.iter().copied().max().unwrap_or(0);
         let rate = (best as f64 * f64::from(KV_BLOCK_TOKENS)) / f64::from(req.prompt_tokens.max(1));
         let (pick, spill) = if imbalanced {
-            (least, rate > CACHE_THRESHOLD)
-        } else if rate > CACHE_THRESHOLD {
+            (least, rate > self.t.cache)
+        } else if rate > self.t.cache {
             let holders: Vec<usize> = (0..counts.len()).filter(|&w| counts[w] == best).collect();
             let w = holders[self.rng.below(holders.len() as u64) as usize];
             (w, false)
