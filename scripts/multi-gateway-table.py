@@ -45,6 +45,7 @@ def load(path):
     if text.lstrip().startswith("{"):
         return json.loads(text)["workloads"]
     out, cur, extra = [], None, {}
+    at = [1, 2, 3]
     for line in text.splitlines():
         if line.startswith("== "):
             name, _, desc = line[3:].partition(": ")
@@ -52,14 +53,21 @@ def load(path):
             out.append(cur)
         elif line.startswith("  ") and cur and ": " in line:
             pol, _, kv = line.strip().partition(": ")
-            extra[(cur["workload"], pol)] = {
-                k: float(v) for k, v in (x.split("=") for x in kv.split())
-            }
-        elif cur and line and not line.startswith(("policy", " ")):
-            f = line.split()
-            if len(f) > 4:
+            e = extra.setdefault((cur["workload"], pol), {})
+            for k, _, v in (x.partition("=") for x in kv.split() if "=" in x):
                 try:
-                    hit, p50, p90 = float(f[1]), float(f[2]), float(f[3])
+                    e[k] = float(v)
+                except ValueError:
+                    pass
+        elif line.startswith("policy"):
+            # Column positions from the header ("p50 ms" is one column).
+            cols = [t for t in line.split() if t != "ms"]
+            at = [cols.index(c) for c in ("hit%", "p50", "p90")]
+        elif cur and line and not line.startswith(" "):
+            f = line.split()
+            if len(f) > max(at):
+                try:
+                    hit, p50, p90 = (float(f[i]) for i in at)
                 except ValueError:
                     continue
                 cur["policies"].append(
