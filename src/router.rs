@@ -270,6 +270,16 @@ impl Router {
     /// Compute the key. `header_id` is the affinity header's value, if the
     /// header is configured and present; it wins over `prompt_cache_key`.
     pub fn key(&self, body: Body<'_>, header_id: Option<&[u8]>) -> RoutingKey {
+        self.key_and_model(body, header_id).0
+    }
+
+    /// [`Router::key`] and the body's `model` (a LoRA adapter name, maybe),
+    /// from the same single pass over the body.
+    pub fn key_and_model(
+        &self,
+        body: Body<'_>,
+        header_id: Option<&[u8]>,
+    ) -> (RoutingKey, Option<String>) {
         let limit = self.config.prefix_length;
         let (source, prefix, model, salt, body_id) = match body {
             Body::None => (KeySource::None, Default::default(), None, None, None),
@@ -313,23 +323,25 @@ impl Router {
             } else {
                 source
             };
-            return RoutingKey {
+            let k = RoutingKey {
                 key,
                 blocks: Vec::new(),
                 units: 0,
                 source,
                 routing_id,
             };
+            return (k, model.map(|m| m.to_string()));
         }
         let key = prefix.last().map(|h| mix(h, s));
         let blocks = prefix.blocks.iter().map(|&h| mix(h, s)).collect();
-        RoutingKey {
+        let k = RoutingKey {
             key,
             blocks,
             units: prefix.units,
             source,
             routing_id,
-        }
+        };
+        (k, model.map(|m| m.to_string()))
     }
 
     /// Choose the replica. `ticket` is a random number (`random`) or a rotating

@@ -1,6 +1,8 @@
 //! The `affinity` prefix index's slot table in proxy-wasm shared data.
 //!
-//! One shared-data key per slot, `prefix_router/<plugin>/<config fingerprint>/i/<slot>`,
+//! One shared-data key per slot, `prefix_router/<plugin>/i/<slot>` (no configuration
+//! fingerprint: a push keeps the index; holders are address ids, see
+//! [`crate::cluster::view::AddrSlots`]),
 //! holding the 16-byte entry of [`crate::index`]. Shared data has no delete,
 //! which the direct-mapped design expects: a slot is only ever overwritten,
 //! so memory stays bounded by `index_slots` keys. Writes are unconditional
