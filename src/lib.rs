@@ -16,7 +16,8 @@
 //!   Prometheus metrics: vLLM, SGLang, llama.cpp), [`usage`] (what the engine
 //!   delivered, read from the response as it passes), [`feedback`] (the index
 //!   corrected by what was delivered), [`responses`] (Responses API
-//!   conversations pinned to the replica that stores them);
+//!   conversations pinned to the replica that stores them), [`peers`] (index
+//!   writes exchanged between gateway Envoys);
 //! - a **thin proxy-wasm adapter** (`filter`, only on `wasm32-wasip1`) that
 //!   buffers the body, keeps per-host in-flight counts and the prefix index in
 //!   shared data, sets the `override_host` header and counts every decision in
@@ -53,6 +54,7 @@ pub mod hash;
 pub mod index;
 pub mod json;
 pub mod paths;
+pub mod peers;
 pub mod responses;
 pub mod ring;
 pub mod router;

@@ -19,8 +19,23 @@ fn every_corpus_file_keeps_every_property() {
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
             .map(|e| e.expect("dir entry").path())
             .collect();
-        files.sort();
         assert!(!files.is_empty(), "empty corpus {}", dir.display());
+        // The two JSON targets read the same kind of input: each also replays the other's.
+        if let Some(other) = match *target {
+            "json_scanner" => Some("extract"),
+            "extract" => Some("json_scanner"),
+            _ => None,
+        } {
+            let dir = root.join(other);
+            files.extend(
+                std::fs::read_dir(&dir)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.path()),
+            );
+        }
+        files.sort();
         for f in &files {
             let data = std::fs::read(f).expect("read corpus file");
             if std::panic::catch_unwind(|| prop(&data)).is_err() {
@@ -53,5 +68,22 @@ fn properties_hold_on_handwritten_cases() {
     assert_eq!(props::oracle(tokens), Some((BodyKind::Completions, 5)));
     props::extract_text(tokens);
     assert_eq!(props::oracle(br#"{"model":1,"prompt":"x"}"#), None); // Malformed
-    props::extract_text(br#"{"model":null,"prompt":"x"}"#); // known difference: skipped
+                                                                     // Python's reading: null is absent, the last duplicate wins, keys are unescaped
+    assert_eq!(
+        props::oracle(br#"{"model":null,"prompt":"xy"}"#),
+        Some((BodyKind::Completions, 2))
+    );
+    let dup = br#"{"m\u0065ssages":[{"content":"first"}],"messages":[{"content":"second!"}]}"#;
+    assert_eq!(props::oracle(dup), Some((BodyKind::Chat, 7)));
+    // a prompt field twice in one message is refused; media are digests, not text
+    assert_eq!(
+        props::oracle(br#"{"messages":[{"content":"a","content":"b"}]}"#),
+        None
+    );
+    let media =
+        br#"{"messages":[{"content":[{"image_url":{"url":"A","detail":"low"}},{"text":"x"}]}]}"#;
+    assert_eq!(props::oracle(media), Some((BodyKind::Chat, 1)));
+    for body in [&br#"{"model":null,"prompt":"xy"}"#[..], dup, media] {
+        props::extract_text(body);
+    }
 }

@@ -4,8 +4,8 @@
 //! (non-streaming, see [`crate::responses`]), `GET /v1/models`,
 //! `GET /health`, `GET /metrics`, `GET /version`, `GET /debug/requests[?since=SEQ]`,
 //! `DELETE /debug/requests`, `POST /admin/fail?mode=none|503|hang|die`,
-//! `POST /admin/reset-cache`, `GET /admin/state`, `POST /admin/metrics-override`. Anything else: 404 JSON error (405 for a
-//! known path with the wrong method). Every response carries `x-replica-id`.
+//! `POST /admin/reset-cache`, `GET /admin/state`, `POST /admin/metrics-override`. Anything
+//! else: 404 JSON error (405 for a known path with the wrong method). Every response carries `x-replica-id`.
 //!
 //! Failure modes apply to every path except `/admin/*` and `/debug/*` (so a test can always
 //! observe and flip a replica): `503` answers 503, `hang` never answers, `die` exits the process.

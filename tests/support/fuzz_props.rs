@@ -8,19 +8,15 @@
 //!   except for the scanner's documented leniencies ([`lenient_only`]).
 //! - [`extract_text`]: [`extract`] gives the same kind, scoping fields and prefix hashes as an
 //!   oracle that builds the text from serde_json's parse with the rules of `src/extract.rs`
-//!   (`walk_text` in `src/json.rs`), except for the known differences ([`known_difference`]).
+//!   (`walk_text` in `src/json.rs`), reading the body as Python's `json` does.
 //! - [`config`]: `Config::from_json` never panics and accepts only valid JSON.
 //! - [`prometheus`]: `engine::parse_metrics` never panics, its output keeps the documented
 //!   bounds, and `encode`/`decode` round-trip (decode accepts only what encode writes).
 //!
-//! Known differences (documented, not failures):
-//! - the scanner checks numbers and literals by character class (`01`, `1.2.3`, `+1` pass),
-//!   passes invalid UTF-8 through and decodes a lone surrogate escape to U+FFFD (src/json.rs);
-//! - nesting deeper than [`prefix_router::json::MAX_DEPTH`] / serde_json's 128 limit;
-//! - duplicate top-level routing fields (first wins in the scanner, last in serde_json and
-//!   Python), escaped keys (`"m\u0065ssages"` is not matched) and `null` scoping fields
-//!   (`"model": null` is refused): the `hostile` work on issue 8 changes these rules, so the
-//!   oracle skips such bodies instead of encoding either rule.
+//! Known differences (documented, not failures): the scanner checks numbers and literals by
+//! character class (`01`, `1.2.3`, `+1` pass), passes invalid UTF-8 through and decodes a lone
+//! surrogate escape to U+FFFD (src/json.rs); nesting near the depth limit
+//! ([`prefix_router::json::MAX_DEPTH`], serde_json's 128) is skipped.
 
 #![allow(dead_code, clippy::expect_used, clippy::panic, clippy::unwrap_used)]
 
@@ -31,9 +27,10 @@ use prefix_router::extract::{extract, raw_prefix, BodyKind};
 use prefix_router::hash::PrefixHasher;
 use prefix_router::json::{Scanner, ELEMENT_END};
 use prefix_router::Config;
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// A property over arbitrary bytes.
 pub type Property = fn(&[u8]);
@@ -193,39 +190,8 @@ pub fn json_scanner(b: &[u8]) {
 // ---------------------------------------------------------------------------------------------
 // Extraction oracle
 
-/// An object key, and whether it was written with escapes.
-struct Key {
-    text: String,
-    escaped: bool,
-}
-
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Key;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Key, E> {
-                Ok(Key {
-                    text: s.to_string(),
-                    escaped: false,
-                })
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Key, E> {
-                Ok(Key {
-                    text: s.to_string(),
-                    escaped: true,
-                })
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-/// The members of an object in document order, duplicates kept, values raw.
-struct Members<'a>(Vec<(Key, &'a RawValue)>);
+/// The members of an object in document order, duplicates kept, keys unescaped, values raw.
+struct Members<'a>(Vec<(String, &'a RawValue)>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -237,7 +203,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Members<'a>, A::Error> {
                 let mut out = Vec::new();
-                while let Some(kv) = m.next_entry::<Key, &'de RawValue>()? {
+                while let Some(kv) = m.next_entry::<String, &'de RawValue>()? {
                     out.push(kv);
                 }
                 Ok(Members(out))
@@ -247,8 +213,12 @@ impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
     }
 }
 
-const TEXT_FIELDS: &[&str] = &["content", "text", "output", "input"];
-const MEDIA_FIELDS: &[&str] = &[
+/// Object fields walked inside prompt values: the first four are text, the rest media.
+const PROMPT_FIELDS: &[&str] = &[
+    "content",
+    "text",
+    "output",
+    "input",
     "image_url",
     "input_audio",
     "file",
@@ -257,29 +227,49 @@ const MEDIA_FIELDS: &[&str] = &[
     "video_url",
     "file_id",
 ];
+const TEXT_FIELDS: usize = 4;
 /// Separator between `instructions` and `input` (src/extract.rs `FIELD_END`).
 const FIELD_END: &[u8] = b"\x1d";
 
-/// True when any object key in `raw` (at any depth) was written with escapes.
-fn escaped_keys(raw: &RawValue) -> bool {
+/// A prompt field repeated inside one object: `extract` refuses the body (`Malformed`).
+struct Repeated;
+
+/// The spelling-independent digest of a media value (src/json.rs `media_digest`): strings
+/// hash their unescaped bytes, arrays chain their elements' digests in order, objects add up
+/// one hash per member (order-independent), scalars hash their text with seed 1.
+fn media_digest(raw: &RawValue) -> u64 {
     let t = raw.get();
     match t.as_bytes().first() {
+        Some(b'"') => xxh3_64(
+            serde_json::from_str::<String>(t)
+                .expect("string")
+                .as_bytes(),
+        ),
         Some(b'[') => serde_json::from_str::<Vec<&RawValue>>(t)
-            .map(|v| v.iter().any(|r| escaped_keys(r)))
-            .unwrap_or(true),
+            .expect("array")
+            .iter()
+            .fold(u64::from(b'['), |acc, v| {
+                xxh3_64_with_seed(&media_digest(v).to_le_bytes(), acc)
+            }),
         Some(b'{') => serde_json::from_str::<Members>(t)
-            .map(|m| m.0.iter().any(|(k, v)| k.escaped || escaped_keys(v)))
-            .unwrap_or(true),
-        _ => false,
+            .expect("object")
+            .0
+            .iter()
+            .fold(u64::from(b'{'), |acc, (k, v)| {
+                let kd = xxh3_64(k.as_bytes());
+                acc.wrapping_add(xxh3_64_with_seed(&media_digest(v).to_le_bytes(), kd))
+            }),
+        _ => xxh3_64_with_seed(t.as_bytes(), 1),
     }
 }
 
 /// `walk_text`'s rules on serde_json's parse: strings are text, integer tokens their digits
-/// and a space marker, arrays each element then `element_end`, objects their text fields
-/// (media fields as raw-JSON markers); other values nothing.
-fn walk(raw: &RawValue, h: &mut PrefixHasher, element_end: &[u8]) {
+/// and a space marker, arrays each element then `element_end`, objects their text fields and
+/// the digests of their media fields (a prompt field twice in one object is [`Repeated`]);
+/// other values nothing. Nothing is looked at once the budget is spent.
+fn walk(raw: &RawValue, h: &mut PrefixHasher, element_end: &[u8]) -> Result<(), Repeated> {
     if h.is_full() {
-        return;
+        return Ok(());
     }
     let t = raw.get();
     match t.as_bytes().first() {
@@ -289,16 +279,23 @@ fn walk(raw: &RawValue, h: &mut PrefixHasher, element_end: &[u8]) {
         }
         Some(b'[') => {
             for item in serde_json::from_str::<Vec<&RawValue>>(t).expect("valid array") {
-                walk(item, h, b"");
+                walk(item, h, b"")?;
                 h.push_marker(element_end);
             }
         }
         Some(b'{') => {
+            let mut seen = [false; PROMPT_FIELDS.len()];
             for (k, v) in serde_json::from_str::<Members>(t).expect("valid object").0 {
-                if TEXT_FIELDS.contains(&k.text.as_str()) {
-                    walk(v, h, b"");
-                } else if MEDIA_FIELDS.contains(&k.text.as_str()) {
-                    h.push_marker(v.get().as_bytes());
+                let Some(i) = PROMPT_FIELDS.iter().position(|f| *f == k) else {
+                    continue;
+                };
+                if std::mem::replace(&mut seen[i], true) {
+                    return Err(Repeated);
+                }
+                if i < TEXT_FIELDS {
+                    walk(v, h, b"")?;
+                } else {
+                    h.push_marker(&media_digest(v).to_le_bytes());
                 }
             }
         }
@@ -309,62 +306,42 @@ fn walk(raw: &RawValue, h: &mut PrefixHasher, element_end: &[u8]) {
             }
         }
     }
+    Ok(())
 }
 
-/// Why a valid body is outside the oracle's rules (see the module doc), if it is.
-fn known_difference(members: &Members<'_>) -> Option<&'static str> {
-    const ROUTED: [&str; 7] = [
-        "model",
-        "cache_salt",
-        "prompt_cache_key",
-        "messages",
-        "prompt",
-        "instructions",
-        "input",
-    ];
-    for (i, (k, v)) in members.0.iter().enumerate() {
-        if k.escaped || escaped_keys(v) {
-            return Some("escaped key");
-        }
-        if ROUTED.contains(&k.text.as_str()) && members.0[..i].iter().any(|(p, _)| p.text == k.text)
-        {
-            return Some("duplicate routing field");
-        }
-        if ROUTED[..3].contains(&k.text.as_str()) && v.get() == "null" {
-            return Some("null scoping field");
-        }
-    }
-    None
-}
+type Want = (
+    BodyKind,
+    prefix_router::hash::PrefixHashes,
+    [Option<String>; 3],
+);
 
-/// What `extract` must return for a valid JSON object body, or `None` when the body is a
-/// known difference. `Err(())` = `Malformed`.
-#[allow(clippy::type_complexity)]
-fn expected(
-    body: &str,
-    limit: usize,
-    block: usize,
-) -> Option<
-    Result<
-        (
-            BodyKind,
-            prefix_router::hash::PrefixHashes,
-            [Option<String>; 3],
-        ),
-        (),
-    >,
-> {
+/// What `extract` must return for a body serde_json reads as an object, read the way Python's
+/// `json` does (vLLM, SGLang): keys unescaped, the last of duplicate top-level fields wins,
+/// `null` is absent. `Err(())` = `Malformed`.
+fn expected(body: &str, limit: usize, block: usize) -> Option<Result<Want, ()>> {
     let m: Members = serde_json::from_str(body).ok()?;
-    if known_difference(&m).is_some() {
-        return None;
+    let last = |name: &str| {
+        m.0.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| *v)
+            .filter(|v| v.get() != "null")
+    };
+    // Every `messages` member is walked while the body is scanned (a later one restarts the
+    // hasher): a repeated prompt field in any of them is refused.
+    let mut h = PrefixHasher::new(limit, block);
+    for (_, v) in m.0.iter().filter(|(k, _)| k == "messages") {
+        h = PrefixHasher::new(limit, block);
+        if walk(v, &mut h, ELEMENT_END).is_err() {
+            return Some(Err(()));
+        }
     }
-    let get = |name: &str| m.0.iter().find(|(k, _)| k.text == name).map(|(_, v)| *v);
     let mut scoping: [Option<String>; 3] = [None, None, None];
     for (slot, name) in scoping
         .iter_mut()
         .zip(["model", "cache_salt", "prompt_cache_key"])
     {
-        if let Some(v) = get(name) {
+        if let Some(v) = last(name) {
             match serde_json::from_str::<String>(v.get()) {
                 Ok(s) => *slot = Some(s),
                 Err(_) => return Some(Err(())),
@@ -374,30 +351,33 @@ fn expected(
     for (name, allowed) in [
         ("messages", "["),
         ("prompt", "\"["),
-        ("instructions", "\"n"),
+        ("instructions", "\""),
         ("input", "\"["),
     ] {
-        if let Some(c) = get(name).and_then(|v| v.get().bytes().next()) {
+        if let Some(c) = last(name).and_then(|v| v.get().bytes().next()) {
             if !allowed.as_bytes().contains(&c) {
                 return Some(Err(()));
             }
         }
     }
-    let mut h = PrefixHasher::new(limit, block);
-    let kind = if let Some(msgs) = get("messages") {
-        walk(msgs, &mut h, ELEMENT_END);
+    let kind = if last("messages").is_some() {
         BodyKind::Chat
-    } else if get("instructions").is_some() || get("input").is_some() {
-        if let Some(i) = get("instructions") {
-            walk(i, &mut h, ELEMENT_END);
-        }
-        h.push_marker(FIELD_END);
-        if let Some(i) = get("input") {
-            walk(i, &mut h, ELEMENT_END);
+    } else if last("instructions").is_some() || last("input").is_some() {
+        for (i, field) in ["instructions", "input"].into_iter().enumerate() {
+            if i == 1 {
+                h.push_marker(FIELD_END);
+            }
+            if let Some(v) = last(field) {
+                if walk(v, &mut h, ELEMENT_END).is_err() {
+                    return Some(Err(()));
+                }
+            }
         }
         BodyKind::Responses
-    } else if let Some(p) = get("prompt") {
-        walk(p, &mut h, ELEMENT_END);
+    } else if let Some(p) = last("prompt") {
+        if walk(p, &mut h, ELEMENT_END).is_err() {
+            return Some(Err(()));
+        }
         BodyKind::Completions
     } else {
         return Some(Ok((
