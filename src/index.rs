@@ -77,6 +77,21 @@ pub trait SlotStore {
     fn set(&mut self, slot: u32, value: SlotValue);
 }
 
+/// Write the shared-data key of `slot` under `prefix` into `buf`:
+/// `<prefix>i/<slot in lower-case hex>` (the same text as
+/// `format!("{prefix}i/{slot:x}")`), reusing `buf`'s allocation; O(key length),
+/// no allocation once `buf` has grown to the longest key.
+pub fn slot_key_into(buf: &mut String, prefix: &str, slot: u32) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    buf.clear();
+    buf.push_str(prefix);
+    buf.push_str("i/");
+    let digits = (u32::BITS - slot.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        buf.push(char::from(HEX[((slot >> (4 * i)) & 0xf) as usize]));
+    }
+}
+
 /// In-memory slot table (tests, simulator). Counts gets and sets.
 #[derive(Debug, Clone)]
 pub struct VecStore {
@@ -500,6 +515,27 @@ mod tests {
                 h
             })
             .collect()
+    }
+
+    #[test]
+    fn slot_keys_match_the_formatted_form() {
+        let mut buf = String::new();
+        for slot in [
+            0u32,
+            1,
+            9,
+            10,
+            15,
+            16,
+            255,
+            4096,
+            65535,
+            0xdead_beef,
+            u32::MAX,
+        ] {
+            slot_key_into(&mut buf, "prefix_router/p/00ff/", slot);
+            assert_eq!(buf, format!("prefix_router/p/00ff/i/{slot:x}"));
+        }
     }
 
     #[test]

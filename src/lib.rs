@@ -12,10 +12,12 @@
 //!   selection), [`index`] (direct-mapped index of recently routed blocks),
 //!   [`affinity`] (longest known prefix, cost-aware spill), [`cost`] (prices
 //!   learned from observed TTFT), [`decision`] (the reason of every decision),
-//!   [`router`] (the facade), [`usage`] (what the engine delivered, read
-//!   from the response as it passes), [`feedback`] (the index corrected by
-//!   what was delivered), [`responses`] (Responses API conversations pinned
-//!   to the replica that stores them);
+//!   [`router`] (the facade), [`engine`] (load the replicas report in their
+//!   Prometheus metrics: vLLM, SGLang, llama.cpp), [`usage`] (what the engine
+//!   delivered, read from the response as it passes), [`feedback`] (the index
+//!   corrected by what was delivered), [`responses`] (Responses API
+//!   conversations pinned to the replica that stores them), [`peers`] (index
+//!   writes exchanged between gateway Envoys);
 //! - a **thin proxy-wasm adapter** (`filter`, only on `wasm32-wasip1`) that
 //!   buffers the body, keeps per-host in-flight counts and the prefix index in
 //!   shared data, sets the `override_host` header and counts every decision in
@@ -41,15 +43,18 @@
 #![warn(missing_docs)]
 
 pub mod affinity;
+pub mod cluster;
 pub mod config;
 pub mod cost;
 pub mod decision;
+pub mod engine;
 pub mod extract;
 pub mod feedback;
 pub mod hash;
 pub mod index;
 pub mod json;
 pub mod paths;
+pub mod peers;
 pub mod responses;
 pub mod ring;
 pub mod router;

@@ -14,7 +14,12 @@
 //!
 //! Cost: build O(N·V log(N·V)); lookup O(log(N·V)); a full candidate walk
 //! visits points until every endpoint has been seen (O(N·V) worst case, a few
-//! points per distinct endpoint in practice).
+//! points per distinct endpoint in practice). A walk allocates nothing: up to
+//! [`SMALL_RING`] endpoints it marks the yielded ones in an inline bitset;
+//! beyond, it keeps the first [`INLINE_SEEN`] in an inline array (searched
+//! linearly) and only a walk that goes further builds a bitset of N bits.
+//! Routing decisions stop after a few candidates, so their cost does not
+//! depend on N.
 
 use crate::hash::hash_id;
 
@@ -75,19 +80,71 @@ impl HashRing {
             ring: self,
             pos: start,
             visited: 0,
-            seen: vec![0u64; self.endpoints.div_ceil(64)],
+            small: [0; SMALL_RING / 64],
+            first: [0; INLINE_SEEN],
+            seen: Vec::new(),
             yielded: 0,
         }
     }
 }
+
+/// Largest ring whose walks mark yielded endpoints in an inline bitset.
+pub const SMALL_RING: usize = 256;
+
+/// On larger rings: endpoints a walk remembers inline before it needs a
+/// heap bitset.
+pub const INLINE_SEEN: usize = 16;
 
 /// Iterator over distinct endpoints in ring order; see [`HashRing::candidates`].
 pub struct Candidates<'r> {
     ring: &'r HashRing,
     pos: usize,
     visited: usize,
+    /// Rings of at most [`SMALL_RING`] endpoints: bitset of those yielded.
+    small: [u64; SMALL_RING / 64],
+    /// Larger rings: the first [`INLINE_SEEN`] endpoints yielded, in order.
+    first: [u32; INLINE_SEEN],
+    /// Bitset of every endpoint yielded; built only once more than
+    /// [`INLINE_SEEN`] were (empty before).
     seen: Vec<u64>,
     yielded: usize,
+}
+
+impl Candidates<'_> {
+    fn is_seen(&self, e: u32) -> bool {
+        if self.ring.endpoints <= SMALL_RING {
+            let (word, bit) = (e as usize / 64, 1u64 << (e % 64));
+            self.small.get(word).is_some_and(|w| w & bit != 0)
+        } else if self.yielded <= INLINE_SEEN {
+            self.first.iter().take(self.yielded).any(|&x| x == e)
+        } else {
+            let (word, bit) = (e as usize / 64, 1u64 << (e % 64));
+            self.seen.get(word).is_some_and(|w| w & bit != 0)
+        }
+    }
+
+    fn mark(&mut self, e: u32) {
+        if self.ring.endpoints <= SMALL_RING {
+            Self::set_bit(&mut self.small, e);
+        } else if let Some(slot) = self.first.get_mut(self.yielded) {
+            *slot = e;
+        } else {
+            if self.seen.is_empty() {
+                self.seen = vec![0u64; self.ring.endpoints.div_ceil(64)];
+                for x in self.first {
+                    Self::set_bit(&mut self.seen, x);
+                }
+            }
+            Self::set_bit(&mut self.seen, e);
+        }
+        self.yielded += 1;
+    }
+
+    fn set_bit(seen: &mut [u64], e: u32) {
+        if let Some(w) = seen.get_mut(e as usize / 64) {
+            *w |= 1u64 << (e % 64);
+        }
+    }
 }
 
 impl Iterator for Candidates<'_> {
@@ -95,12 +152,10 @@ impl Iterator for Candidates<'_> {
     fn next(&mut self) -> Option<usize> {
         let n = self.ring.points.len();
         while self.yielded < self.ring.endpoints && self.visited < n {
-            let (_, e) = self.ring.points[(self.pos + self.visited) % n];
+            let &(_, e) = self.ring.points.get((self.pos + self.visited) % n)?;
             self.visited += 1;
-            let (word, bit) = (e as usize / 64, 1u64 << (e % 64));
-            if self.seen[word] & bit == 0 {
-                self.seen[word] |= bit;
-                self.yielded += 1;
+            if !self.is_seen(e) {
+                self.mark(e);
                 return Some(e as usize);
             }
         }
@@ -188,6 +243,22 @@ mod tests {
             assert_eq!(s, vec![0, 1, 2, 3, 4]);
         }
         assert!(HashRing::build::<String>(&[], 8).owner(1).is_none());
+    }
+
+    #[test]
+    fn long_walks_past_the_inline_set_stay_distinct_and_complete() {
+        // More endpoints than the inline set: the walk switches to the bitset
+        // and must still yield each endpoint exactly once.
+        let eps = names(SMALL_RING + INLINE_SEEN * 5 + 3);
+        let ring = HashRing::build(&eps, 16);
+        for k in 0..20u64 {
+            let c: Vec<usize> = ring.candidates(hash_id(&k.to_le_bytes())).collect();
+            let mut s = c.clone();
+            s.sort();
+            s.dedup();
+            assert_eq!(c.len(), eps.len());
+            assert_eq!(s, (0..eps.len()).collect::<Vec<_>>());
+        }
     }
 
     #[test]

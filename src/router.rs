@@ -15,6 +15,7 @@ use crate::hash::{mix, seed, BLOCK_UNITS};
 use crate::index::{IndexConfig, Known, PrefixIndex, SlotStore};
 use crate::ring::HashRing;
 use crate::select::{bounded, by_ticket, least_request, Bounds, Loads};
+use std::borrow::Cow;
 
 /// What the host knows about the request body.
 #[derive(Debug, Clone, Copy)]
@@ -270,6 +271,17 @@ impl Router {
     /// Compute the key. `header_id` is the affinity header's value, if the
     /// header is configured and present; it wins over `prompt_cache_key`.
     pub fn key(&self, body: Body<'_>, header_id: Option<&[u8]>) -> RoutingKey {
+        self.key_and_model(body, header_id).0
+    }
+
+    /// [`Router::key`] and the body's `model` (a LoRA adapter name, maybe),
+    /// from the same single pass over the body; borrowed from the body unless
+    /// it had escapes (no allocation per request).
+    pub fn key_and_model<'b>(
+        &self,
+        body: Body<'b>,
+        header_id: Option<&[u8]>,
+    ) -> (RoutingKey, Option<Cow<'b, str>>) {
         let limit = self.config.prefix_length;
         let (source, prefix, model, salt, body_id) = match body {
             Body::None => (KeySource::None, Default::default(), None, None, None),
@@ -313,23 +325,29 @@ impl Router {
             } else {
                 source
             };
-            return RoutingKey {
+            let k = RoutingKey {
                 key,
                 blocks: Vec::new(),
                 units: 0,
                 source,
                 routing_id,
             };
+            return (k, model);
         }
         let key = prefix.last().map(|h| mix(h, s));
-        let blocks = prefix.blocks.iter().map(|&h| mix(h, s)).collect();
-        RoutingKey {
+        // Seeded in place: the hasher's vector becomes the key's (no copy).
+        let mut blocks = prefix.blocks;
+        for b in &mut blocks {
+            *b = mix(*b, s);
+        }
+        let k = RoutingKey {
             key,
             blocks,
             units: prefix.units,
             source,
             routing_id,
-        }
+        };
+        (k, model)
     }
 
     /// Choose the replica. `ticket` is a random number (`random`) or a rotating

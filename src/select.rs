@@ -16,8 +16,9 @@
 //! the primary, so a retry after a dead primary goes where the key would go if
 //! the primary were removed from the ring.
 //!
-//! Cost: O(N) to sum the loads plus the candidate walk; no allocation beyond the
-//! ring iterator's bitset.
+//! Cost: O(N) to sum the loads plus the candidate walk (which continues past
+//! the primary to find the secondary, so the ring is walked once); no
+//! allocation (see [`crate::ring`] for the walk's inline seen-set).
 
 use crate::decision::{Branch, Decision};
 use crate::ring::HashRing;
@@ -64,12 +65,31 @@ impl<'a> Loads<'a> {
         }
     }
 
-    fn mean(&self, n: usize) -> f64 {
-        let (mut total, mut count) = (0u64, 0u64);
-        for i in (0..n).filter(|&i| self.is_available(i)) {
-            total += u64::from(self.of(i));
-            count += 1;
+    /// Sum of the in-flight counts of the available endpoints among the
+    /// first `n`, and how many are available. O(N): a plain slice sum (which
+    /// the compiler vectorises) when every endpoint is available.
+    pub fn total(&self, n: usize) -> (u64, u64) {
+        match self.available {
+            None => {
+                let counts = self
+                    .in_flight
+                    .get(..n.min(self.in_flight.len()))
+                    .unwrap_or(&[]);
+                (counts.iter().map(|&l| u64::from(l)).sum(), n as u64)
+            }
+            Some(_) => {
+                let (mut total, mut count) = (0u64, 0u64);
+                for i in (0..n).filter(|&i| self.is_available(i)) {
+                    total += u64::from(self.of(i));
+                    count += 1;
+                }
+                (total, count)
+            }
         }
+    }
+
+    fn mean(&self, n: usize) -> f64 {
+        let (total, count) = self.total(n);
         if count == 0 {
             0.0
         } else {
@@ -115,16 +135,21 @@ pub fn bounded(ring: &HashRing, key: u64, loads: Loads<'_>, bounds: Bounds) -> D
         None => (least.unwrap_or(0), Branch::LeastLoaded),
     };
     // Secondary: the next available replica after the primary in ring order.
-    let secondary = ring
-        .candidates(key)
-        .skip_while(|&c| c != primary)
-        .skip(1)
-        .find(|&c| loads.is_available(c))
-        .or_else(|| {
-            ring.candidates(key)
-                .take_while(|&c| c != primary)
-                .find(|&c| loads.is_available(c))
-        });
+    // When the walk stopped at the primary it continues from there; otherwise
+    // (least loaded) walk again up to it, then wrap around.
+    let after = match chosen {
+        Some(_) => walk.find(|&c| loads.is_available(c)),
+        None => ring
+            .candidates(key)
+            .skip_while(|&c| c != primary)
+            .skip(1)
+            .find(|&c| loads.is_available(c)),
+    };
+    let secondary = after.or_else(|| {
+        ring.candidates(key)
+            .take_while(|&c| c != primary)
+            .find(|&c| loads.is_available(c))
+    });
     Decision {
         primary,
         secondary,
@@ -167,25 +192,27 @@ pub fn least_request(n: usize, loads: Loads<'_>, start: u64, branch: Branch) -> 
 }
 
 /// The `ticket`-th available replica (random when `ticket` is random, round
-/// robin when it is a counter). Secondary: the next available one.
+/// robin when it is a counter). Secondary: the next available one. O(N), no
+/// allocation.
 pub fn by_ticket(n: usize, loads: Loads<'_>, ticket: u64, branch: Branch) -> Decision {
     let loads = loads.effective(n);
-    let avail: Vec<usize> = (0..n).filter(|&i| loads.is_available(i)).collect();
-    if avail.is_empty() {
+    let avail = || (0..n).filter(move |&i| loads.is_available(i));
+    let count = avail().count();
+    if count == 0 {
         return Decision {
             primary: 0,
             secondary: None,
             branch,
         };
     }
-    let k = (ticket % avail.len() as u64) as usize;
-    let secondary = if avail.len() > 1 {
-        Some(avail[(k + 1) % avail.len()])
+    let k = (ticket % count as u64) as usize;
+    let secondary = if count > 1 {
+        avail().nth((k + 1) % count)
     } else {
         None
     };
     Decision {
-        primary: avail[k],
+        primary: avail().nth(k).unwrap_or(0),
         secondary,
         branch,
     }

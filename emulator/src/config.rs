@@ -112,6 +112,22 @@ pub struct EmulatorArgs {
     /// LoRA adapters served besides the base model, comma separated (e.g. `a,b`).
     #[arg(long, value_delimiter = ',')]
     pub lora_adapters: Vec<String>,
+    /// LoRA adapter slots: 0 = every `--lora-adapters` entry resident, free; N > 0 = at most N
+    /// resident (LRU), loading one costs `--lora-load-ms` on the request's TTFT.
+    #[arg(long, default_value_t = 0)]
+    pub max_loras: usize,
+    /// Time to load a LoRA adapter into a slot, in milliseconds (with `--max-loras N > 0`).
+    #[arg(long, default_value_t = 200.0)]
+    pub lora_load_ms: f64,
+    /// Report this many waiting requests in `/metrics` instead of the real count (tests).
+    #[arg(long)]
+    pub report_waiting: Option<f64>,
+    /// Report this many running requests in `/metrics` instead of the real count (tests).
+    #[arg(long)]
+    pub report_running: Option<f64>,
+    /// Report this KV usage (0..1) in `/metrics` instead of the real one (tests).
+    #[arg(long)]
+    pub report_kv_usage: Option<f64>,
     /// Failure mode at start: none | 503 | hang | die.
     #[arg(long, default_value = "none")]
     pub fail: FailMode,

@@ -270,7 +270,12 @@ pub async fn run(emu: Arc<Emulator>, job: Job, sink: Option<mpsc::Sender<Bytes>>
         };
         m.prompt_tokens.fetch_add(n as u64, Relaxed);
         let uncached = n - out.cached_tokens;
-        let us = cfg.prefill_overhead_ms * 1e3 + uncached as f64 * cfg.prefill_us_per_token;
+        let mut us = cfg.prefill_overhead_ms * 1e3 + uncached as f64 * cfg.prefill_us_per_token;
+        if let Some(l) = &job.lora {
+            if lock(&emu.lora).touch(l) {
+                us += cfg.lora_load_ms.max(0.0) * 1e3; // adapter load (see `lora`)
+            }
+        }
         if us > 0.0 {
             tokio::time::sleep(Duration::from_micros(us as u64)).await;
         }

@@ -104,7 +104,11 @@ pub struct Snapshot<'a> {
     pub block_tokens: usize,
     pub cache_blocks: usize,
     pub max_running: usize,
-    pub lora_adapters: &'a [String],
+    /// Resident LoRA adapters (`running_lora_adapters`) and the slot count (`max_lora`).
+    pub lora_resident: &'a [String],
+    pub max_lora: usize,
+    /// Reported values that replace the live ones (see [`crate::overrides`]).
+    pub overrides: crate::overrides::Overrides,
     pub kv_usage: f64,
     pub cached_blocks: usize,
     pub cache: CacheStats,
@@ -115,6 +119,11 @@ fn esc(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// The override if set, else the live value.
+fn reported(over: Option<f64>, live: f64) -> String {
+    over.unwrap_or(live).to_string()
 }
 
 fn active(map: &Mutex<BTreeMap<String, i64>>) -> String {
@@ -153,25 +162,25 @@ impl Metrics {
             &mut o,
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",
-            self.running.load(Relaxed).to_string(),
+            reported(s.overrides.running, self.running.load(Relaxed) as f64),
         );
         gauge(
             &mut o,
             "vllm:num_requests_waiting",
             "Number of requests waiting to be processed.",
-            self.waiting.load(Relaxed).to_string(),
+            reported(s.overrides.waiting, self.waiting.load(Relaxed) as f64),
         );
         gauge(
             &mut o,
             "vllm:kv_cache_usage_perc",
             "KV-cache usage. 1 means 100 percent usage.",
-            format!("{}", s.kv_usage),
+            reported(s.overrides.kv_usage, s.kv_usage),
         );
         gauge(
             &mut o,
             "vllm:gpu_cache_usage_perc",
             "GPU KV-cache usage (deprecated name, same value).",
-            format!("{}", s.kv_usage),
+            reported(s.overrides.kv_usage, s.kv_usage),
         );
         let counter = |o: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(
@@ -237,8 +246,8 @@ impl Metrics {
                 o,
                 "# HELP {name} Running stats on lora requests.\n# TYPE {name} gauge\n\
                  {name}{{max_lora=\"{}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"}} {}",
-                s.lora_adapters.len(),
-                esc(&s.lora_adapters.join(",")),
+                s.max_lora,
+                esc(&s.lora_resident.join(",")),
                 esc(&active(&self.lora_waiting)),
                 s.uptime_s
             );

@@ -4,8 +4,8 @@
 //! (non-streaming, see [`crate::responses`]), `GET /v1/models`,
 //! `GET /health`, `GET /metrics`, `GET /version`, `GET /debug/requests[?since=SEQ]`,
 //! `DELETE /debug/requests`, `POST /admin/fail?mode=none|503|hang|die`,
-//! `POST /admin/reset-cache`, `GET /admin/state`. Anything else: 404 JSON error (405 for a
-//! known path with the wrong method). Every response carries `x-replica-id`.
+//! `POST /admin/reset-cache`, `GET /admin/state`, `POST /admin/metrics-override`. Anything
+//! else: 404 JSON error (405 for a known path with the wrong method). Every response carries `x-replica-id`.
 //!
 //! Failure modes apply to every path except `/admin/*` and `/debug/*` (so a test can always
 //! observe and flip a replica): `503` answers 503, `hang` never answers, `die` exits the process.
@@ -38,7 +38,9 @@ use crate::config::{EmulatorArgs, FailMode};
 use crate::debuglog::{DebugLog, Record};
 use crate::generate::{self, Format, Job, Outcome};
 use crate::lock;
+use crate::lora::LoraSlots;
 use crate::metrics::Snapshot;
+use crate::overrides::Overrides;
 use crate::prompt::{self, Api};
 
 /// Largest request body read (the brief asks for no limit below 64 MiB).
@@ -52,6 +54,9 @@ pub struct Emulator {
     pub metrics: crate::metrics::Metrics,
     pub slots: Arc<Semaphore>,
     pub prefill_lanes: Option<Arc<Semaphore>>,
+    /// Resident LoRA adapters (see [`crate::lora`]).
+    pub lora: Mutex<LoraSlots>,
+    overrides: Mutex<Overrides>,
     /// Stored `/v1/responses` of this instance (vLLM keeps them per instance).
     pub responses: Mutex<crate::responses::ResponseStore>,
     fail: AtomicU8,
@@ -74,6 +79,12 @@ impl Emulator {
                     cfg.prefill_lanes.min(Semaphore::MAX_PERMITS),
                 ))
             }),
+            lora: Mutex::new(LoraSlots::new(cfg.max_loras, &cfg.lora_adapters)),
+            overrides: Mutex::new(Overrides {
+                waiting: cfg.report_waiting,
+                running: cfg.report_running,
+                kv_usage: cfg.report_kv_usage,
+            }),
             responses: Mutex::default(),
             fail: AtomicU8::new(cfg.fail.to_u8()),
             debug: Mutex::new(DebugLog::default()),
@@ -92,13 +103,16 @@ impl Emulator {
             let c = lock(&self.cache);
             (c.usage(), c.cached_blocks(), c.stats())
         };
+        let lora = lock(&self.lora).clone();
         self.metrics.render(&Snapshot {
             model: &self.cfg.model,
             id: &self.id,
             block_tokens: self.cfg.block_tokens,
             cache_blocks: self.cfg.cache_blocks,
             max_running: self.cfg.max_running,
-            lora_adapters: &self.cfg.lora_adapters,
+            lora_resident: lora.resident(),
+            max_lora: lora.max_lora(),
+            overrides: *lock(&self.overrides),
             kv_usage,
             cached_blocks,
             cache: stats,
@@ -308,6 +322,7 @@ async fn route(emu: &Arc<Emulator>, req: Request<Incoming>) -> Resp {
             json_resp(StatusCode::OK, &json!({"id": emu.id, "reset": true}))
         }
         (&Method::GET, "/admin/state") => json_resp(StatusCode::OK, &state(emu)),
+        (&Method::POST, "/admin/metrics-override") => metrics_override(emu, req).await,
         (
             _,
             "/v1/chat/completions"
@@ -320,7 +335,8 @@ async fn route(emu: &Arc<Emulator>, req: Request<Incoming>) -> Resp {
             | "/debug/requests"
             | "/admin/fail"
             | "/admin/reset-cache"
-            | "/admin/state",
+            | "/admin/state"
+            | "/admin/metrics-override",
         ) => error(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
@@ -375,6 +391,10 @@ fn state(emu: &Emulator) -> Value {
         "max_running": cfg.max_running,
         "prefill_lanes": cfg.prefill_lanes,
         "lora_adapters": cfg.lora_adapters,
+        "max_loras": cfg.max_loras,
+        "lora_resident": lock(&emu.lora).resident(),
+        "lora_loads": lock(&emu.lora).loads(),
+        "metrics_override": lock(&emu.overrides).to_json(),
         "used_blocks": c.used_blocks(),
         "cached_blocks": c.cached_blocks(),
         "kv_usage": c.usage(),
@@ -383,6 +403,29 @@ fn state(emu: &Emulator) -> Value {
         "running": emu.metrics.running.load(Relaxed),
         "waiting": emu.metrics.waiting.load(Relaxed),
     })
+}
+
+/// `POST /admin/metrics-override`: query `?waiting=..&kv_usage=..` or a JSON body; replaces
+/// every override (absent = real value).
+async fn metrics_override(emu: &Emulator, req: Request<Incoming>) -> Resp {
+    let query = req.uri().query().map(str::to_string);
+    let parsed = match query {
+        Some(q) if !q.is_empty() => Overrides::from_query(&q),
+        _ => match Limited::new(req.into_body(), 1 << 16).collect().await {
+            Ok(b) => Overrides::from_json(&b.to_bytes()),
+            Err(e) => Err(format!("could not read the body: {e}")),
+        },
+    };
+    match parsed {
+        Ok(o) => {
+            *lock(&emu.overrides) = o;
+            json_resp(
+                StatusCode::OK,
+                &json!({"id": emu.id, "metrics_override": o.to_json()}),
+            )
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, "BadRequestError", &e),
+    }
 }
 
 /// A request rejected before generation: status, error type, message.

@@ -2,40 +2,24 @@
 //! the JSON summary's hit rate must equal the replica's own counters and the usage it returned,
 //! and `prefix-load table` must print the runs side by side.
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
 
-struct Emu(Child);
-
-impl Drop for Emu {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod support;
+use support::Emu;
 
 fn start_emulator() -> (Emu, u16) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_replica-emulator"))
-        .args(["--host", "127.0.0.1", "--port", "0", "--id", "solo"])
-        .args(["--prefill-us-per-token", "20", "--decode-ms-per-token", "1"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn replica-emulator");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read");
-    let emu = Emu(child);
-    let port = line
-        .trim()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("port");
+    let emu = Emu::start(&[
+        "--id",
+        "solo",
+        "--prefill-us-per-token",
+        "20",
+        "--decode-ms-per-token",
+        "1",
+    ]);
+    let port = emu.port;
     (emu, port)
 }
 

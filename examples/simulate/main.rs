@@ -70,6 +70,11 @@ usage: simulate [options]
   --threads N         worker threads (default 2)
   --ours K=V[,K=V..]  override a parameter of `ours` (see README)
   --json FILE         also write every figure as JSON to FILE ('-' = stdout)
+  --gw-modes M[,M..]  add multi-gateway policies MODE/N[/DELAY] (policies/gateways.rs:
+                      indep, det, peer, truth, eng, anchor, exc, joined by +)
+  --gateways N[,N..]  gateway counts of --gw-modes (default 1,2,4,8)
+  --sync-delay-ms D[,D..]  peer delay / engine scrape period (default 0,50,200,1000)
+  --gw K=V[,K=V..]    gateway knobs (anchor_block, det_choices, scrape_ms, max_pending)
 ";
 
 struct Args {
@@ -90,6 +95,22 @@ struct Args {
     threads: usize,
     ours: OursParams,
     json: Option<String>,
+    gw: GwArgs,
+}
+
+/// Multi-gateway grid (`--gw-modes`, `--gateways`, `--sync-delay-ms`, `--gw`).
+struct GwArgs {
+    modes: Vec<String>,
+    ns: Vec<usize>,
+    delays: Vec<u64>,
+    knobs: policies::gateways::Knobs,
+}
+
+/// Comma-separated numbers.
+fn list<T: std::str::FromStr>(v: &str) -> Result<Vec<T>, String> {
+    v.split(',')
+        .map(|x| x.trim().parse::<T>().map_err(|_| format!("bad number {x}")))
+        .collect()
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -115,6 +136,12 @@ fn parse_args_from(argv: Vec<String>) -> Result<Args, String> {
         threads: 2,
         ours: OursParams::default(),
         json: None,
+        gw: GwArgs {
+            modes: Vec::new(),
+            ns: vec![1, 2, 4, 8],
+            delays: vec![0, 50, 200, 1000],
+            knobs: Default::default(),
+        },
     };
     let mut it = argv.into_iter();
     while let Some(flag) = it.next() {
@@ -163,11 +190,30 @@ fn parse_args_from(argv: Vec<String>) -> Result<Args, String> {
                 }
             }
             "--json" => a.json = Some(val()?),
+            "--gw-modes" => a.gw.modes = val()?.split(',').map(str::to_string).collect(),
+            "--gateways" => a.gw.ns = list(&val()?)?,
+            "--sync-delay-ms" => a.gw.delays = list(&val()?)?,
+            "--gw" => {
+                for kv in val()?.split(',') {
+                    let (k, v) = kv
+                        .split_once('=')
+                        .ok_or(format!("--gw expects K=V, got {kv}"))?;
+                    a.gw.knobs.set(k, v)?;
+                }
+            }
             other => return Err(format!("unknown option {other}\n{USAGE}")),
         }
     }
     if a.replicas == 0 || a.replicas > 64 {
         return Err("--replicas must be 1..=64".into());
+    }
+    if !a.gw.modes.is_empty() {
+        if a.policies.len() == DEFAULT.len() {
+            a.policies = vec!["ours".into()];
+        }
+        let grid = policies::gateways::grid(&a.gw.modes, &a.gw.ns, &a.gw.delays)?;
+        a.policies.extend(grid);
+        policies::gateways::set_knobs(a.gw.knobs);
     }
     for p in &a.policies {
         policies::resolve(p)?;

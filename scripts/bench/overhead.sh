@@ -9,13 +9,19 @@
 #     listener A (+1) = wasm filter, strategy prefix + router
 #     listener C (+3) = wasm filter, strategy affinity (the shipped default) + router
 #     listener B (+2) = router only
+#     listener N (+11) = floor: no-op proxy-wasm filter + router (scripts/bench/floor, "noop")
+#     listener R (+12) = floor: pause, buffer and read the body, nothing else + router ("read")
+#     listener H (+13) = floor: "read" + the host calls of one affinity request, no routing work
+#       ("hostcalls"; only `./build.sh bench profile` drives it)
+#   The floor filters are a separate bench-only crate built with the same SDK, toolchain and
+#   release profile, so C - R is what routing adds to the least a body-reading filter costs.
 #   wrk (Debian package): closed loop, keep-alive, 1 thread; 1 connection for latency and
 #     8 connections for throughput; bodies from bench/chat-post.lua (64 distinct prefixes)
 # Why --concurrency 1 for the Envoy under test: the machine this was built on has 2 cores that
 # also run wrk and the upstream. One worker keeps the three from fighting over cores (which adds
 # scheduler noise to every listener alike), and the filter's cost is per request on the worker
 # that handles it, so one worker measures it exactly.
-# The listeners run back to back, interleaved in a rotating order (A C B, C B A, B A C, ...) for
+# The listeners run back to back, interleaved in a rotating order (A C B N R, C B N R A, ...) for
 # every body size, so slow drift (other jobs on the machine) hits all alike; each figure is the
 # median over rounds. Besides latency and throughput, the proxy Envoy's CPU time per request
 # (from /proc, with vs without) gives the filter's cost in CPU microseconds, which other jobs on
@@ -23,7 +29,8 @@
 # worker is not saturated).
 # Knobs: OVERHEAD_SECONDS (per run, default 2), OVERHEAD_LAT_ROUNDS (default 5),
 # OVERHEAD_TPUT_ROUNDS (default 2), OVERHEAD_SIZES (bytes, default "1024 16384 65536 262144"),
-# OVERHEAD_TPUT_CONNS (default 8).
+# OVERHEAD_TPUT_CONNS (default 8), OVERHEAD_WASM (the filter .wasm to measure, default the
+# release build: compare two builds without rebuilding).
 
 ensure_wrk() {
   command -v wrk >/dev/null 2>&1 && return 0
@@ -34,6 +41,15 @@ ensure_wrk() {
     sudo apt-get update -qq >&2 && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >&2
   fi
   command -v wrk >/dev/null 2>&1 || { echo "error: wrk is required (apt-get install wrk)" >&2; return 1; }
+}
+
+# build_floor — the bench-only floor filters (scripts/bench/floor) -> $FLOOR_WASM.
+FLOOR_WASM="$ROOT/target/wasm32-wasip1/release/bench_floor.wasm"
+build_floor() {
+  ensure_target wasm32-wasip1
+  log "cargo build --release --target wasm32-wasip1 --manifest-path scripts/bench/floor/Cargo.toml"
+  (cd "$ROOT" && cargo build --release --target wasm32-wasip1 --target-dir "$ROOT/target" \
+    --manifest-path scripts/bench/floor/Cargo.toml >&2)
 }
 
 # cpu_ticks PID — user+system CPU time of a process (all its threads), in clock ticks.
@@ -52,62 +68,81 @@ overhead_wrk() {
   [ -s "$out" ] || { echo "error: wrk wrote no summary to $out" >&2; return 1; }
 }
 
-bench_overhead() {
-  local secs="${OVERHEAD_SECONDS:-2}" lat_rounds="${OVERHEAD_LAT_ROUNDS:-5}"
-  local tput_rounds="${OVERHEAD_TPUT_ROUNDS:-2}" conns="${OVERHEAD_TPUT_CONNS:-8}"
-  local sizes="${OVERHEAD_SIZES:-1024 16384 65536 262144}"
+# overhead_start DIR — render the two Envoy configs into DIR and start them (all five listeners),
+# check every listener answers a chat POST and the filter counted it. Sets OV_ADMIN, OV_A, OV_B,
+# OV_C, OV_N, OV_R, OV_H (listener ports), OV_UP_PID, OV_PX_PID and OV_BEFORE (decisions so far).
+overhead_start() {
+  local dir="$1"
   local base="${BENCH_PORT_BASE:-19400}"
-  local admin=$base a=$((base + 1)) b=$((base + 2)) c=$((base + 3)) up=$((base + 4))
-  local dir="$ROOT/.work/bench/overhead" started=$SECONDS
-  local py; py="$(bench_python)"
-  local ups=() eps=() i
+  OV_ADMIN=$base OV_A=$((base + 1)) OV_B=$((base + 2)) OV_C=$((base + 3)) OV_N=$((base + 11)) OV_R=$((base + 12))
+  OV_H=$((base + 13))
+  local up=$((base + 4)) ups=() eps=() i
   for ((i = 0; i < 7; i++)); do ups+=("UP$((i + 1))=$((up + i))"); eps+=("\"127.0.0.1:$((up + i))\""); done
   local endpoints; endpoints="$(IFS=,; echo "${eps[*]}")"
 
   ensure_wrk
-  [ -f "$WASM" ] || build_wasm
+  local wasm="${OVERHEAD_WASM:-$WASM}" strategy_a=prefix
+  [ -z "${OVERHEAD_COMPARE_WASM:-}" ] || strategy_a=affinity
+  [ -f "$wasm" ] || build_wasm
+  build_floor
   rm -rf "$dir"; mkdir -p "$dir/runs"
-  require_free_ports "$admin" "$a" "$b" "$c" $(seq "$up" $((up + 6)))
+  require_free_ports "$OV_ADMIN" "$OV_A" "$OV_B" "$OV_C" "$OV_N" "$OV_R" "$OV_H" $(seq "$up" $((up + 6)))
 
-  log "overhead: upstream Envoy (direct_response) on :$up-$((up + 6)); Envoy under test: A :$a prefix, C :$c affinity, B :$b no filter"
+  log "overhead: upstream Envoy (direct_response) on :$up-$((up + 6)); Envoy under test: A :$OV_A $strategy_a, C :$OV_C affinity, B :$OV_B no filter, N :$OV_N no-op wasm, R :$OV_R pause+read wasm"
   render "$BENCH_DIR_SELF/overhead-upstream.yaml.tmpl" "$dir/upstream.yaml" "${ups[@]}"
   render "$BENCH_DIR_SELF/overhead-proxy.yaml.tmpl" "$dir/proxy.yaml" "${ups[@]}" \
-    "ADMIN_PORT=$admin" "PORT_A=$a" "PORT_B=$b" "PORT_C=$c" "WASM=$WASM" "ENDPOINTS=$endpoints"
+    "ADMIN_PORT=$OV_ADMIN" "PORT_A=$OV_A" "PORT_B=$OV_B" "PORT_C=$OV_C" "PORT_N=$OV_N" "PORT_R=$OV_R" "PORT_H=$OV_H" \
+    "WASM=$wasm" "FLOOR_WASM=$FLOOR_WASM" "ENDPOINTS=$endpoints" \
+    "WASM_A=${OVERHEAD_COMPARE_WASM:-$wasm}" "STRATEGY_A=$strategy_a"
   start_envoy upstream "$dir/upstream.yaml" "$dir/upstream.log" --concurrency 1
-  local up_pid=$LAST_PID
+  OV_UP_PID=$LAST_PID
   start_envoy proxy "$dir/proxy.yaml" "$dir/proxy.log" --concurrency 1
-  local px_pid=$LAST_PID
-  wait_http "http://127.0.0.1:$up/" 30 "$up_pid" || { tail -20 "$dir/upstream.log" >&2; return 1; }
-  wait_http "http://127.0.0.1:$admin/ready" 30 "$px_pid" || { tail -20 "$dir/proxy.log" >&2; return 1; }
-  wait_http "http://127.0.0.1:$a/" 10 "$px_pid" || { tail -20 "$dir/proxy.log" >&2; return 1; }
+  OV_PX_PID=$LAST_PID
+  wait_http "http://127.0.0.1:$up/" 30 "$OV_UP_PID" || { tail -20 "$dir/upstream.log" >&2; return 1; }
+  wait_http "http://127.0.0.1:$OV_ADMIN/ready" 30 "$OV_PX_PID" || { tail -20 "$dir/proxy.log" >&2; return 1; }
+  wait_http "http://127.0.0.1:$OV_A/" 10 "$OV_PX_PID" || { tail -20 "$dir/proxy.log" >&2; return 1; }
 
   # Sanity: every listener answers 200 to a chat POST, and A and C really ran the filter.
   local l code
-  for l in "$a" "$b" "$c"; do
+  for l in "$OV_A" "$OV_B" "$OV_C" "$OV_N" "$OV_R" "$OV_H"; do
     code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'content-type: application/json' \
       -d '{"model":"m","messages":[{"role":"user","content":"hello"}]}' "http://127.0.0.1:$l/v1/chat/completions")"
     [ "$code" = 200 ] || { echo "error: listener :$l answered $code, expected 200" >&2; tail -20 "$dir/proxy.log" >&2; return 1; }
   done
-  local before; before="$(envoy_stats "$admin" 'wasmcustom.prefix_router.branch' | awk -F': ' '{s+=$2} END{print s+0}')"
-  [ "$before" -ge 2 ] || { echo "error: the filter counted $before decisions for 2 requests on A and C" >&2; return 1; }
+  OV_BEFORE="$(envoy_stats "$OV_ADMIN" 'wasmcustom.prefix_router.branch' | awk -F': ' '{s+=$2} END{print s+0}')"
+  [ "$OV_BEFORE" -ge 2 ] || { echo "error: the filter counted $OV_BEFORE decisions for 2 requests on A and C" >&2; return 1; }
+}
+
+bench_overhead() {
+  local secs="${OVERHEAD_SECONDS:-2}" lat_rounds="${OVERHEAD_LAT_ROUNDS:-5}"
+  local tput_rounds="${OVERHEAD_TPUT_ROUNDS:-2}" conns="${OVERHEAD_TPUT_CONNS:-8}"
+  local sizes="${OVERHEAD_SIZES:-1024 16384 65536 262144}"
+  local dir="$ROOT/.work/bench/overhead" started=$SECONDS
+  local py; py="$(bench_python)"
+  overhead_start "$dir" || return 1
+  local admin=$OV_ADMIN a=$OV_A b=$OV_B c=$OV_C fn=$OV_N fr=$OV_R
+  local up_pid=$OV_UP_PID px_pid=$OV_PX_PID before=$OV_BEFORE l
 
   log "overhead: warm-up (2 s on each listener)"
   overhead_wrk "$a" 16384 1 2 "$dir/runs/warm-a.json"
   overhead_wrk "$c" 16384 1 2 "$dir/runs/warm-c.json"
   overhead_wrk "$b" 16384 1 2 "$dir/runs/warm-b.json"
+  overhead_wrk "$fn" 16384 1 2 "$dir/runs/warm-n.json"
+  overhead_wrk "$fr" 16384 1 2 "$dir/runs/warm-r.json"
 
-  local total=0 n=0 size r mode conn rounds order lis orders=("A C B" "C B A" "B A C")
-  for size in $sizes; do total=$((total + 3 * (lat_rounds + tput_rounds))); done
+  local total=0 n=0 size r mode conn rounds order lis
+  local orders=("A C B N R" "C B N R A" "B N R A C" "N R A C B" "R A C B N")
+  for size in $sizes; do total=$((total + 5 * (lat_rounds + tput_rounds))); done
   for size in $sizes; do
     for mode in latency throughput; do
       if [ "$mode" = latency ]; then conn=1; rounds=$lat_rounds; else conn=$conns; rounds=$tput_rounds; fi
       for ((r = 1; r <= rounds; r++)); do
-        order="${orders[$(((r - 1) % 3))]}"
+        order="${orders[$(((r - 1) % 5))]}"
         for lis in $order; do
           n=$((n + 1))
           progress "$(printf '[%2d/%d] %6d B body, %-10s c=%d, round %d, listener %s' \
             "$n" "$total" "$size" "$mode" "$conn" "$r" "$lis")"
-          case "$lis" in A) l=$a ;; B) l=$b ;; C) l=$c ;; esac
+          case "$lis" in A) l=$a ;; B) l=$b ;; C) l=$c ;; N) l=$fn ;; R) l=$fr ;; esac
           overhead_wrk "$l" "$size" "$conn" "$secs" "$dir/runs/$size-$mode-$lis-$r.json" "$px_pid"
         done
       done
@@ -124,4 +159,81 @@ bench_overhead() {
   "$py" "$BENCH_DIR_SELF/report.py" overhead "$dir" "$ROOT/.work/bench/overhead.json" \
     --decisions $((after - before)) --seconds "$secs" --conns "$conns" \
     --machine "$(machine_line)" --elapsed $((SECONDS - started))
+}
+
+# bench_profile (`./build.sh bench profile`) — where the Envoy CPU per request goes, per listener:
+# perf samples the Envoy under test (software cpu-clock event: no hardware counters needed) while
+# wrk drives one listener at a time (c=8, PROFILE_SIZE bytes, default 16384; PROFILE_SECONDS per
+# run, default 4; PROFILE_ROUNDS rounds, default 3, listeners interleaved). Per request it
+# reports the Envoy CPU, the part with a wasm (V8 JIT) frame on the stack (the filter's code plus
+# the host calls it makes, body copy included) and the wasm code alone (JIT self). Envoy is
+# stripped, so host calls are not split by name; the floor listeners separate the parts: no-op
+# wasm, pause+read, and pause+read plus the very host calls of an affinity request (H).
+# OVERHEAD_COMPARE_WASM=<other .wasm> puts that build (strategy affinity) on listener A, shown
+# as `compare`: two builds measured in the same Envoy, interleaved (a fair before/after).
+bench_profile() {
+  local size="${PROFILE_SIZE:-16384}" secs="${PROFILE_SECONDS:-4}" rounds="${PROFILE_ROUNDS:-3}"
+  local dir="$ROOT/.work/bench/profile" r x name port
+  if ! command -v perf >/dev/null 2>&1; then
+    log "installing perf (Debian package linux-perf)"
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >&2
+  fi
+  overhead_start "$dir" || return 1
+  local a_name=prefix
+  [ -z "${OVERHEAD_COMPARE_WASM:-}" ] || a_name=compare
+  for x in "$a_name:$OV_A" "affinity:$OV_C" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
+    overhead_wrk "${x#*:}" "$size" 8 2 "$dir/runs/warm-${x%%:*}.json"
+  done
+  for ((r = 1; r <= rounds; r++)); do
+    for x in "$a_name:$OV_A" "affinity:$OV_C" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
+      name="${x%%:*}" port="${x#*:}"
+      progress "profile round $r/$rounds: $name ($size B, c=8, ${secs} s)"
+      run_tracked perf perf record -q -g -e cpu-clock -F 2000 -p "$OV_PX_PID" \
+        -o "$dir/runs/$name-$r.perf" -- sleep "$secs" >/dev/null 2>&1 &
+      overhead_wrk "$port" "$size" 8 "$secs" "$dir/runs/$name-$r.json"
+      wait
+      perf report -i "$dir/runs/$name-$r.perf" --stdio --no-children --sort dso -n 2>/dev/null \
+        >"$dir/runs/$name-$r.self.txt"
+      perf report -i "$dir/runs/$name-$r.perf" --stdio --children --sort dso 2>/dev/null \
+        >"$dir/runs/$name-$r.children.txt"
+    done
+  done
+  progress_end
+  proc_stop "$OV_PX_PID"; proc_stop "$OV_UP_PID"; proc_untrack "$OV_PX_PID"; proc_untrack "$OV_UP_PID"
+  "$(bench_python)" - "$dir/runs" "$size" <<'PY'
+import glob, json, os, re, statistics, sys
+runs, size = sys.argv[1], int(sys.argv[2])
+rows = {}
+for path in sorted(glob.glob(os.path.join(runs, "*-*.json"))):
+    name, r = os.path.basename(path)[:-5].rsplit("-", 1)
+    if name == "warm" or not r.isdigit():
+        continue
+    req = json.load(open(path))["requests"]
+    samples, jit_self = 0, 0
+    for line in open(path[:-5] + ".self.txt"):
+        m = re.match(r"\s+[\d.]+%\s+(\d+)\s+(.*)", line)
+        if m:
+            samples += int(m.group(1))
+            jit_self += int(m.group(1)) if "[JIT]" in m.group(2) else 0
+    jit_incl = 0.0
+    for line in open(path[:-5] + ".children.txt"):
+        m = re.match(r"\s+([\d.]+)%\s+[\d.]+%\s+(.*)", line)
+        if m and "[JIT]" in m.group(2):
+            jit_incl = float(m.group(1)) / 100
+            break
+    us = samples * 500 / req  # 2000 Hz: one sample = 500 us
+    rows.setdefault(name, []).append((us, us * jit_incl, jit_self * 500 / req))
+med = {n: [statistics.median(v[i] for v in vs) for i in range(3)] for n, vs in rows.items()}
+print(f"Envoy CPU per request at {size} B, c=8 (perf cpu-clock, median of {len(next(iter(rows.values())))} rounds):")
+print()
+print("| listener | Envoy CPU/request | in wasm + host calls | wasm code alone | above pause+read (total / wasm+host / wasm) |")
+print("|---|---:|---:|---:|---:|")
+base = med.get("read")
+for n in ("none", "noop", "read", "hostcalls", "prefix", "compare", "affinity"):
+    if n not in med:
+        continue
+    t, inc, self_ = med[n]
+    above = (f"{t - base[0]:+.0f} / {inc - base[1]:+.0f} / {self_ - base[2]:+.0f} µs" if base else "-")
+    print(f"| {n} | {t:.0f} µs | {inc:.0f} µs | {self_:.0f} µs | {above} |")
+PY
 }

@@ -7,8 +7,9 @@ Subcommands:
   routing OUT_JSON RUN.json.. routing-quality table (prefix-load summaries) + OUT_JSON
   combine BENCH_DIR ...       every part's JSON in BENCH_DIR -> one markdown block for the README
 
-Run files of the overhead part are named <size>-<latency|throughput>-<A|B>-<round>.json
-(A = listener with the filter, B = the same Envoy without it).
+Run files of the overhead part are named <size>-<latency|throughput>-<A|B|C|N|R>-<round>.json
+(A, C = listeners with the filter, B = the same Envoy without it, N and R = the floor filters:
+no-op wasm and pause-and-read-only wasm).
 """
 
 import argparse
@@ -73,8 +74,17 @@ def fmt_size(n):
     return f"{n // 1024} KiB" if n % 1024 == 0 else f"{n} B"
 
 
+# Issue 12 targets (16 KiB affinity unless noted): CPU above pause-and-read-only, added p50 and
+# throughput ratio against no filter; added p99 at 256 KiB.
+TARGET_CPU_ABOVE_READ_US = 40
+TARGET_ADDED_P50_US = 60
+TARGET_THROUGHPUT_RATIO = 0.85
+TARGET_P99_256K_MS = 1.0
+
 # Listener letters of the overhead part: the filter's strategy on each filtered listener.
 FILTERED = {"A": "prefix", "C": "affinity"}
+# Floor listeners (scripts/bench/floor): what any wasm filter / any body-reading filter costs.
+FLOORS = {"N": "floor: no-op wasm", "R": "floor: pause+read wasm"}
 
 
 def compare(a, b):
@@ -96,13 +106,18 @@ def overhead(args):
     runs = load_runs(os.path.join(args.dir, "runs"))
     sizes = sorted({k[0] for k in runs})
     letters = [x for x in FILTERED if any(k[2] == x for k in runs)]
+    floors = [x for x in FLOORS if any(k[2] == x for k in runs)]
     rows = []
     for size in sizes:
-        for x in letters:
-            row = {"body_bytes": size, "strategy": FILTERED[x]}
+        read = {m: summarise(runs, runs.get((size, m, "R"), [])) for m in ("latency", "throughput")
+                if runs.get((size, m, "R"))}
+        for x in floors + letters:
+            row = {"body_bytes": size, "strategy": FILTERED.get(x) or FLOORS[x]}
             for mode in ("latency", "throughput"):
                 row[mode] = compare(summarise(runs, runs.get((size, mode, x), [])),
                                     summarise(runs, runs.get((size, mode, "B"), [])))
+                if mode in read:
+                    row[mode]["above_read"] = compare(row[mode]["with_filter"], read[mode])
             rows.append(row)
 
     total_errors = sum(errors(r) for v in runs.values() for r in v)
@@ -115,7 +130,7 @@ def overhead(args):
 
     targets = {}
     for r in rows:
-        if r["body_bytes"] != 16384:
+        if r["body_bytes"] != 16384 or r["strategy"] not in FILTERED.values():
             continue
         lat = r["latency"]
         targets[r["strategy"]] = {
@@ -126,14 +141,35 @@ def overhead(args):
             "met": lat["added_p50_ms"] <= TARGET_P50_MS and lat["added_p99_ms"] <= TARGET_P99_MS,
         }
 
+    goals = {}
+    for r in rows:
+        if r["strategy"] != "affinity":
+            continue
+        lat, tp = r["latency"], r["throughput"]
+        if r["body_bytes"] == 16384:
+            above = (tp.get("above_read") or {}).get("added_cpu_us_per_request")
+            goals["cpu_above_read_us"] = above
+            goals["added_p50_us"] = lat["added_p50_ms"] * 1000
+            goals["throughput_ratio"] = tp["throughput_ratio"]
+        if r["body_bytes"] == 262144:
+            goals["added_p99_256k_ms"] = lat["added_p99_ms"]
+    checks = {
+        "cpu_above_read_us": lambda v: v is not None and v <= TARGET_CPU_ABOVE_READ_US,
+        "added_p50_us": lambda v: v <= TARGET_ADDED_P50_US,
+        "throughput_ratio": lambda v: v >= TARGET_THROUGHPUT_RATIO,
+        "added_p99_256k_ms": lambda v: v <= TARGET_P99_256K_MS,
+    }
+    goals = {k: {"value": v, "met": checks[k](v)} for k, v in goals.items()}
+
     out = {
         "part": "overhead",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": args.machine,
         "setup": {
             "envoy_under_test": "Envoy 1.40.0 --concurrency 1; one listener per filter strategy "
-            "(prefix-router wasm + router) and one with the router only, one cluster of 7 "
-            "upstream addresses",
+            "(prefix-router wasm + router), one with the router only and two floor listeners "
+            "(scripts/bench/floor: a no-op proxy-wasm filter, a pause-and-read-only one), one "
+            "cluster of 7 upstream addresses",
             "upstream": "Envoy 1.40.0 --concurrency 1, buffer filter + direct_response 200",
             "load": f"wrk -t1, closed loop, keep-alive; latency c=1, throughput c={args.conns}; "
             f"{args.seconds:g} s per run, listeners interleaved; medians over rounds",
@@ -142,6 +178,7 @@ def overhead(args):
         },
         "rows": rows,
         "target_16k": targets,
+        "goals": goals,
         "errors": total_errors,
         "filter_decisions": args.decisions,
         "requests_via_filter": via_filter,
@@ -171,8 +208,9 @@ def overhead_markdown(o):
     lines = [
         "| body | strategy | p50 without | p50 with | added p50 | p99 without | p99 with "
         f"| added p99 | req/s without (c={o['setup']['throughput_connections']}) "
-        "| req/s with | throughput with/without | Envoy CPU/request without | with | added CPU |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| req/s with | throughput with/without | Envoy CPU/request without | with | added CPU "
+        "| CPU above pause+read |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in o["rows"]:
         lat, tp = r["latency"], r["throughput"]
@@ -186,7 +224,8 @@ def overhead_markdown(o):
             f"| {tp['throughput_ratio']:.2f} "
             f"| {fmt_us(tp['without_filter']['cpu_us_per_request'])} "
             f"| {fmt_us(tp['with_filter']['cpu_us_per_request'])} "
-            f"| **{fmt_us(tp['added_cpu_us_per_request'], sign=True)}** |"
+            f"| **{fmt_us(tp['added_cpu_us_per_request'], sign=True)}** "
+            f"| {fmt_us((tp.get('above_read') or {}).get('added_cpu_us_per_request'), sign=True)} |"
         )
     targets = o.get("target_16k") or {}
     if targets:
@@ -199,6 +238,26 @@ def overhead_markdown(o):
         first = next(iter(targets.values()))
         lines.append(f"Target at 16 KiB (SPEC §8): added p50 ≤ {first['p50_target_ms']} ms and "
                      f"p99 ≤ {first['p99_target_ms']} ms; measured " + ", ".join(parts) + ".")
+    goals = o.get("goals") or {}
+    if goals:
+        def goal(k, text, fmt):
+            g = goals.get(k)
+            if g is None:
+                return f"{text}: not measured"
+            v = "-" if g["value"] is None else fmt(g["value"])
+            return f"{text} {v} (**{'met' if g['met'] else 'NOT met'}**)"
+        lines.append("")
+        lines.append(
+            "Issue 12 targets (affinity): " + "; ".join([
+                goal("cpu_above_read_us", f"16 KiB CPU above pause+read ≤ {TARGET_CPU_ABOVE_READ_US} µs:",
+                     lambda v: f"{v:+.0f} µs"),
+                goal("added_p50_us", f"16 KiB added p50 ≤ {TARGET_ADDED_P50_US} µs:",
+                     lambda v: f"{v:+.0f} µs"),
+                goal("throughput_ratio", f"16 KiB throughput ≥ {TARGET_THROUGHPUT_RATIO} of no filter:",
+                     lambda v: f"{v:.2f}"),
+                goal("added_p99_256k_ms", f"256 KiB added p99 ≤ {TARGET_P99_256K_MS:g} ms:",
+                     lambda v: f"{v:+.3f} ms"),
+            ]) + ".")
     lines.append("")
     lines.append(f"Load: {o['setup']['load']}. Envoy under test: {o['setup']['envoy_under_test']}; "
                  f"upstream: {o['setup']['upstream']}. Envoy CPU/request = the proxy's CPU time "

@@ -31,13 +31,15 @@
 //! `%FILTER_STATE(wasm.prefix_router:PLAIN)%`.
 //!
 //! Responses API: the response `id` is remembered with the replica that
-//! served it ([`crate::responses`], shared data `<ns>resp/`), and a request
-//! whose `previous_response_id` is known goes to that replica ([`Shared::pinned`]).
+//! served it, by address id ([`holder_id`]; [`crate::responses`], shared data
+//! `<ns>resp/`), and a request whose `previous_response_id` is known goes to
+//! that replica while it is a usable member ([`Shared::pinned`]).
 //!
 //! Feedback: expected hits that got misses raise the served replica's
 //! eviction horizon (three in a row, [`crate::feedback`]; shared data key
-//! `<ns>horizon`, CAS; every worker rereads
-//! it at most once per [`HORIZON_REFRESH_MS`]); a request served by another
+//! `<ns>horizon`, CAS, stamped with the membership generation whose
+//! positions it uses: a membership change starts the horizons afresh; every
+//! worker rereads it at most once per [`HORIZON_REFRESH_MS`]); a request served by another
 //! replica than the primary (retry, fallback) is recorded for that replica
 //! by the record after a 2xx (`http.rs`); when the engine served more cached tokens than predicted
 //! (the index's ladder only proves a lower bound, or another gateway put the
@@ -49,6 +51,7 @@ use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::{define, endpoint_label};
 use crate::affinity::Choice;
+use crate::cluster::view::{holder_id, AddrSlots, View};
 use crate::extract::previous_response_id;
 use crate::feedback::Horizons;
 use crate::hash::BLOCK_UNITS;
@@ -64,6 +67,9 @@ pub const PROPERTY: &str = "prefix_router";
 /// Workers reread the shared horizons at most this often.
 pub const HORIZON_REFRESH_MS: u64 = 1000;
 const CAS_ATTEMPTS: usize = 8;
+/// Most endpoints given per-endpoint metrics (addresses seen over the
+/// plugin's life, with membership churn); later ones only count in totals.
+const MAX_ENDPOINT_STATS: usize = 4096;
 
 #[link(wasm_import_module = "env")]
 extern "C" {
@@ -87,9 +93,34 @@ struct EndpointStats {
     miss_got_hit: Option<u32>,
 }
 
+/// This worker's copy of the shared horizons.
+struct HorizonCache {
+    horizons: Horizons,
+    /// When it was read (ms).
+    read_at: Option<u64>,
+    /// Membership generation whose positions it uses.
+    generation: u64,
+}
+
+/// Horizons stamped with their membership generation (8 bytes LE first).
+fn encode_stamped(generation: u64, h: &Horizons) -> Vec<u8> {
+    let mut v = generation.to_le_bytes().to_vec();
+    v.extend_from_slice(&h.encode());
+    v
+}
+
+/// Horizons of `generation` for `n` members; another generation's read as none.
+fn decode_stamped(b: &[u8], generation: u64, n: usize) -> Horizons {
+    match b.split_first_chunk::<8>() {
+        Some((g, rest)) if u64::from_le_bytes(*g) == generation => Horizons::decode(rest, n),
+        _ => Horizons::new(n),
+    }
+}
+
 /// Plugin-wide state of this module (one per VM).
 pub struct Shared {
-    endpoints: Vec<EndpointStats>,
+    /// Per-endpoint metrics by address, defined on first use.
+    endpoints: RefCell<Vec<(String, EndpointStats)>>,
     prompt_tokens: Option<u32>,
     cached_tokens: Option<u32>,
     predicted_tokens: Option<u32>,
@@ -98,8 +129,8 @@ pub struct Shared {
     horizon_key: String,
     /// Shared-data namespace of the response id → replica table.
     responses_ns: String,
-    /// This worker's copy of the horizons and when it was read (ms).
-    horizons: RefCell<(Horizons, Option<u64>)>,
+    /// This worker's copy of the horizons.
+    horizons: RefCell<HorizonCache>,
 }
 
 fn add(id: Option<u32>, v: u64) {
@@ -115,26 +146,12 @@ fn sample(id: Option<u32>, v: u64) {
 }
 
 impl Shared {
-    /// Define the metrics for `endpoints`; `ns` is the plugin's shared-data namespace.
-    pub fn new(endpoints: &[String], ns: &str) -> Shared {
-        let (c, h) = (MetricKind::Counter, MetricKind::Histogram);
-        let ep = |e: &str, what: &str, kind| {
-            define(
-                kind,
-                &format!("prefix_router.endpoint.{}.{what}", endpoint_label(e)),
-            )
-        };
+    /// The totals; `ns` is the plugin's shared-data namespace. Per-endpoint
+    /// metrics are defined when an endpoint first serves a response.
+    pub fn new(ns: &str) -> Shared {
+        let c = MetricKind::Counter;
         Shared {
-            endpoints: endpoints
-                .iter()
-                .map(|e| EndpointStats {
-                    predicted: ep(e, "predicted_cached_tokens", h),
-                    delivered: ep(e, "delivered_cached_tokens", h),
-                    prompt: ep(e, "prompt_tokens", c),
-                    hit_got_miss: ep(e, "surprise.expected_hit_got_miss", c),
-                    miss_got_hit: ep(e, "surprise.expected_miss_got_hit", c),
-                })
-                .collect(),
+            endpoints: RefCell::new(Vec::new()),
             prompt_tokens: define(c, "prefix_router.delivered.prompt_tokens"),
             cached_tokens: define(c, "prefix_router.delivered.cached_tokens"),
             predicted_tokens: define(c, "prefix_router.delivered.predicted_tokens"),
@@ -142,69 +159,115 @@ impl Shared {
             unreported: define(c, "prefix_router.delivered.unreported"),
             horizon_key: format!("{ns}horizon"),
             responses_ns: format!("{ns}resp/"),
-            horizons: RefCell::new((Horizons::new(endpoints.len()), None)),
+            horizons: RefCell::new(HorizonCache {
+                horizons: Horizons::default(),
+                read_at: None,
+                generation: u64::MAX,
+            }),
         }
     }
 
-    /// Run `f` with the eviction horizons (reread from shared data at most
-    /// once per [`HORIZON_REFRESH_MS`]).
-    pub fn with_horizons<T>(&self, now_ms: u64, f: impl FnOnce(&Horizons) -> T) -> T {
-        let n = self.endpoints.len();
+    /// Run `f` with the metrics of endpoint `addr` (defined on first use,
+    /// at most [`MAX_ENDPOINT_STATS`] endpoints).
+    fn with_endpoint(&self, addr: &str, f: impl FnOnce(&EndpointStats)) {
+        let Ok(mut eps) = self.endpoints.try_borrow_mut() else {
+            return;
+        };
+        if let Some((_, e)) = eps.iter().find(|(a, _)| a == addr) {
+            f(e);
+            return;
+        }
+        if eps.len() >= MAX_ENDPOINT_STATS {
+            return;
+        }
+        let (c, h) = (MetricKind::Counter, MetricKind::Histogram);
+        let ep = |what: &str, kind| {
+            define(
+                kind,
+                &format!("prefix_router.endpoint.{}.{what}", endpoint_label(addr)),
+            )
+        };
+        let e = EndpointStats {
+            predicted: ep("predicted_cached_tokens", h),
+            delivered: ep("delivered_cached_tokens", h),
+            prompt: ep("prompt_tokens", c),
+            hit_got_miss: ep("surprise.expected_hit_got_miss", c),
+            miss_got_hit: ep("surprise.expected_miss_got_hit", c),
+        };
+        f(&e);
+        eps.push((addr.to_string(), e));
+    }
+
+    /// Run `f` with the eviction horizons of `view`'s members (reread from
+    /// shared data at most once per [`HORIZON_REFRESH_MS`]; a new membership
+    /// generation starts them afresh).
+    pub fn with_horizons<T>(&self, now_ms: u64, view: &View, f: impl FnOnce(&Horizons) -> T) -> T {
+        let n = view.endpoints().len();
         let Ok(mut cell) = self.horizons.try_borrow_mut() else {
             return f(&Horizons::default());
         };
+        if cell.generation != view.generation {
+            *cell = HorizonCache {
+                horizons: Horizons::new(n),
+                read_at: None,
+                generation: view.generation,
+            };
+        }
         let due = cell
-            .1
+            .read_at
             .map_or(true, |t| now_ms.saturating_sub(t) >= HORIZON_REFRESH_MS);
         if due {
             match host::shared_get(&self.horizon_key) {
-                Ok((Some(b), _)) => cell.0 = Horizons::decode(&b, n),
+                Ok((Some(b), _)) => cell.horizons = decode_stamped(&b, view.generation, n),
                 Ok((None, _)) => {}
                 Err(e) => log::debug!("cannot read {}: {e}", self.horizon_key),
             }
-            cell.1 = Some(now_ms);
+            cell.read_at = Some(now_ms);
         }
-        f(&cell.0)
+        f(&cell.horizons)
     }
 
-    /// Responses API: the replica that produced the body's
-    /// `previous_response_id`, if known ([`crate::responses`]).
-    pub fn pinned(&self, body: &[u8], now_ms: u64) -> Option<usize> {
+    /// Responses API: the position in `view` of the replica that produced
+    /// the body's `previous_response_id`, if known ([`crate::responses`]).
+    pub fn pinned(&self, body: &[u8], now_ms: u64, view: &View) -> Option<usize> {
         let id = previous_response_id(body)?;
         let r = responses::find(&SharedSlots::new(&self.responses_ns), &id, now_ms)?;
-        (r < self.endpoints.len()).then_some(r)
+        view.position_of_id(u16::try_from(r).ok()?)
     }
 
-    /// A miss on replica `r` ([`Horizons::raise`]), in shared data (CAS) and here.
-    fn raise(&self, r: usize, time: u32, routed_at: u32) {
-        self.update(|h| {
+    /// A miss on replica `r` of `view` ([`Horizons::raise`]), in shared data (CAS) and here.
+    fn raise(&self, view: &View, r: usize, time: u32, routed_at: u32) {
+        self.update(view, |h| {
             h.raise(r, time, routed_at);
         });
     }
 
     /// A delivered predicted hit on replica `r` ([`Horizons::hit`]): only
     /// when this worker saw misses pending there (no shared-data call otherwise).
-    fn hit(&self, r: usize) {
-        let armed = self.horizons.try_borrow().is_ok_and(|cell| cell.0.armed(r));
+    fn hit(&self, view: &View, r: usize) {
+        let armed = self
+            .horizons
+            .try_borrow()
+            .is_ok_and(|cell| cell.generation == view.generation && cell.horizons.armed(r));
         if armed {
-            self.update(|h| {
+            self.update(view, |h| {
                 h.hit(r);
             });
         }
     }
 
     /// Apply `f` to the shared horizons (CAS) and to this worker's copy.
-    fn update(&self, f: impl Fn(&mut Horizons)) {
-        let n = self.endpoints.len();
+    fn update(&self, view: &View, f: impl Fn(&mut Horizons)) {
+        let (n, g) = (view.endpoints().len(), view.generation);
         for _ in 0..CAS_ATTEMPTS {
             let Ok((bytes, cas)) = host::shared_get(&self.horizon_key) else {
                 break;
             };
-            let mut h = bytes.map_or_else(|| Horizons::new(n), |b| Horizons::decode(&b, n));
+            let mut h = bytes.map_or_else(|| Horizons::new(n), |b| decode_stamped(&b, g, n));
             f(&mut h);
-            match host::shared_set(&self.horizon_key, &h.encode(), cas) {
+            match host::shared_set(&self.horizon_key, &encode_stamped(g, &h), cas) {
                 Ok(()) => {
-                    self.store_local(h);
+                    self.store_local(g, h);
                     return;
                 }
                 Err(host::CAS_MISMATCH) => continue,
@@ -216,13 +279,16 @@ impl Shared {
         }
         // Shared data failed: at least this worker learns.
         if let Ok(mut cell) = self.horizons.try_borrow_mut() {
-            f(&mut cell.0);
+            if cell.generation == g {
+                f(&mut cell.horizons);
+            }
         }
     }
 
-    fn store_local(&self, h: Horizons) {
+    fn store_local(&self, generation: u64, h: Horizons) {
         if let Ok(mut cell) = self.horizons.try_borrow_mut() {
-            cell.0 = h;
+            cell.horizons = h;
+            cell.generation = generation;
         }
     }
 }
@@ -292,7 +358,7 @@ impl Delivery {
     /// Response headers: scan the body if it is JSON or an event stream
     /// (and `read_usage` is on).
     pub fn on_headers(&mut self, p: &Plugin) {
-        if self.primary.is_none() || !p.router.config().read_usage {
+        if self.primary.is_none() || !p.config().read_usage {
             return;
         }
         self.scanner = match host::response_header("content-type") {
@@ -310,8 +376,16 @@ impl Delivery {
         };
     }
 
-    /// One response chunk of `size` bytes; `end` on the last one.
-    pub fn on_chunk(&mut self, p: &Plugin, size: usize, end: bool, served: Option<usize>) {
+    /// One response chunk of `size` bytes; `end` on the last one. `view`:
+    /// the membership the request was routed on; `served`: the upstream address.
+    pub fn on_chunk(
+        &mut self,
+        p: &Plugin,
+        view: Option<&View>,
+        size: usize,
+        end: bool,
+        served: Option<&str>,
+    ) {
         if let Some(s) = self.scanner.as_mut() {
             if size > 0 {
                 match host::buffer(BUFFER_RESPONSE_BODY, 0, size) {
@@ -322,13 +396,15 @@ impl Delivery {
             }
         }
         if end {
-            self.finish(p, served);
+            self.finish(p, view, served);
         }
     }
 
     /// The response ended (or the stream was cut: called again from
-    /// `on_log`; only the first call counts).
-    pub fn finish(&mut self, p: &Plugin, served: Option<usize>) {
+    /// `on_log`; only the first call counts). `view`: the membership the
+    /// request was routed on; `served`: the upstream address.
+    pub fn finish(&mut self, p: &Plugin, view: Option<&View>, served: Option<&str>) {
+        let Some(view) = view else { return };
         if self.done || self.primary.is_none() {
             return;
         }
@@ -338,7 +414,10 @@ impl Delivery {
         };
         let d = &p.delivered;
         let usage = scanner.usage();
-        let served = served.or(self.primary);
+        let served = served
+            .and_then(|a| view.position(a.as_bytes()))
+            .or(self.primary);
+        let served_addr = served.and_then(|s| view.addr(s));
         let elsewhere = served != self.primary;
         // A prediction is about the primary; another host was expected to have nothing.
         let prediction = self.prediction.map(|mut pr| {
@@ -354,8 +433,9 @@ impl Delivery {
             self.log_field(predicted, None, None, None, &fmt);
             return;
         };
-        if let (true, Some(id), Some(r)) = (self.responses_api, usage.id.as_deref(), served) {
+        if let (true, Some(id), Some(a)) = (self.responses_api, usage.id.as_deref(), served_addr) {
             let now = host::now_nanos() / 1_000_000;
+            let r = usize::from(holder_id(a));
             responses::remember(&mut SharedSlots::new(&d.responses_ns), id, r, now);
         }
         let prompt = usage.prompt();
@@ -363,37 +443,45 @@ impl Delivery {
         add(d.cached_tokens, cached);
         add(d.prompt_tokens, prompt.unwrap_or(0));
         add(d.predicted_tokens, predicted.unwrap_or(0));
-        let eps = served.and_then(|s| d.endpoints.get(s));
-        if let Some(e) = eps {
-            sample(e.delivered, cached);
-            sample(e.predicted, predicted.unwrap_or(0));
-            add(e.prompt, prompt.unwrap_or(0));
-        }
-        let cfg = p.router.affinity_config();
+        let cfg = view.router.affinity_config();
         let hit_tokens = BLOCK_UNITS as f64 / cfg.chars_per_token.max(0.1);
         let surprise = prediction.map_or(Surprise::None, |pr| {
             compare(&pr, cached, prompt, hit_tokens, cfg.min_match)
         });
-        match (surprise, eps, served) {
-            (Surprise::ExpectedHitGotMiss, Some(e), Some(r)) => {
-                add(e.hit_got_miss, 1);
+        if let Some(a) = served_addr {
+            d.with_endpoint(a, |e| {
+                sample(e.delivered, cached);
+                sample(e.predicted, predicted.unwrap_or(0));
+                add(e.prompt, prompt.unwrap_or(0));
+                match surprise {
+                    Surprise::ExpectedHitGotMiss => add(e.hit_got_miss, 1),
+                    Surprise::ExpectedMissGotHit => add(e.miss_got_hit, 1),
+                    Surprise::None => {}
+                }
+            });
+        }
+        match (surprise, served) {
+            (Surprise::ExpectedHitGotMiss, Some(r)) => {
                 if let Some(t) = self.entry_time {
-                    d.raise(r, t, self.routed_at);
+                    d.raise(view, r, t, self.routed_at);
                 }
             }
-            (Surprise::ExpectedMissGotHit, Some(e), _) => add(e.miss_got_hit, 1),
-            (Surprise::None, _, Some(r)) if predicted.unwrap_or(0) as f64 >= hit_tokens => d.hit(r),
+            (Surprise::None, Some(r)) if predicted.unwrap_or(0) as f64 >= hit_tokens => {
+                d.hit(view, r)
+            }
             _ => {}
         }
         if let (Some(r), false) = (served, self.blocks.is_empty()) {
             let now = host::now_nanos() / 1_000_000;
-            let mut slots = SharedSlots::new(&p.prefix);
+            let mut slots = SharedSlots::new(&p.keys.prefix);
             // The engine had more of the prefix than the index could show:
             // confirm that depth so the next request sharing it is predicted exactly.
+            // Holders are written as address ids through the routing-time view.
             let confirmed = (cached as f64 / hit_tokens) as usize;
             if confirmed as f64 * hit_tokens > predicted.unwrap_or(0) as f64 + 0.5 {
-                p.router.index().confirm(
-                    &mut slots,
+                let mut by_addr = AddrSlots::new(&mut slots, view, &[]);
+                view.router.index().confirm(
+                    &mut by_addr,
                     &self.blocks,
                     confirmed,
                     self.known.as_ref(),

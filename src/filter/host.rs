@@ -8,6 +8,7 @@
 //! (a boxed slice of exactly `size` bytes), which is reclaimed here as a `Vec`
 //! of the same length and capacity, as the SDK itself does.
 
+use crate::cluster::shared::{ShareError, SharedData};
 use std::fmt;
 use std::ptr::{null, null_mut};
 
@@ -41,6 +42,9 @@ const EMPTY: u32 = 7;
 
 const MAP_REQUEST_HEADERS: u32 = 0;
 const MAP_RESPONSE_HEADERS: u32 = 2;
+const MAP_HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
+/// Buffer type of a `dispatch_http_call` response body.
+pub const BUFFER_HTTP_CALL_RESPONSE_BODY: u32 = 4;
 /// Buffer type of the request body.
 pub const BUFFER_REQUEST_BODY: u32 = 0;
 /// Buffer type of the plugin configuration.
@@ -122,6 +126,47 @@ extern "C" {
     fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
     fn proxy_record_metric(id: u32, value: u64) -> u32;
+    fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+}
+
+/// Ask for `on_tick` every `ms` milliseconds (0 stops it).
+pub fn set_tick_period_ms(ms: u32) -> Result<(), HostError> {
+    // SAFETY: plain value.
+    status(unsafe { proxy_set_tick_period_milliseconds(ms) })
+}
+
+/// A header of the current `dispatch_http_call` response (`:status` …).
+pub fn http_call_response_header(name: &str) -> Result<Option<Vec<u8>>, HostError> {
+    // SAFETY: pointer and length of a live str; valid out pointers.
+    fetch(|d, s| unsafe {
+        proxy_get_header_map_value(
+            MAP_HTTP_CALL_RESPONSE_HEADERS,
+            name.as_ptr(),
+            name.len(),
+            d,
+            s,
+        )
+    })
+}
+
+/// Shared data through the host, for the pure core's [`SharedData`] users.
+pub struct HostShared;
+
+fn share_error(e: HostError) -> ShareError {
+    if e == CAS_MISMATCH {
+        ShareError::CasMismatch
+    } else {
+        ShareError::Host(e.0)
+    }
+}
+
+impl SharedData for HostShared {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, u32), ShareError> {
+        shared_get(key).map_err(share_error)
+    }
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), ShareError> {
+        shared_set(key, value, cas).map_err(share_error)
+    }
 }
 
 fn status(code: u32) -> Result<(), HostError> {

@@ -12,6 +12,11 @@
 //! cost model the observed time to first token, without buffering anything;
 //! `on_log` releases the in-flight count exactly once, whatever happened.
 //!
+//! The shared-data side of that lifecycle (the picture a request is routed
+//! on, taking, moving and releasing its count by address, the passive-health
+//! verdict) is [`crate::cluster::request`], tested natively; this file adds
+//! the host calls, headers and stats.
+//!
 //! Hostile traffic: a request that carries an `Upgrade` header or is a
 //! `CONNECT` routes at once without pausing (its "body" is a tunnel that
 //! never ends). `affinity` looks the index up at routing but records the
@@ -21,10 +26,13 @@
 //! primary (a retry elsewhere says nothing about the primary's queue).
 
 use super::delivered::Delivery;
-use super::host::{self, BUFFER_REQUEST_BODY};
+use super::host::{self, HostShared, BUFFER_REQUEST_BODY};
 use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::HostFailure;
+use crate::cluster::request::{picture, Slot};
+use crate::cluster::shared::MAX_CAS_ATTEMPTS;
+use crate::cluster::view::{AddrSlots, View};
 use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
 use crate::decision::{Branch, Decision, KeySource};
 use crate::hash::hash_id;
@@ -45,10 +53,14 @@ thread_local! {
 pub struct RouterHttp {
     plugin: Option<Rc<Plugin>>,
     context_id: u32,
-    /// Endpoint whose in-flight count this request holds.
-    holding: Option<usize>,
-    /// The primary chosen at routing.
-    primary: Option<usize>,
+    /// The primary and the in-flight count held, by address.
+    slot: Slot,
+    /// The membership view the request was routed on (index positions).
+    view: Option<Rc<View>>,
+    /// `affinity`: the request is on a configured API path (may be recorded).
+    api_path: bool,
+    /// `affinity`: the prefix to record once the upstream answered 2xx.
+    pending_record: Option<(Vec<u64>, Option<Known>)>,
     /// The request has been routed (headers set).
     routed: bool,
     /// Host time of the routing decision, ms.
@@ -61,10 +73,6 @@ pub struct RouterHttp {
     /// `upstream.address` as read at response headers (final: a response that
     /// has started is never retried), so `on_log` need not read it again.
     upstream: Option<Vec<u8>>,
-    /// `affinity`: the request is on a configured API path (may be recorded).
-    api_path: bool,
-    /// `affinity`: the prefix to record once the upstream answered 2xx.
-    pending_record: Option<(Vec<u64>, Option<Known>)>,
     /// Predicted vs delivered cached tokens.
     delivery: Delivery,
 }
@@ -83,21 +91,21 @@ impl RouterHttp {
         RouterHttp {
             plugin,
             context_id,
-            holding: None,
-            primary: None,
+            slot: Slot::default(),
+            view: None,
+            api_path: false,
+            pending_record: None,
             routed: false,
             routed_at_ms: 0,
             pending_cost: None,
             streaming: false,
             upstream: None,
-            api_path: false,
-            pending_record: None,
             delivery: Delivery::default(),
         }
     }
 
     fn ticket(&self, p: &Plugin) -> u64 {
-        match p.router.config().strategy {
+        match p.config().strategy {
             Strategy::Random => {
                 hash_id(&(host::now_nanos() ^ u64::from(self.context_id) << 32).to_le_bytes())
             }
@@ -108,7 +116,7 @@ impl RouterHttp {
 
     /// A cluster-wide rotating counter (CAS increment in shared data).
     fn shared_ticket(&self, p: &Plugin) -> u64 {
-        for _ in 0..super::inflight::MAX_CAS_ATTEMPTS {
+        for _ in 0..MAX_CAS_ATTEMPTS {
             let (value, cas) = match host::shared_get(&p.rr_key) {
                 Ok(v) => v,
                 Err(_) => break,
@@ -129,7 +137,17 @@ impl RouterHttp {
     fn route(&mut self, body: Body<'_>, body_len: usize) {
         let Some(p) = self.plugin.clone() else { return };
         self.routed = true;
-        let cfg = p.router.config();
+        let view = p.follower.current(&HostShared, &p.keys);
+        if p.stats_generation.replace(view.generation) != view.generation {
+            p.stats.members(view.endpoints());
+        }
+        if view.endpoints().is_empty() {
+            // No membership yet (discovery before the first poll, no bootstrap
+            // endpoints): leave the target unset, Envoy's fallback policy picks.
+            p.stats.no_members();
+            return;
+        }
+        let cfg = p.config();
         let header_id = match &cfg.affinity_header {
             Some(h) => match host::request_header(h) {
                 Ok(v) => v,
@@ -141,26 +159,34 @@ impl RouterHttp {
             },
             None => None,
         };
-        let key = p.router.key(body, header_id.as_deref());
-        let snapshot = match p.in_flight.read() {
-            Ok(s) => Some(s),
-            Err(e) => {
-                log::warn!("#{} cannot read in-flight counts: {e}", self.context_id);
-                p.stats.failure(HostFailure::SharedData);
-                None
-            }
-        };
-        let zeros = vec![0u32; cfg.endpoints.len()];
-        let loads = snapshot
-            .as_ref()
-            .map_or(zeros.as_slice(), |s| s.0.as_slice());
-        let ticket = self.ticket(&p);
+        let (key, model) = view.router.key_and_model(body, header_id.as_deref());
         self.routed_at_ms = host::now_nanos() / 1_000_000;
+        let pic = picture(
+            &HostShared,
+            &p.keys,
+            &view,
+            cfg,
+            model.as_deref(),
+            self.routed_at_ms,
+        );
+        if pic.failures > 0 {
+            p.stats.failure(HostFailure::SharedData);
+        }
+        if let Some(e) = &pic.engine {
+            p.stats.engine_effect(e);
+        }
+        let ticket = self.ticket(&p);
+        let l = Loads {
+            in_flight: &pic.loads,
+            available: Some(&pic.usable),
+        };
 
         let pinned = match body {
             Body::Complete(b) if key.source == KeySource::Responses => {
                 self.delivery.responses_api();
-                p.delivered.pinned(b, self.routed_at_ms)
+                p.delivered
+                    .pinned(b, self.routed_at_ms, &view)
+                    .filter(|&r| pic.usable.get(r).copied().unwrap_or(false))
             }
             _ => None,
         };
@@ -172,45 +198,44 @@ impl RouterHttp {
                 branch: Branch::Hit,
             }
         } else if cfg.strategy == Strategy::Affinity {
-            self.select_affinity(&p, &key, prompt_chars(&key, body_len), loads, ticket)
+            let chars = prompt_chars(&key, body_len);
+            let mut d = self.select_affinity(&p, &view, &key, chars, l, ticket);
+            // Retry where the primary's prefixes go if it is dead.
+            d.secondary = view.takeover(d.primary, &pic.usable).or(d.secondary);
+            d
         } else {
-            p.router.select(&key, Loads::new(loads), ticket)
+            view.router.select(&key, l, ticket)
         };
-
-        match p.in_flight.add(decision.primary, 1, snapshot) {
-            Ok(now) => {
-                self.holding = Some(decision.primary);
-                p.stats.in_flight(decision.primary, now);
-            }
+        let primary = view.addr(decision.primary).unwrap_or_default().to_string();
+        match self.slot.take(&HostShared, &p.keys, &primary, pic.snapshot) {
+            Ok((addr, now)) => p.stats.in_flight(&addr, now),
             Err(e) => {
-                log::warn!("#{} cannot count in-flight request: {e}", self.context_id);
+                log::warn!("#{} cannot count in-flight request: {e:?}", self.context_id);
                 p.stats.failure(HostFailure::SharedData);
             }
         }
-        self.primary = Some(decision.primary);
         self.delivery
             .routed(decision.branch.as_str(), decision.primary);
-        self.set_headers(&p, decision);
-        p.stats
-            .decision(decision.branch, key.source, decision.primary);
+        self.set_headers(&p, &view, decision);
+        self.view = Some(view.clone());
+        p.stats.decision(decision.branch, key.source, &primary);
         if key.routing_id == RoutingId::Rejected {
             p.stats.routing_id_rejected();
         }
         log::debug!(
-            "#{} key={:016x} source={} units={} blocks={} branch={} primary={} secondary={}",
+            "#{} key={:016x} source={} units={} blocks={} branch={} primary={} secondary={} generation={}",
             self.context_id,
             key.key.unwrap_or(0),
             key.source.as_str(),
             key.units,
             key.blocks.len(),
             decision.branch.as_str(),
-            cfg.endpoints
-                .get(decision.primary)
-                .map_or("-", String::as_str),
+            primary,
             decision
                 .secondary
-                .and_then(|s| cfg.endpoints.get(s))
-                .map_or("-", String::as_str),
+                .and_then(|s| view.addr(s))
+                .unwrap_or("-"),
+            view.generation,
         );
         if cfg.strategy == Strategy::Affinity && self.api_path {
             // Confirmed depths are written for API paths only, like the record.
@@ -218,13 +243,15 @@ impl RouterHttp {
         }
     }
 
-    /// `affinity`: index lookup + choice + record over shared data.
+    /// `affinity`: index lookup + choice + record over shared data; index
+    /// holders are kept as address ids ([`AddrSlots`]).
     fn select_affinity(
         &mut self,
         p: &Plugin,
+        view: &View,
         key: &RoutingKey,
         prompt_chars: usize,
-        loads: &[u32],
+        loads: Loads<'_>,
         ticket: u64,
     ) -> Decision {
         // The VM is single-threaded, so the cost model is never borrowed twice;
@@ -234,27 +261,31 @@ impl RouterHttp {
             Ok(c) => c,
             Err(_) => {
                 fallback =
-                    std::cell::RefCell::new(crate::cost::CostModel::new(p.router.cost_config()));
+                    std::cell::RefCell::new(crate::cost::CostModel::new(view.router.cost_config()));
                 match fallback.try_borrow() {
                     Ok(c) => c,
-                    Err(_) => return p.router.select(key, Loads::new(loads), ticket),
+                    Err(_) => return view.router.select(key, loads, ticket),
                 }
             }
         };
-        let slots = SharedSlots::new(&p.prefix);
-        let (d, choice, known) = p.delivered.with_horizons(self.routed_at_ms, |h| {
-            p.router.choose_affinity_fed(
-                key,
-                prompt_chars,
-                Loads::new(loads),
-                &slots,
-                &cost,
-                (self.routed_at_ms, ticket),
-                h,
-            )
-        });
+        let mut slots = SharedSlots::new(&p.keys.prefix);
+        let usable = loads.available.unwrap_or(&[]);
+        let (d, choice, known) = {
+            let by_addr = AddrSlots::new(&mut slots, view, usable);
+            p.delivered.with_horizons(self.routed_at_ms, view, |h| {
+                view.router.choose_affinity_fed(
+                    key,
+                    prompt_chars,
+                    loads,
+                    &by_addr,
+                    &cost,
+                    (self.routed_at_ms, ticket),
+                    h,
+                )
+            })
+        };
         let block_tokens =
-            crate::hash::BLOCK_UNITS as f64 / p.router.affinity_config().chars_per_token;
+            crate::hash::BLOCK_UNITS as f64 / view.router.affinity_config().chars_per_token;
         self.delivery.expect(
             &choice,
             known.as_ref(),
@@ -268,15 +299,15 @@ impl RouterHttp {
         if self.api_path && choice.reason != crate::affinity::Reason::NoKey {
             self.pending_record = Some((key.blocks.clone(), known));
         }
-        let in_flight = loads.get(d.primary).copied().unwrap_or(0);
+        let in_flight = loads.of(d.primary);
         self.pending_cost = Some((choice.expected_uncached_tokens(), f64::from(in_flight)));
         d
     }
 
-    fn set_headers(&self, p: &Plugin, d: Decision) {
-        let cfg = p.router.config();
-        let mut target = cfg.endpoints.get(d.primary).cloned().unwrap_or_default();
-        if let Some(s) = d.secondary.and_then(|s| cfg.endpoints.get(s)) {
+    fn set_headers(&self, p: &Plugin, view: &View, d: Decision) {
+        let cfg = p.config();
+        let mut target = view.addr(d.primary).unwrap_or_default().to_string();
+        if let Some(s) = d.secondary.and_then(|s| view.addr(s)) {
             target.push(',');
             target.push_str(s);
         }
@@ -313,21 +344,31 @@ impl RouterHttp {
     }
 
     /// `affinity`: the upstream answered; record the prefix for the host that
-    /// served it if the answer is 2xx (an engine that accepted the prompt has
-    /// it cached). At most once per request.
-    fn record_if_accepted(&mut self, p: &Plugin, served: Option<usize>) {
+    /// served it (`served`, else the primary) if the answer is 2xx (an engine
+    /// that accepted the prompt has it cached). At most once per request.
+    /// Holders are written as address ids through the routing-time view.
+    fn record_if_accepted(&mut self, p: &Plugin, served: Option<&str>) {
         let Some((blocks, known)) = self.pending_record.take() else {
             return;
         };
         let ok =
             matches!(host::response_header(":status"), Ok(Some(s)) if s.first() == Some(&b'2'));
-        let Some(served) = served.or(self.primary).filter(|_| ok) else {
+        let Some(view) = self.view.clone().filter(|_| ok) else {
             return;
         };
-        let mut slots = SharedSlots::new(&p.prefix);
+        let Some(served) = served
+            .or(self.slot.primary.as_deref())
+            .and_then(|a| view.position(a.as_bytes()))
+        else {
+            return;
+        };
+        let mut slots = SharedSlots::new(&p.keys.prefix);
         let now_ms = host::now_nanos() / 1_000_000;
-        p.router
-            .record_affinity(&mut slots, &blocks, known.as_ref(), served, now_ms);
+        {
+            let mut by_addr = AddrSlots::new(&mut slots, &view, &[]);
+            view.router
+                .record_affinity(&mut by_addr, &blocks, known.as_ref(), served, now_ms);
+        }
         if slots.failures.get() > 0 {
             p.stats.failure(HostFailure::SharedData);
         }
@@ -335,16 +376,13 @@ impl RouterHttp {
 
     /// The host that actually serves the request (after retries / fallback),
     /// read once and remembered.
-    fn upstream_endpoint(&mut self, p: &Plugin) -> Option<usize> {
+    fn upstream_addr(&mut self) -> Option<String> {
         if self.upstream.is_none() {
             self.upstream = host::property(&["upstream", "address"]).ok().flatten();
         }
-        let addr = self.upstream.as_deref()?;
-        p.router
-            .config()
-            .endpoints
-            .iter()
-            .position(|e| e.as_bytes() == addr)
+        self.upstream
+            .as_deref()
+            .map(|a| String::from_utf8_lossy(a).into_owned())
     }
 }
 
@@ -362,13 +400,14 @@ impl HttpContext for RouterHttp {
     fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
         // Never trust a client-supplied target: remove it before anything else,
         // so even a request that ends up unrouted cannot pick its host.
-        let target = self.plugin.as_ref().map_or(DEFAULT_TARGET_HEADER, |p| {
-            p.router.config().target_header.as_str()
-        });
+        let target = self
+            .plugin
+            .as_ref()
+            .map_or(DEFAULT_TARGET_HEADER, |p| p.config().target_header.as_str());
         if let Err(e) = host::remove_request_header(target) {
             log::warn!("#{} cannot remove {target}: {e}", self.context_id);
         }
-        let needs_body = self.plugin.as_ref().is_some_and(|p| p.router.needs_body());
+        let needs_body = self.plugin.as_ref().is_some_and(|p| p.needs_body());
         if end_of_stream || !needs_body || is_tunnel() {
             self.route(Body::None, 0);
             return Action::Continue;
@@ -376,10 +415,10 @@ impl HttpContext for RouterHttp {
         if let Some(p) = self
             .plugin
             .as_ref()
-            .filter(|p| p.router.config().strategy == Strategy::Affinity)
+            .filter(|p| p.config().strategy == Strategy::Affinity)
         {
             self.api_path = matches!(host::request_header(":path"),
-                Ok(Some(path)) if crate::paths::is_api_path(&p.router.config().paths, &path));
+                Ok(Some(path)) if crate::paths::is_api_path(&p.config().paths, &path));
         }
         Action::Pause
     }
@@ -391,7 +430,7 @@ impl HttpContext for RouterHttp {
         let Some(p) = self.plugin.clone() else {
             return Action::Continue;
         };
-        let cfg = p.router.config();
+        let cfg = p.config();
         if size > cfg.max_body_bytes {
             // Too large to parse: route on the raw first bytes now and stream the rest.
             match self.body(cfg.prefix_length.min(size)) {
@@ -413,7 +452,7 @@ impl HttpContext for RouterHttp {
             let size = self
                 .plugin
                 .as_ref()
-                .map_or(0, |p| p.router.config().max_body_bytes);
+                .map_or(0, |p| p.config().max_body_bytes);
             self.route_buffered(size);
         }
         Action::Continue
@@ -423,42 +462,25 @@ impl HttpContext for RouterHttp {
         let Some(p) = self.plugin.clone() else {
             return Action::Continue;
         };
-        let served = if self.holding.is_some() || self.pending_record.is_some() {
-            self.upstream_endpoint(&p)
-        } else {
-            None
-        };
-        if served.is_some() && served != self.primary {
+        let upstream = self.upstream_addr();
+        if upstream.is_some() && upstream != self.slot.primary {
             // Another host's time to first token says nothing about the primary.
             self.pending_cost = None;
         }
-        self.record_if_accepted(&p, served);
+        self.record_if_accepted(&p, upstream.as_deref());
+        // Passive health: the primary did not serve (a retry or the fallback
+        // used another host, or no host was reached): mark it down for every
+        // worker until a poll shows it recovered.
+        super::health::check_primary(&p, &self.slot, upstream.as_deref());
         // A retry or the fallback used another host: count the request there.
-        if let (Some(held), Some(actual)) = (self.holding, served) {
-            if held != actual {
-                let released = p.in_flight.add(held, -1, None);
-                let taken = p.in_flight.add(actual, 1, None);
-                match (released, taken) {
-                    (Ok(a), Ok(b)) => {
-                        p.stats.in_flight(held, a);
-                        p.stats.in_flight(actual, b);
-                        self.holding = Some(actual);
+        if let Some(actual) = upstream {
+            match self.slot.moved(&HostShared, &p.keys, &actual) {
+                Ok(gauges) => {
+                    for (addr, n) in gauges {
+                        p.stats.in_flight(&addr, n);
                     }
-                    (Ok(a), Err(_)) => {
-                        p.stats.in_flight(held, a);
-                        self.holding = None;
-                        p.stats.failure(HostFailure::SharedData);
-                    }
-                    (Err(_), Ok(b)) => {
-                        // Two slots held: release the new one, keep the old.
-                        p.stats.in_flight(actual, b);
-                        if let Ok(b) = p.in_flight.add(actual, -1, None) {
-                            p.stats.in_flight(actual, b);
-                        }
-                        p.stats.failure(HostFailure::SharedData);
-                    }
-                    (Err(_), Err(_)) => p.stats.failure(HostFailure::SharedData),
                 }
+                Err(_) => p.stats.failure(HostFailure::SharedData),
             }
         }
         self.delivery.on_headers(&p);
@@ -473,8 +495,10 @@ impl HttpContext for RouterHttp {
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         if let Some(p) = self.plugin.clone() {
-            let served = self.upstream_endpoint(&p);
-            self.delivery.on_chunk(&p, size, end_of_stream, served);
+            let served = self.upstream_addr();
+            let view = self.view.clone();
+            self.delivery
+                .on_chunk(&p, view.as_deref(), size, end_of_stream, served.as_deref());
         }
         // First chunk of a stream = first token: teach the cost model. Nothing
         // is buffered (buffering SSE would destroy the client's TTFT).
@@ -494,29 +518,21 @@ impl HttpContext for RouterHttp {
     }
 
     fn on_log(&mut self) {
-        if let Some(p) = self.plugin.clone() {
-            let served = self.upstream_endpoint(&p);
-            self.delivery.finish(&p, served);
-        }
-        let (Some(p), Some(idx)) = (self.plugin.clone(), self.holding.take()) else {
-            return;
-        };
-        match p.in_flight.add(idx, -1, None) {
-            Ok(now) => p.stats.in_flight(idx, now),
-            Err(e) => {
-                log::warn!("#{} cannot release in-flight count: {e}", self.context_id);
+        let Some(p) = self.plugin.clone() else { return };
+        let served = self.upstream_addr();
+        let view = self.view.clone();
+        self.delivery.finish(&p, view.as_deref(), served.as_deref());
+        match self.slot.release(&HostShared, &p.keys) {
+            Some(Ok((addr, now))) => p.stats.in_flight(&addr, now),
+            Some(Err(e)) => {
+                log::warn!("#{} cannot release in-flight count: {e:?}", self.context_id);
                 p.stats.failure(HostFailure::SharedData);
             }
+            None => return,
         }
         // The primary was decided at routing; count requests another host served.
-        if self.upstream.is_none() {
-            self.upstream = host::property(&["upstream", "address"]).ok().flatten();
-        }
-        if let Some(addr) = self.upstream.as_deref() {
-            let primary = self
-                .primary
-                .and_then(|i| p.router.config().endpoints.get(i));
-            if primary.is_some_and(|e| e.as_bytes() != addr) {
+        if let (Some(addr), Some(primary)) = (self.upstream_addr(), self.slot.primary.as_deref()) {
+            if addr != primary {
                 p.stats.upstream_mismatch();
             }
         }

@@ -8,7 +8,8 @@
 //!   the `override_host` header and the decision header, counts in-flight
 //!   requests and releases them exactly once in `on_log`;
 //! - [`host`]: host calls that return every status instead of panicking;
-//! - [`inflight`]: the shared per-endpoint in-flight counts (CAS);
+//! - [`poll`]: the admin poll under a lease (`cluster` set);
+//! - [`health`]: passive health (a primary that did not serve is marked down);
 //! - [`slots`]: the `affinity` prefix index's slot table in shared data;
 //! - [`secret`]: the per-process secret keying the index's slot hash;
 //! - [`stats`]: Envoy stats;
@@ -16,9 +17,10 @@
 //!   response as it passes, and the index feedback.
 
 mod delivered;
+mod health;
 mod host;
 mod http;
-mod inflight;
+mod poll;
 mod root;
 mod secret;
 mod slots;
@@ -26,7 +28,7 @@ mod stats;
 
 proxy_wasm::main! {{
     host::init_logging();
-    proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
-        Box::new(root::RouterRoot::default())
+    proxy_wasm::set_root_context(|context_id| -> Box<dyn proxy_wasm::traits::RootContext> {
+        Box::new(root::RouterRoot::new(context_id))
     });
 }}

@@ -1,10 +1,13 @@
-//! Root context: configuration, shared state, stats.
+//! Root context: configuration, shared state, stats, and (with `cluster`)
+//! the admin poll on ticks.
 
-use super::host::{self, BUFFER_PLUGIN_CONFIGURATION};
+use super::host::{self, HostShared, BUFFER_PLUGIN_CONFIGURATION};
 use super::http::RouterHttp;
-use super::inflight::InFlight;
+use super::poll::Poller;
 use super::stats::Stats;
-use crate::config::Config;
+use crate::cluster::sync::Follower;
+use crate::cluster::tables::{InFlight, Keys};
+use crate::config::{Config, Strategy};
 use crate::cost::CostModel;
 use crate::hash::hash_id;
 use crate::router::Router;
@@ -15,29 +18,70 @@ use std::rc::Rc;
 
 /// Everything a request needs, shared by the HTTP contexts of one VM.
 pub struct Plugin {
-    /// The routing core.
-    pub router: Router,
-    /// Shared in-flight counts.
-    pub in_flight: InFlight,
+    /// The configuration and the current membership view.
+    pub follower: Follower,
+    /// Shared-data keys (namespace without a configuration fingerprint).
+    pub keys: Keys,
     /// Shared round-robin counter key.
     pub rr_key: String,
-    /// Shared-data namespace of this plugin and configuration (`…/`).
-    pub prefix: String,
     /// `affinity` prices, learned per worker from observed TTFTs.
     pub cost: RefCell<CostModel>,
     /// Metric ids.
     pub stats: Stats,
+    /// Generation whose endpoints have their metrics defined.
+    pub stats_generation: std::cell::Cell<u64>,
     /// Predicted vs delivered: metrics and eviction horizons.
     pub delivered: super::delivered::Shared,
+}
+
+impl Plugin {
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        self.follower.config()
+    }
+
+    /// Does the strategy read the body?
+    pub fn needs_body(&self) -> bool {
+        matches!(
+            self.config().strategy,
+            Strategy::Prefix | Strategy::Session | Strategy::Affinity
+        )
+    }
 }
 
 /// The root context; holds the plugin once configured.
 #[derive(Default)]
 pub struct RouterRoot {
     plugin: Option<Rc<Plugin>>,
+    poller: Poller,
+    context_id: u32,
 }
 
-impl Context for RouterRoot {}
+impl RouterRoot {
+    /// Root context `context_id`.
+    pub fn new(context_id: u32) -> RouterRoot {
+        RouterRoot {
+            context_id,
+            ..RouterRoot::default()
+        }
+    }
+}
+
+impl Context for RouterRoot {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        if let Some(p) = self.plugin.clone() {
+            if let Some(d) = &p.config().discovery {
+                self.poller.response(&p, d, token_id, body_size);
+            }
+        }
+    }
+}
 
 impl RootContext for RouterRoot {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -61,43 +105,73 @@ impl RootContext for RouterRoot {
             Ok(Some(n)) => String::from_utf8_lossy(&n).into_owned(),
             _ => String::new(),
         };
-        // Namespaced by plugin and configuration: Istio leaves vm_id empty, so
-        // several plugins may share one shared-data namespace.
-        let prefix = format!("prefix_router/{plugin_name}/{:016x}/", hash_id(&bytes));
-        let in_flight = InFlight::new(&prefix, config.endpoints.len());
-        if let Err(e) = in_flight.init() {
-            log::error!("cannot initialise shared data ({prefix}inflight): {e}");
-            return false;
+        // Namespaced by plugin (Istio leaves vm_id empty, so several plugins
+        // may share one shared-data namespace), NOT by configuration: a push
+        // keeps in-flight counts, down marks, membership and the index.
+        let keys = Keys::new(&plugin_name);
+        for key in [&keys.inflight, &keys.down] {
+            if let Err(e) = InFlight::init(&HostShared, key) {
+                log::error!("cannot initialise shared data ({key}): {e:?}");
+                return false;
+            }
         }
-        let stats = Stats::define(&config.endpoints);
+        let stats = Stats::define();
+        stats.members(&config.endpoints);
         log::info!(
-            "configured: strategy={} endpoints={} prefix_length={} concurrency_threshold={} load_factor={} plugin={plugin_name:?}",
+            "configured: strategy={} endpoints={} cluster={} prefix_length={} concurrency_threshold={} load_factor={} plugin={plugin_name:?}",
             config.strategy.as_str(),
             config.endpoints.len(),
+            config.discovery.as_ref().map_or("-", |d| d.cluster.as_str()),
             config.prefix_length,
             config.concurrency_threshold,
             config.load_factor
         );
-        let secret = match super::secret::get_or_create(hash_id(&bytes) as u32) {
+        let secret = match super::secret::get_or_create(self.context_id) {
             Ok(s) => s,
             Err(e) => {
                 log::error!("cannot read or store the index secret: {e}");
                 return false;
             }
         };
-        let router = Router::new(config).with_index_secret(secret);
-        let cost = RefCell::new(CostModel::new(router.cost_config()));
-        let delivered = super::delivered::Shared::new(&router.config().endpoints, &prefix);
+        let cost = RefCell::new(CostModel::new(Router::new(config.clone()).cost_config()));
+        if let Some(d) = &config.discovery {
+            let tick = config
+                .engine
+                .as_ref()
+                .map_or(d.refresh_ms, |e| e.refresh_ms.min(d.refresh_ms));
+            if let Err(e) = host::set_tick_period_ms(tick) {
+                log::error!("cannot set the poll period: {e}");
+                return false;
+            }
+        }
+        let follower = Follower::new(config).with_index_secret(secret);
+        follower.adopt(&HostShared, &keys);
+        self.poller = Poller::new(hash_id(
+            &[
+                host::now_nanos().to_le_bytes(),
+                u64::from(self.context_id).to_le_bytes(),
+                (&self.poller as *const Poller as usize as u64).to_le_bytes(),
+            ]
+            .concat(),
+        ));
         self.plugin = Some(Rc::new(Plugin {
-            router,
-            in_flight,
-            rr_key: format!("{prefix}rr"),
-            delivered,
-            prefix,
+            follower,
+            rr_key: format!("{}rr", keys.prefix),
+            delivered: super::delivered::Shared::new(&keys.prefix),
+            keys,
             cost,
             stats,
+            stats_generation: std::cell::Cell::new(0),
         }));
         true
+    }
+
+    fn on_tick(&mut self) {
+        if let Some(p) = self.plugin.clone() {
+            if let Some(d) = &p.config().discovery {
+                self.poller.tick(&p, d);
+            }
+        }
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -7,12 +7,27 @@
 //! `prefix_router.endpoint.<ep>.routed` (counter) and
 //! `prefix_router.endpoint.<ep>.in_flight` (gauge); `affinity` prices learned
 //! by the last worker that observed a stream: `prefix_router.cost.prefill_us_per_ktok`
-//! and `prefix_router.cost.wait_us_per_request` (gauges).
+//! and `prefix_router.cost.wait_us_per_request` (gauges). Per-endpoint stats
+//! are defined on first use of an address (bounded by the hosts ever seen).
+//! Live cluster view: `prefix_router.cluster.poll_ok`, `.poll_failed`,
+//! `.reconciled` (in-flight counts corrected to `rq_active`), `.marked_down`
+//! (passive health), `.no_members` (counters), `.generation`, `.members`,
+//! `.available` (gauges); with `engine`: `.engine_scraped`,
+//! `.engine_scrape_failed`, and per request `.engine_stale` (hosts without a
+//! fresh sample), `.engine_saturated` (hosts left out), `.engine_lora`
+//! (requests narrowed to an adapter tier).
 //! Envoy exposes wasm-defined stats as they are named here (Prometheus:
 //! `/stats/prometheus` lists them with `.` → `_`).
 
 use super::host::{self, MetricKind};
+use crate::cluster::engines::Effect;
+use crate::cluster::sync::PollOutcome;
 use crate::decision::{Branch, KeySource};
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// (routed counter, in-flight gauge) ids of one address.
+type HostIds = (Option<u32>, Option<u32>);
 
 /// Metric ids of one VM.
 pub struct Stats {
@@ -23,11 +38,42 @@ pub struct Stats {
     error_shared_data: Option<u32>,
     error_header: Option<u32>,
     error_body: Option<u32>,
-    routed: Vec<Option<u32>>,
-    in_flight: Vec<Option<u32>>,
+    /// Per address: (routed counter, in-flight gauge).
+    hosts: RefCell<HashMap<String, HostIds>>,
+    cluster: [Option<u32>; 13],
     prefill_us_per_ktok: Option<u32>,
     wait_us_per_request: Option<u32>,
 }
+
+/// `prefix_router.cluster.*` stats: (is a counter, name).
+const CLUSTER_STATS: [(bool, &str); 13] = [
+    (true, "poll_ok"),
+    (true, "poll_failed"),
+    (true, "reconciled"),
+    (true, "marked_down"),
+    (true, "no_members"),
+    (false, "generation"),
+    (false, "members"),
+    (false, "available"),
+    (true, "engine_scraped"),
+    (true, "engine_scrape_failed"),
+    (true, "engine_stale"),
+    (true, "engine_saturated"),
+    (true, "engine_lora"),
+];
+const C_POLL_OK: usize = 0;
+const C_POLL_FAILED: usize = 1;
+const C_RECONCILED: usize = 2;
+const C_MARKED_DOWN: usize = 3;
+const C_NO_MEMBERS: usize = 4;
+const C_GENERATION: usize = 5;
+const C_MEMBERS: usize = 6;
+const C_AVAILABLE: usize = 7;
+const C_SCRAPED: usize = 8;
+const C_SCRAPE_FAILED: usize = 9;
+const C_STALE: usize = 10;
+const C_SATURATED: usize = 11;
+const C_LORA: usize = 12;
 
 /// Errors counted in `prefix_router.error.<what>`.
 #[derive(Debug, Clone, Copy)]
@@ -59,9 +105,10 @@ pub fn endpoint_label(ep: &str) -> String {
 }
 
 impl Stats {
-    /// Define every metric for `endpoints`.
-    pub fn define(endpoints: &[String]) -> Stats {
+    /// Define the fixed metrics (per-endpoint ones are defined on first use).
+    pub fn define() -> Stats {
         let c = MetricKind::Counter;
+        let g = MetricKind::Gauge;
         Stats {
             branch: Branch::ALL
                 .iter()
@@ -76,32 +123,101 @@ impl Stats {
             error_shared_data: define(c, "prefix_router.error.shared_data"),
             error_header: define(c, "prefix_router.error.header"),
             error_body: define(c, "prefix_router.error.body"),
-            routed: endpoints
-                .iter()
-                .map(|e| {
-                    define(
-                        c,
-                        &format!("prefix_router.endpoint.{}.routed", endpoint_label(e)),
-                    )
-                })
-                .collect(),
-            prefill_us_per_ktok: define(
-                MetricKind::Gauge,
-                "prefix_router.cost.prefill_us_per_ktok",
-            ),
-            wait_us_per_request: define(
-                MetricKind::Gauge,
-                "prefix_router.cost.wait_us_per_request",
-            ),
-            in_flight: endpoints
-                .iter()
-                .map(|e| {
-                    define(
-                        MetricKind::Gauge,
-                        &format!("prefix_router.endpoint.{}.in_flight", endpoint_label(e)),
-                    )
-                })
-                .collect(),
+            hosts: RefCell::new(HashMap::new()),
+            cluster: CLUSTER_STATS.map(|(kind, name)| {
+                define(
+                    if kind { c } else { g },
+                    &format!("prefix_router.cluster.{name}"),
+                )
+            }),
+            prefill_us_per_ktok: define(g, "prefix_router.cost.prefill_us_per_ktok"),
+            wait_us_per_request: define(g, "prefix_router.cost.wait_us_per_request"),
+        }
+    }
+
+    /// The (routed, in-flight) metric ids of an address, defined on first use.
+    fn host(&self, addr: &str) -> HostIds {
+        let Ok(mut hosts) = self.hosts.try_borrow_mut() else {
+            return (None, None);
+        };
+        *hosts.entry(addr.to_string()).or_insert_with(|| {
+            let label = endpoint_label(addr);
+            (
+                define(
+                    MetricKind::Counter,
+                    &format!("prefix_router.endpoint.{label}.routed"),
+                ),
+                define(
+                    MetricKind::Gauge,
+                    &format!("prefix_router.endpoint.{label}.in_flight"),
+                ),
+            )
+        })
+    }
+
+    /// Define the per-endpoint metrics of every member (gauges start at 0,
+    /// so every replica has them before its first request).
+    pub fn members(&self, endpoints: &[String]) {
+        for e in endpoints {
+            self.host(e);
+        }
+    }
+
+    /// Count a request left unrouted for want of members.
+    pub fn no_members(&self) {
+        Self::bump(self.cluster[C_NO_MEMBERS]);
+    }
+
+    /// Count a passive down mark.
+    pub fn marked_down(&self) {
+        Self::bump(self.cluster[C_MARKED_DOWN]);
+    }
+
+    /// Count a stored engine sample.
+    pub fn scraped(&self) {
+        Self::bump(self.cluster[C_SCRAPED]);
+    }
+
+    /// Count a failed engine scrape.
+    pub fn scrape_failed(&self) {
+        Self::bump(self.cluster[C_SCRAPE_FAILED]);
+    }
+
+    /// Count what the engine view did to one request.
+    pub fn engine_effect(&self, e: &Effect) {
+        for (i, n) in [
+            (C_STALE, e.stale),
+            (C_SATURATED, e.saturated),
+            (C_LORA, usize::from(e.lora_tier.is_some())),
+        ] {
+            if let (Some(id), true) = (self.cluster[i], n > 0) {
+                host::increment_metric(id, n as i64);
+            }
+        }
+    }
+
+    /// Count a failed admin poll.
+    pub fn poll_failed(&self) {
+        Self::bump(self.cluster[C_POLL_FAILED]);
+    }
+
+    /// Record a successful admin poll.
+    pub fn polled(&self, o: &PollOutcome) {
+        Self::bump(self.cluster[C_POLL_OK]);
+        if let Some(id) = self.cluster[C_RECONCILED] {
+            host::increment_metric(id, o.reconciled.len() as i64);
+        }
+        for (addr, n) in &o.reconciled {
+            self.in_flight(addr, *n);
+        }
+        for (i, v) in [
+            (C_GENERATION, o.generation),
+            (C_MEMBERS, o.members as u64),
+            (C_AVAILABLE, o.available as u64),
+        ] {
+            if let Some(id) = self.cluster[i] {
+                host::record_metric(id, v);
+            }
         }
     }
 
@@ -112,12 +228,12 @@ impl Stats {
     }
 
     /// Count one decision.
-    pub fn decision(&self, branch: Branch, source: KeySource, endpoint: usize) {
+    pub fn decision(&self, branch: Branch, source: KeySource, endpoint: &str) {
         let b = Branch::ALL.iter().position(|x| *x == branch);
         let s = KeySource::ALL.iter().position(|x| *x == source);
         Self::bump(b.and_then(|i| self.branch.get(i).copied().flatten()));
         Self::bump(s.and_then(|i| self.source.get(i).copied().flatten()));
-        Self::bump(self.routed.get(endpoint).copied().flatten());
+        Self::bump(self.host(endpoint).0);
     }
 
     /// Count an ignored routing id.
@@ -152,8 +268,8 @@ impl Stats {
     }
 
     /// Publish an endpoint's in-flight count.
-    pub fn in_flight(&self, endpoint: usize, value: u32) {
-        if let Some(id) = self.in_flight.get(endpoint).copied().flatten() {
+    pub fn in_flight(&self, endpoint: &str, value: u32) {
+        if let Some(id) = self.host(endpoint).1 {
             host::record_metric(id, u64::from(value));
         }
     }

@@ -18,6 +18,7 @@ mod harness;
 mod affinity;
 mod agreement;
 mod bad_config;
+mod cluster;
 mod delivered;
 mod failover;
 mod hostile;

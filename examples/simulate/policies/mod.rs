@@ -16,6 +16,7 @@
 //! | `greedy_true_ttft` | true cache and queue state, greedy minimum estimated TTFT under ours' load bound |
 //! | `ours` | `prefix_router::affinity` (longest known prefix + cost-aware spill) |
 //! | `ours_2x` | `ours` in two independent Envoys (own index, own in-flight counts), requests split at random |
+//! | `MODE/N[/DELAY]` | `ours` in N gateways with the multi-gateway options of `gateways.rs` |
 //!
 //! Baselines take parameters in their name, `base:k=v/k=v` (see
 //! [`PARAMS`]); `*_tuned` names are the best settings of a sweep
@@ -23,6 +24,7 @@
 
 pub mod basic;
 pub mod chwbl;
+pub mod gateways;
 pub mod gie;
 pub mod lru;
 pub mod oracle;
@@ -160,6 +162,9 @@ pub const TUNED: &[(&str, &str)] = &[
     ("sglang_tuned", "sglang:cache=0.1/abs=64/rel=1.5"),
 ];
 
+/// Base of the multi-gateway policies `MODE/N[/DELAY]` ([`gateways`]).
+pub const GATEWAYS: &str = "ours_gateways";
+
 /// A policy name resolved to its base and parameters.
 #[derive(Debug, Clone)]
 pub struct Spec {
@@ -204,6 +209,13 @@ impl Spec {
 /// # Errors
 /// Unknown base or parameter, bad value.
 pub fn resolve(name: &str) -> Result<Spec, String> {
+    if gateways::is_name(name) {
+        return Ok(Spec {
+            base: GATEWAYS.to_string(),
+            params: Vec::new(),
+            ours: Vec::new(),
+        });
+    }
     let name = TUNED
         .iter()
         .find(|(t, _)| *t == name)
@@ -330,7 +342,7 @@ impl KeyBook {
                         spec.get("th") as u32
                     ),
                 )?,
-                "ours" | "ours_2x" | "ours_feedback" | "ours_feedback_2x" => {
+                "ours" | "ours_2x" | "ours_feedback" | "ours_feedback_2x" | GATEWAYS => {
                     let o = spec.ours_params(ours)?;
                     add(
                         &ours_label(&o),
@@ -433,6 +445,11 @@ pub fn build(
             let (i, router) = core(&ours_label(&o))?;
             let m = if spec.base == "ours_feedback" { 1 } else { 2 };
             Box::new(ours_feedback::OursFeedback::new(router, i, o, m, n, seed))
+        }
+        GATEWAYS => {
+            let o = spec.ours_params(ours)?;
+            let (i, router) = core(&ours_label(&o))?;
+            Box::new(gateways::build(name, router, i, &o, n, seed)?)
         }
         other => {
             return Err(format!(

@@ -45,6 +45,61 @@ pub struct EnvoyConfig {
     pub wasm: Option<PathBuf>,
     /// Accept WebSocket upgrades (`upgrade_configs`).
     pub websocket: bool,
+    /// The Wasm filter comes from an ECDS file (`config_discovery` +
+    /// `path_config_source`), so its configuration can be pushed; see
+    /// [`Envoy::push_filter`].
+    pub ecds: bool,
+    /// The cluster is STRICT_DNS with `localhost:<port>` endpoints (resolved by Envoy).
+    pub dns: bool,
+    /// Members come from an EDS file (`path_config_source` + `watched_directory`)
+    /// instead of a STATIC load assignment; see [`Envoy::write_eds`].
+    pub eds: bool,
+}
+
+/// The Wasm filter message (`"@type"` + `config`) indented by `indent`; `filter` and
+/// `wasm` are YAML scalars (JSON string literals).
+fn wasm_message(filter: &str, wasm: &str, failure_policy: &str, indent: usize) -> String {
+    let lines = [
+        "\"@type\": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm".to_string(),
+        "config:".into(),
+        "  name: prefix_router".into(),
+        "  root_id: \"\"".into(),
+        format!("  failure_policy: {failure_policy}"),
+        "  allow_on_headers_stop_iteration: true".into(),
+        "  configuration:".into(),
+        "    \"@type\": type.googleapis.com/google.protobuf.StringValue".into(),
+        format!("    value: {filter}"),
+        "  vm_config:".into(),
+        "    vm_id: prefix_router".into(),
+        "    runtime: envoy.wasm.runtime.v8".into(),
+        format!("    code: {{local: {{filename: {wasm}}}}}"),
+    ];
+    let pad = " ".repeat(indent);
+    lines.iter().map(|l| format!("{pad}{l}\n")).collect()
+}
+
+/// The ECDS file: one TypedExtensionConfig `prefix_router` holding the Wasm filter.
+pub fn ecds_yaml(filter_json: &str, version: u64) -> String {
+    let filter = serde_json::to_string(filter_json).expect("string");
+    let wasm = serde_json::to_string(&super::wasm_path().to_string_lossy()).expect("string");
+    format!(
+        "version_info: \"{version}\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig\n  name: prefix_router\n  typed_config:\n{}",
+        wasm_message(&filter, &wasm, "FAIL_CLOSED", 4)
+    )
+}
+
+/// The EDS file (a DiscoveryResponse with one ClusterLoadAssignment for `llm`).
+pub fn eds_yaml(endpoints: &[String], version: u64) -> String {
+    let hosts: String = endpoints
+        .iter()
+        .map(|e| {
+            let (ip, p) = e.rsplit_once(':').expect("IP:port");
+            format!("    - endpoint: {{address: {{socket_address: {{address: {ip}, port_value: {p}}}}}}}\n")
+        })
+        .collect();
+    format!(
+        "version_info: \"{version}\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n  cluster_name: llm\n  endpoints:\n  - lb_endpoints:\n{hosts}"
+    )
 }
 
 impl EnvoyConfig {
@@ -64,7 +119,21 @@ impl EnvoyConfig {
             failure_policy: "FAIL_CLOSED".into(),
             wasm: None,
             websocket: false,
+            ecds: false,
+            dns: false,
+            eds: false,
         }
+    }
+
+    /// Discovery mode: the filter follows cluster `llm` through the admin
+    /// cluster `envoy_admin` every `refresh_ms`, with no `endpoints`.
+    pub fn discovery(mut self, refresh_ms: u64) -> EnvoyConfig {
+        if let Some(m) = self.filter.as_object_mut() {
+            m.remove("endpoints");
+        }
+        self.with("cluster", json!("llm"))
+            .with("admin_cluster", json!("envoy_admin"))
+            .with("refresh_ms", json!(refresh_ms))
     }
 
     /// Strategy `prefix` over `endpoints`, defaults otherwise.
@@ -87,6 +156,18 @@ impl EnvoyConfig {
 
     /// Render the Envoy YAML.
     pub fn render(&self, admin_port: u16, port: u16, wasm: &str) -> String {
+        self.render_in(admin_port, port, wasm, std::path::Path::new("."))
+    }
+
+    /// Render the Envoy YAML; an EDS file lives in `dir/eds/eds.yaml`, an ECDS one in
+    /// `dir/ecds/wasm.yaml`.
+    pub fn render_in(
+        &self,
+        admin_port: u16,
+        port: u16,
+        wasm: &str,
+        dir: &std::path::Path,
+    ) -> String {
         let hosts: String = self
             .endpoints
             .iter()
@@ -116,13 +197,40 @@ impl EnvoyConfig {
         } else {
             ""
         };
+        let eds_dir = dir.join("eds");
+        let wasm_filter = if self.ecds {
+            let ecds = dir.join("ecds");
+            format!(
+                "          - name: prefix_router\n            config_discovery:\n              config_source:\n                resource_api_version: V3\n                path_config_source:\n                  path: {}\n                  watched_directory: {{path: {}}}\n              type_urls: [type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm]\n",
+                ecds.join("wasm.yaml").display(),
+                ecds.display()
+            )
+        } else {
+            format!(
+                "          - name: envoy.filters.http.wasm\n            typed_config:\n{}",
+                wasm_message(&filter, &wasm, failure_policy, 14)
+            )
+        };
+        let members = if self.eds {
+            format!(
+                "    type: EDS\n    eds_cluster_config:\n      eds_config:\n        resource_api_version: V3\n        path_config_source:\n          path: {}\n          watched_directory: {{path: {}}}\n",
+                eds_dir.join("eds.yaml").display(),
+                eds_dir.display()
+            )
+        } else if self.dns {
+            let hosts = hosts.replace("address: 127.0.0.1,", "address: localhost,");
+            format!("    type: STRICT_DNS\n    dns_lookup_family: V4_ONLY\n    load_assignment:\n      cluster_name: llm\n      endpoints:\n      - lb_endpoints:\n{hosts}")
+        } else {
+            format!("    type: STATIC\n    load_assignment:\n      cluster_name: llm\n      endpoints:\n      - lb_endpoints:\n{hosts}")
+        };
         let upgrades = if self.websocket {
             "          upgrade_configs: [{upgrade_type: websocket}]\n"
         } else {
             ""
         };
         format!(
-            r#"admin:
+            r#"node: {{id: prefix-router-e2e, cluster: prefix-router-e2e}}
+admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
 stats_config:
   stats_tags:
@@ -146,7 +254,7 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog
               log_format:
                 text_format_source:
-                  inline_string: "ACCESS %REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% upstream=%UPSTREAM_HOST% decision=%REQ(x-prefix-router-decision)% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% replica=%RESP(x-replica-id)% dur=%DURATION% usage=%FILTER_STATE(wasm.prefix_router:PLAIN)%\n"
+                  inline_string: "ACCESS %REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% upstream=%UPSTREAM_HOST% decision=%REQ(x-prefix-router-decision)% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% replica=%RESP(x-replica-id)% dur=%DURATION% tag=%REQ(x-test-tag)% usage=%FILTER_STATE(wasm.prefix_router:PLAIN)%\n"
           route_config:
             name: llm_routes
             virtual_hosts:
@@ -168,22 +276,7 @@ static_resources:
                         "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate
                     host_selection_retry_max_attempts: 5
           http_filters:
-{native_strip}          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: prefix_router
-                root_id: ""
-                failure_policy: {failure_policy}
-                allow_on_headers_stop_iteration: true
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: {filter}
-                vm_config:
-                  vm_id: prefix_router
-                  runtime: envoy.wasm.runtime.v8
-                  code: {{local: {{filename: {wasm}}}}}
-          - name: envoy.filters.http.router
+{native_strip}{wasm_filter}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
               upstream_http_filters:
@@ -197,17 +290,20 @@ static_resources:
                 typed_config:
                   "@type": type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec
   clusters:
-  - name: llm
+  - name: envoy_admin
     type: STATIC
+    connect_timeout: 0.5s
+    load_assignment:
+      cluster_name: envoy_admin
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}}}
+  - name: llm
     connect_timeout: 0.5s
     circuit_breakers:
       thresholds:
       - {{priority: DEFAULT, max_connections: 4096, max_pending_requests: 4096, max_requests: 4096, max_retries: 256}}
-    load_assignment:
-      cluster_name: llm
-      endpoints:
-      - lb_endpoints:
-{hosts}    health_checks:
+{members}    health_checks:
     - timeout: 0.5s
       interval: {hc}
       no_traffic_interval: {hc}
@@ -243,7 +339,10 @@ pub struct Envoy {
     /// The YAML it runs.
     pub config_path: PathBuf,
     /// Cluster members (to wait for their health).
-    endpoints: Vec<String>,
+    pub endpoints: Vec<String>,
+    /// Directory of the EDS file.
+    eds_dir: PathBuf,
+    eds_version: u64,
 }
 
 impl Envoy {
@@ -251,7 +350,19 @@ impl Envoy {
     pub fn spawn(dir: &std::path::Path, name: &str, cfg: &EnvoyConfig) -> Envoy {
         let (admin_port, port) = (free_port(), free_port());
         let wasm = cfg.wasm.clone().unwrap_or_else(wasm_path);
-        let yaml = cfg.render(admin_port, port, &wasm.to_string_lossy());
+        let yaml = cfg.render_in(admin_port, port, &wasm.to_string_lossy(), dir);
+        if cfg.ecds {
+            std::fs::create_dir_all(dir.join("ecds")).expect("mkdir ecds");
+            write_file(
+                &dir.join("ecds"),
+                "wasm.yaml",
+                &ecds_yaml(&cfg.filter_json(), 1),
+            );
+        }
+        if cfg.eds {
+            std::fs::create_dir_all(dir.join("eds")).expect("mkdir eds");
+            write_file(&dir.join("eds"), "eds.yaml", &eds_yaml(&cfg.endpoints, 1));
+        }
         Envoy::spawn_yaml(
             dir,
             name,
@@ -290,7 +401,45 @@ impl Envoy {
             port,
             config_path,
             endpoints: endpoints.to_vec(),
+            eds_dir: dir.join("eds"),
+            eds_version: 1,
         }
+    }
+
+    /// Push a new plugin configuration through the ECDS file (atomic rename) and
+    /// wait until Envoy applied it (its `config_reload` counter moved).
+    pub fn push_filter(&mut self, filter_json: &str) {
+        let stat = "extension_config_discovery.http_filter.prefix_router.config_reload";
+        let before = self.stats().find(stat).unwrap_or(0);
+        self.eds_version += 1;
+        let dir = self.eds_dir.with_file_name("ecds");
+        let tmp = write_file(
+            &dir,
+            &format!(".wasm-{}.tmp", self.eds_version),
+            &ecds_yaml(filter_json, self.eds_version),
+        );
+        std::fs::rename(&tmp, dir.join("wasm.yaml")).expect("rename ecds");
+        let ok = wait_for(Duration::from_secs(10), || {
+            (self.stats().find(stat).unwrap_or(0) > before).then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "ECDS push not applied; log:\n{}",
+            self.log_tail(3000)
+        );
+    }
+
+    /// Replace the EDS membership atomically (write a temporary file, rename it
+    /// over `eds.yaml`: the watched directory sees one move).
+    pub fn write_eds(&mut self, endpoints: &[String]) {
+        self.eds_version += 1;
+        let tmp = write_file(
+            &self.eds_dir,
+            &format!(".eds-{}.tmp", self.eds_version),
+            &eds_yaml(endpoints, self.eds_version),
+        );
+        std::fs::rename(&tmp, self.eds_dir.join("eds.yaml")).expect("rename eds");
+        self.endpoints = endpoints.to_vec();
     }
 
     /// Start Envoy and wait until it is ready, its listener accepts and every cluster

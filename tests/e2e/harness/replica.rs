@@ -20,6 +20,8 @@ pub struct ReplicaOpts {
     pub max_running: usize,
     /// `none | 503 | hang | die`.
     pub fail: &'static str,
+    /// LoRA adapters served (`--lora-adapters`), listed as loaded in `/metrics`.
+    pub lora_adapters: Vec<String>,
 }
 
 impl Default for ReplicaOpts {
@@ -30,6 +32,7 @@ impl Default for ReplicaOpts {
             decode_ms_per_token: 0.2,
             max_running: 64,
             fail: "none",
+            lora_adapters: Vec::new(),
         }
     }
 }
@@ -68,6 +71,27 @@ impl Replica {
             "replica {}: /admin/fail -> {}",
             self.id,
             r.status
+        );
+    }
+
+    /// Make `/metrics` report `waiting` queued requests and KV usage `kv` (`None`: the
+    /// real value), through the emulator's `/admin/metrics-override`.
+    pub fn set_load(&self, waiting: Option<u32>, kv: Option<f64>) {
+        let show = |v: Option<String>| v.unwrap_or_default();
+        let path = format!(
+            "/admin/metrics-override?waiting={}&kv_usage={}",
+            show(waiting.map(|w| w.to_string())),
+            show(kv.map(|k| k.to_string()))
+        );
+        let r = Client::new(Duration::from_secs(5))
+            .post(&self.url(&path), b"", &[])
+            .unwrap_or_else(|e| panic!("replica {}: metrics override: {e}", self.id));
+        assert!(
+            r.status < 300,
+            "replica {}: {path} -> {} {}",
+            self.id,
+            r.status,
+            r.body
         );
     }
 
@@ -166,6 +190,9 @@ fn spawn_emulator(
         .args(["--decode-ms-per-token", &o.decode_ms_per_token.to_string()])
         .args(["--max-running", &o.max_running.to_string()])
         .args(["--fail", o.fail]);
+    if !o.lora_adapters.is_empty() {
+        cmd.args(["--lora-adapters", &o.lora_adapters.join(",")]);
+    }
     let log = if generation == 0 {
         dir.join(format!("{id}.log"))
     } else {

@@ -1,0 +1,246 @@
+//! Instruction and allocation counts of the routing core per request, for the
+//! cost check of the test suite (`scripts/cost.sh`, run by `./build.sh test`).
+//!
+//! Each case runs one routing decision `ITERS` times inside [`measured_region`]
+//! (after one warm-up call outside it, so lazy initialisation is not counted).
+//! Under `valgrind --tool=callgrind --collect-atstart=no
+//! --toggle-collect='*measured_region*' --dump-after='*measured_region*'`
+//! every case leaves one dump whose instruction total / `ITERS` is the cost of
+//! one request; callgrind counts are the same on every run of the same binary,
+//! whatever else the machine is doing. Allocations are counted by a wrapping
+//! global allocator and printed with each case (exact, no valgrind needed).
+//!
+//! Cases (the filter's defaults unless stated):
+//! - `affinity/<size>`: `Router::key` + `Router::select_affinity` over an
+//!   in-memory [`VecStore`] that already knows the body (steady state of a
+//!   repeated prefix: one lookup hit, one slot rewrite), 7 replicas;
+//! - `prefix/<size>`: `Router::key` + `Router::select` (strategy `prefix`);
+//! - `fleet/<n>/{warm,cold}`: the routing decision for `n` replicas (ring
+//!   build excluded): `Router::key` of a 1 KiB chat body + index lookup,
+//!   choice and record, warm (known prefix) and cold (an index that never
+//!   remembers: ring placement every time);
+//! - `decide/<n>/{warm,cold}`: the same without the key (precomputed), to show
+//!   what grows with `n`.
+//!
+//! ```sh
+//! cargo run --release --example cost_probe            # list cases and allocations
+//! bash scripts/cost.sh                                # callgrind counts vs the baseline
+//! ```
+use prefix_router::cost::CostModel;
+use prefix_router::index::{SlotStore, SlotValue, VecStore};
+use prefix_router::{Body, Config, Loads, Router, RoutingKey};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Requests per measured region.
+const ITERS: u64 = 10;
+
+/// System allocator that counts allocations (and reallocations).
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// The only region callgrind counts (see the module docs). Never inlined, so
+/// the toggle finds it by name.
+#[inline(never)]
+fn measured_region(f: &mut dyn FnMut() -> u64) -> u64 {
+    let mut acc = 0u64;
+    for _ in 0..ITERS {
+        acc = acc.wrapping_add(f());
+    }
+    black_box(acc)
+}
+
+/// A chat body of exactly `bytes` bytes (system prompt + user message, plain
+/// ASCII prose, like the overhead benchmark's).
+fn chat_body(bytes: usize, variant: u64) -> String {
+    let words = [
+        "the",
+        "assistant",
+        "must",
+        "answer",
+        "questions",
+        "about",
+        "billing",
+        "orders",
+        "shipping",
+        "returns",
+        "policy",
+        "customer",
+        "support",
+        "politely",
+        "and",
+        "never",
+    ];
+    let mut s = 0x9e37_79b9_7f4a_7c15u64 ^ variant;
+    let mut prose = |n: usize| {
+        let mut out = String::with_capacity(n + 16);
+        while out.len() < n {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            out.push_str(words[(s >> 60) as usize]);
+            out.push(' ');
+        }
+        out.truncate(n);
+        out
+    };
+    let head = format!(
+        r#"{{"model":"bench-model","messages":[{{"role":"system","content":"Tenant {variant}. "#
+    );
+    let mid = r#""},{"role":"user","content":""#;
+    let tail = r#""}],"max_tokens":64,"stream":false}"#;
+    let room = bytes
+        .saturating_sub(head.len() + mid.len() + tail.len())
+        .max(16);
+    let user = (room / 8).max(8);
+    format!("{head}{}{mid}{}{tail}", prose(room - user), prose(user))
+}
+
+fn endpoints(n: usize) -> String {
+    (0..n)
+        .map(|i| format!("\"10.{}.{}.{}:8000\"", i / 65536, (i / 256) % 256, i % 256))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn router(strategy: &str, n: usize) -> Router {
+    let json = format!(
+        r#"{{"strategy":"{strategy}","endpoints":[{}]}}"#,
+        endpoints(n)
+    );
+    match Config::from_json(json.as_bytes()) {
+        Ok(c) => Router::new(c),
+        Err(e) => {
+            eprintln!("cost_probe: bad config: {e}");
+            std::process::exit(2)
+        }
+    }
+}
+
+fn loads(n: usize) -> Vec<u32> {
+    (0..n).map(|i| (i % 5) as u32).collect()
+}
+
+/// An index that never remembers anything: every decision is a cold placement.
+struct Forgetful;
+
+impl SlotStore for Forgetful {
+    fn get(&self, _slot: u32) -> Option<SlotValue> {
+        None
+    }
+    fn set(&mut self, _slot: u32, value: SlotValue) {
+        black_box(value);
+    }
+}
+
+/// Run one case: warm-up outside the counted region, then `ITERS` requests
+/// inside it; prints the case name and allocations per request.
+fn case(name: &str, mut f: impl FnMut() -> u64) {
+    black_box(f());
+    let before = ALLOCS.load(Ordering::Relaxed);
+    black_box(measured_region(&mut f));
+    let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+    println!("{name} {ITERS} {:.1}", allocs as f64 / ITERS as f64);
+}
+
+fn end_to_end(strategy: &str, kb: usize) {
+    let r = router(strategy, 7);
+    let body = chat_body(kb * 1024, 1);
+    let l = loads(7);
+    let cost = CostModel::new(r.cost_config());
+    let mut store = VecStore::new(r.config().affinity.index_slots);
+    let mut now = 1_000u64;
+    case(&format!("{strategy}/{kb}k"), || {
+        let k = r.key(Body::Complete(black_box(body.as_bytes())), None);
+        now += 1;
+        let d = if strategy == "affinity" {
+            r.select_affinity(&k, body.len(), Loads::new(&l), &mut store, &cost, now, now)
+                .0
+        } else {
+            r.select(&k, Loads::new(&l), now)
+        };
+        k.key.unwrap_or(0) ^ d.primary as u64
+    });
+}
+
+/// `fleet/<n>/*` (with the key) or `decide/<n>/*` (without).
+fn fleet(n: usize, with_key: bool) {
+    let r = router("affinity", n);
+    let body = chat_body(1024, 2);
+    let l = loads(n);
+    let label = if with_key { "fleet" } else { "decide" };
+    let mut warm = VecStore::new(r.config().affinity.index_slots);
+    decision(
+        &format!("{label}/{n}/warm"),
+        &r,
+        &body,
+        &l,
+        &mut warm,
+        with_key,
+    );
+    decision(
+        &format!("{label}/{n}/cold"),
+        &r,
+        &body,
+        &l,
+        &mut Forgetful,
+        with_key,
+    );
+}
+
+fn decision<S: SlotStore>(
+    name: &str,
+    r: &Router,
+    body: &str,
+    l: &[u32],
+    store: &mut S,
+    with_key: bool,
+) {
+    let fixed: RoutingKey = r.key(Body::Complete(body.as_bytes()), None);
+    let cost = CostModel::new(r.cost_config());
+    let mut now = 1_000u64;
+    case(name, || {
+        now += 1;
+        let computed;
+        let key = if with_key {
+            computed = r.key(Body::Complete(black_box(body.as_bytes())), None);
+            &computed
+        } else {
+            black_box(&fixed)
+        };
+        let (d, _) = r.select_affinity(key, body.len(), Loads::new(l), store, &cost, now, now);
+        d.primary as u64
+    });
+}
+
+fn main() {
+    for kb in [1, 16, 64] {
+        end_to_end("affinity", kb);
+        end_to_end("prefix", kb);
+    }
+    for with_key in [true, false] {
+        for n in [3, 10, 30, 100, 300, 1000] {
+            fleet(n, with_key);
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! One request's lifecycle against shared data, generic over [`SharedData`]
+//! so it is unit-tested natively (the filter's `http.rs` only adds host
+//! calls, headers and stats around these):
+//! 1. [`picture`]: the loads and usable hosts the request is routed on
+//!    (in-flight table, down marks, engine samples: ≤ 3 gets);
+//! 2. [`Slot::take`]: count the request on its primary (CAS on `inflight`);
+//! 3. [`Slot::moved`]: at response headers, a retry or the fallback used
+//!    another host: move the count there; [`Slot::primary_failed`] tells the
+//!    caller to mark the primary down ([`super::sync::mark_failed`]);
+//! 4. [`Slot::release`]: exactly once at the end, whatever happened.
+//!
+//! Counts are keyed by address, so a membership change or a configuration
+//! push between 2 and 4 releases the right host.
+
+use super::engines::{self, Effect, EngineTable};
+use super::shared::{ShareError, SharedData};
+use super::tables::{addr_hash, Down, InFlight, Keys};
+use super::view::View;
+use crate::config::Config;
+
+/// What one request is routed on.
+#[derive(Debug, Clone, Default)]
+pub struct Picture {
+    /// Load per member (our in-flight counts, raised by engine load).
+    pub loads: Vec<u32>,
+    /// Usable members (health, down marks, saturation, LoRA tier).
+    pub usable: Vec<bool>,
+    /// The in-flight table as read (to try first when taking the slot).
+    pub snapshot: Option<(InFlight, u32)>,
+    /// Shared-data reads that failed (the picture is then partial: unknown
+    /// counts read as 0, unknown marks as none).
+    pub failures: u32,
+    /// What the engine view did (with `engine`).
+    pub engine: Option<Effect>,
+}
+
+/// Read the picture for `view` at `now_ms`; `model` is the request's `model`.
+pub fn picture<S: SharedData + ?Sized>(
+    s: &S,
+    k: &Keys,
+    view: &View,
+    cfg: &Config,
+    model: Option<&str>,
+    now_ms: u64,
+) -> Picture {
+    let mut failures = 0;
+    let snapshot = InFlight::read(s, &k.inflight)
+        .map_err(|_| failures += 1)
+        .ok();
+    let mut loads = view.loads(snapshot.as_ref().map_or(&InFlight::default(), |x| &x.0));
+    let down = Down::read(s, &k.down).map_or_else(
+        |_| {
+            failures += 1;
+            Down::default()
+        },
+        |x| x.0,
+    );
+    let mut usable = view.usable(&down, now_ms);
+    let engine = cfg
+        .engine
+        .as_ref()
+        .and_then(|e| match EngineTable::read(s, k) {
+            Ok(t) => Some(engines::apply(
+                view,
+                &t,
+                e,
+                model,
+                now_ms,
+                &mut loads,
+                &mut usable,
+            )),
+            Err(_) => {
+                failures += 1;
+                None
+            }
+        });
+    Picture {
+        loads,
+        usable,
+        snapshot,
+        failures,
+        engine,
+    }
+}
+
+/// The in-flight slot of one request, by address.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Slot {
+    /// The primary chosen at routing.
+    pub primary: Option<String>,
+    /// The host whose count this request holds.
+    pub holding: Option<String>,
+}
+
+/// A gauge update: (address, count now).
+pub type Gauge = (String, u32);
+
+impl Slot {
+    /// Count the request on `primary` (routing). `seen` is the picture's read.
+    ///
+    /// # Errors
+    /// Shared data failed: the request is routed but not counted.
+    pub fn take<S: SharedData + ?Sized>(
+        &mut self,
+        s: &S,
+        k: &Keys,
+        primary: &str,
+        seen: Option<(InFlight, u32)>,
+    ) -> Result<Gauge, ShareError> {
+        self.primary = Some(primary.to_string());
+        let n = InFlight::add(s, k, addr_hash(primary), 1, seen)?;
+        self.holding = Some(primary.to_string());
+        Ok((primary.to_string(), n))
+    }
+
+    /// Did the primary fail this request? (`upstream`: the host that answered,
+    /// `status_503`: the response is a 503.) Another host answered, or none
+    /// did and the answer is a 503.
+    pub fn primary_failed(&self, upstream: Option<&str>, status_503: bool) -> bool {
+        match (self.primary.as_deref(), upstream) {
+            (Some(p), Some(u)) => p != u,
+            (Some(_), None) => status_503,
+            (None, _) => false,
+        }
+    }
+
+    /// The request is served by `actual`: move the count there if it is held
+    /// elsewhere. Returns the gauge updates; `Err` if shared data failed (the
+    /// slot then holds whatever it could keep, never two counts).
+    ///
+    /// # Errors
+    /// Shared data failed.
+    pub fn moved<S: SharedData + ?Sized>(
+        &mut self,
+        s: &S,
+        k: &Keys,
+        actual: &str,
+    ) -> Result<Vec<Gauge>, ShareError> {
+        let Some(held) = self.holding.clone() else {
+            return Ok(vec![]);
+        };
+        if held == actual {
+            return Ok(vec![]);
+        }
+        let released = InFlight::add(s, k, addr_hash(&held), -1, None);
+        let taken = InFlight::add(s, k, addr_hash(actual), 1, None);
+        match (released, taken) {
+            (Ok(a), Ok(b)) => {
+                self.holding = Some(actual.to_string());
+                Ok(vec![(held, a), (actual.to_string(), b)])
+            }
+            (Ok(_), Err(e)) => {
+                self.holding = None;
+                Err(e)
+            }
+            (Err(e), Ok(_)) => {
+                // Two counts held: give the new one back, keep the old.
+                let _ = InFlight::add(s, k, addr_hash(actual), -1, None);
+                Err(e)
+            }
+            (Err(e), Err(_)) => Err(e),
+        }
+    }
+
+    /// Release the count (once; later calls do nothing).
+    ///
+    /// # Errors
+    /// Shared data failed (the count is lost; the next poll's reconcile
+    /// repairs it).
+    pub fn release<S: SharedData + ?Sized>(
+        &mut self,
+        s: &S,
+        k: &Keys,
+    ) -> Option<Result<Gauge, ShareError>> {
+        let held = self.holding.take()?;
+        Some(InFlight::add(s, k, addr_hash(&held), -1, None).map(|n| (held, n)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::shared::MockShared;
+    use super::super::sync::{apply_admin, mark_failed, Follower};
+    use super::super::view::AddrSlots;
+    use super::*;
+    use crate::cost::CostModel;
+    use crate::index::VecStore;
+    use crate::router::Body;
+    use crate::select::Loads;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn doc(hosts: &[(u16, bool)]) -> String {
+        let hs: Vec<String> = hosts
+            .iter()
+            .map(|(port, ok)| {
+                format!(
+                    r#"{{"address":{{"socket_address":{{"address":"10.0.0.1","port_value":{port}}}}},"health_status":{{"failed_active_health_check":{}}}}}"#,
+                    !ok
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"cluster_statuses":[{{"name":"llm","host_statuses":[{}]}}]}}"#,
+            hs.join(",")
+        )
+    }
+
+    struct World {
+        s: MockShared,
+        k: Keys,
+        f: Follower,
+        index: VecStore,
+    }
+
+    impl World {
+        fn new() -> World {
+            let cfg =
+                Config::from_json(br#"{"cluster":"llm","admin_cluster":"a","refresh_ms":100}"#)
+                    .unwrap();
+            let s = MockShared::new();
+            let k = Keys::new("t");
+            InFlight::init(&s, &k.inflight).unwrap();
+            Down::init(&s, &k.down).unwrap();
+            World {
+                index: VecStore::new(cfg.affinity.index_slots),
+                f: Follower::new(cfg),
+                s,
+                k,
+            }
+        }
+
+        /// Route like the filter: picture, affinity over address ids, take.
+        fn route(&mut self, body: &str, now: u64) -> (Slot, Option<String>) {
+            let view = self.f.current(&self.s, &self.k);
+            let p = picture(&self.s, &self.k, &view, self.f.config(), None, now);
+            let key = view.router.key(Body::Complete(body.as_bytes()), None);
+            let cost = CostModel::new(view.router.cost_config());
+            let mut slots = AddrSlots::new(&mut self.index, &view, &p.usable);
+            let loads = Loads {
+                in_flight: &p.loads,
+                available: Some(&p.usable),
+            };
+            let (d, _) =
+                view.router
+                    .select_affinity(&key, body.len(), loads, &mut slots, &cost, now, 0);
+            let secondary = view
+                .takeover(d.primary, &p.usable)
+                .and_then(|s| view.addr(s))
+                .map(str::to_string);
+            let mut slot = Slot::default();
+            slot.take(&self.s, &self.k, view.addr(d.primary).unwrap(), p.snapshot)
+                .unwrap();
+            (slot, secondary)
+        }
+
+        fn count(&self, addr: &str) -> u32 {
+            InFlight::read(&self.s, &self.k.inflight)
+                .unwrap()
+                .0
+                .get(addr_hash(addr))
+        }
+    }
+
+    #[test]
+    fn route_retry_release_poll_failure_and_reload() {
+        let mut w = World::new();
+        apply_admin(
+            &w.s,
+            &w.k,
+            doc(&[(1, true), (2, true), (3, true)]).as_bytes(),
+            "llm",
+            0,
+        )
+        .unwrap();
+        let hot = format!(
+            r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#,
+            "shared prompt ".repeat(600)
+        );
+        // Route and finish one request: the count goes up and back to 0.
+        let (mut a, _) = w.route(&hot, 10);
+        let holder = a.primary.clone().unwrap();
+        assert_eq!(w.count(&holder), 1);
+        assert!(!a.primary_failed(Some(&holder), false));
+        assert_eq!(a.release(&w.s, &w.k).unwrap().unwrap(), (holder.clone(), 0));
+        assert!(a.release(&w.s, &w.k).is_none(), "released twice");
+        // The holder dies: the next request is retried on its secondary.
+        let (mut b, secondary) = w.route(&hot, 20);
+        assert_eq!(b.primary.as_deref(), Some(holder.as_str()));
+        let secondary = secondary.unwrap();
+        assert!(b.primary_failed(Some(&secondary), false));
+        mark_failed(&w.s, &w.k, &holder, 30, 100).unwrap();
+        let g = b.moved(&w.s, &w.k, &secondary).unwrap();
+        assert_eq!(g, vec![(holder.clone(), 0), (secondary.clone(), 1)]);
+        // Meanwhile requests of the prefix go straight to that successor.
+        for t in 0..5 {
+            let (mut c, _) = w.route(&hot, 40 + t);
+            assert_eq!(c.primary.as_deref(), Some(secondary.as_str()));
+            c.release(&w.s, &w.k).unwrap().unwrap();
+        }
+        // A failing poll and a reload (configuration push) change nothing.
+        assert!(apply_admin(&w.s, &w.k, b"oops", "llm", 50).is_err());
+        w.s.fail_next.set(1);
+        assert!(apply_admin(&w.s, &w.k, doc(&[(1, true)]).as_bytes(), "llm", 55).is_err());
+        let cfg = w.f.config().clone();
+        w.f = Follower::new(cfg);
+        w.f.adopt(&w.s, &w.k);
+        assert_eq!(w.f.current(&w.s, &w.k).endpoints().len(), 3);
+        let (mut d, _) = w.route(&hot, 60);
+        assert_eq!(d.primary.as_deref(), Some(secondary.as_str()));
+        // Releases after the reload hit the right hosts: everything back to 0.
+        d.release(&w.s, &w.k).unwrap().unwrap();
+        b.release(&w.s, &w.k).unwrap().unwrap();
+        for port in 1..=3 {
+            assert_eq!(w.count(&format!("10.0.0.1:{port}")), 0);
+        }
+        // A 503 with no upstream also counts as a failed primary.
+        assert!(d.primary_failed(None, true) && !d.primary_failed(None, false));
+    }
+
+    #[test]
+    fn shared_data_failures_degrade_never_double_count() {
+        let mut w = World::new();
+        apply_admin(
+            &w.s,
+            &w.k,
+            doc(&[(1, true), (2, true)]).as_bytes(),
+            "llm",
+            0,
+        )
+        .unwrap();
+        let view = w.f.current(&w.s, &w.k);
+        // Every read failing: a partial picture (zeros, all usable), counted.
+        w.s.fail_next.set(2);
+        let p = picture(&w.s, &w.k, &view, w.f.config(), None, 5);
+        assert_eq!(
+            (p.failures, p.loads, p.usable),
+            (2, vec![0, 0], vec![true, true])
+        );
+        let (mut a, _) = w.route("{\"prompt\":\"x\"}", 10);
+        let held = a.holding.clone().unwrap();
+        let other = if held.ends_with(":1") {
+            "10.0.0.1:2"
+        } else {
+            "10.0.0.1:1"
+        };
+        // The move fails half way (release ok, take fails): hold nothing.
+        w.s.fail_next.set(0);
+        w.s.race_next.set(0);
+        let s2 = MockShared::new(); // a store where every call fails
+        s2.fail_next.set(100);
+        assert!(a.moved(&s2, &w.k, other).is_err());
+        assert_eq!(a.holding.as_deref(), Some(held.as_str()));
+        assert_eq!(w.count(&held), 1);
+        a.moved(&w.s, &w.k, other).unwrap();
+        a.release(&w.s, &w.k).unwrap().unwrap();
+        assert_eq!((w.count(&held), w.count(other)), (0, 0));
+    }
+}

@@ -1,0 +1,456 @@
+//! Peer exchange of prefix-index writes between gateway Envoys (pure core;
+//! the transport, `dispatch_http_call` to a peers cluster, is the filter's).
+//!
+//! Several Envoys in front of the same replicas each keep their own
+//! [`crate::index`] table. To agree on where prefixes live, every gateway
+//! **logs the slot writes** of its own [`crate::index::PrefixIndex::record`]
+//! calls ([`LoggingStore`] → [`DeltaLog`], a bounded ring numbered by a
+//! sequence); peers **pull** the writes after their cursor on a tick
+//! ([`DeltaLog::encode_since`] → [`decode`]) and **merge** them into their own
+//! table ([`merge`]). Only slot entries travel (never prompt text): a slot
+//! index and the 16-byte entry (48-bit tag, time, holders), 20 bytes.
+//!
+//! Batch format (little endian): `"PRX1"` ‖ layout u32 ‖ epoch u32 ‖
+//! from_seq u64 ‖ count u32 ‖ count × (slot u32 ‖ entry 16 B). `layout`
+//! identifies the table geometry and the replica list (see [`layout`]): a
+//! batch from a peer with another layout is refused, since holder indices
+//! and slots would mean something else there. `epoch` is random per process:
+//! a restarted peer restarts its sequence and the puller's [`Cursor`] resets.
+//!
+//! Merge rule ([`merge`]): same tag → holders = the incoming ones first, then
+//! the existing ones (at most [`MAX_HOLDERS`], no duplicates), time = the
+//! later one; an empty slot or another tag → the incoming entry replaces it
+//! (direct-mapped, exactly as a local write does).
+//!
+//! Bounds: the log keeps at most `capacity` writes (older ones are lost to a
+//! slow puller, counted by [`Cursor::advance`]); a batch carries at most
+//! `max_count` entries; [`decode`] rejects anything malformed (wrong magic,
+//! length, count, layout, empty tag, holder out of range) before touching
+//! the table. Cost: O(count) per batch, one get + one set per entry.
+
+use std::collections::VecDeque;
+
+use crate::index::{Entry, SlotStore, SlotValue, ENTRY_BYTES, MAX_HOLDERS};
+
+/// Batch magic.
+pub const MAGIC: [u8; 4] = *b"PRX1";
+/// Header bytes.
+pub const HEADER_BYTES: usize = 24;
+/// Bytes per entry on the wire (slot + entry).
+pub const ITEM_BYTES: usize = 4 + ENTRY_BYTES;
+
+/// Layout id of a table: slots and the ordered replica list (FNV-1a).
+pub fn layout(slots: u32, endpoints: &[String]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    let mut eat = |b: &[u8]| {
+        for &x in b {
+            h ^= u32::from(x);
+            h = h.wrapping_mul(0x0100_0193);
+        }
+    };
+    eat(&slots.to_le_bytes());
+    for e in endpoints {
+        eat(e.as_bytes());
+        eat(b"\n");
+    }
+    h
+}
+
+/// Bounded, sequence-numbered ring of this gateway's own slot writes.
+#[derive(Debug, Clone)]
+pub struct DeltaLog {
+    cap: usize,
+    items: VecDeque<(u32, SlotValue)>,
+    next_seq: u64,
+}
+
+impl DeltaLog {
+    /// A log keeping at most `capacity` writes (≥ 1).
+    pub fn new(capacity: usize) -> DeltaLog {
+        DeltaLog {
+            cap: capacity.max(1),
+            items: VecDeque::new(),
+            next_seq: 0,
+        }
+    }
+
+    /// Append one write (the oldest is forgotten when full).
+    pub fn push(&mut self, slot: u32, value: SlotValue) {
+        if self.items.len() == self.cap {
+            self.items.pop_front();
+        }
+        self.items.push_back((slot, value));
+        self.next_seq += 1;
+    }
+
+    /// Sequence number of the next write.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Sequence number of the oldest write still kept.
+    pub fn oldest_seq(&self) -> u64 {
+        self.next_seq - self.items.len() as u64
+    }
+
+    /// Writes kept.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// No write kept.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The batch a peer whose cursor is at `seq` pulls: at most `max_count`
+    /// writes starting at `max(seq, oldest)`. O(count).
+    pub fn encode_since(&self, seq: u64, max_count: usize, layout: u32, epoch: u32) -> Vec<u8> {
+        let from = seq.clamp(self.oldest_seq(), self.next_seq);
+        let skip = (from - self.oldest_seq()) as usize;
+        let count = self.items.len().saturating_sub(skip).min(max_count);
+        let mut out = Vec::with_capacity(HEADER_BYTES + count * ITEM_BYTES);
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&layout.to_le_bytes());
+        out.extend_from_slice(&epoch.to_le_bytes());
+        out.extend_from_slice(&from.to_le_bytes());
+        out.extend_from_slice(&(count as u32).to_le_bytes());
+        for (slot, v) in self.items.iter().skip(skip).take(count) {
+            out.extend_from_slice(&slot.to_le_bytes());
+            out.extend_from_slice(v);
+        }
+        out
+    }
+}
+
+/// A [`SlotStore`] that also logs every set into a [`DeltaLog`] (wrap the
+/// gateway's own table while it records its own decisions).
+pub struct LoggingStore<'a, S: SlotStore> {
+    /// The table.
+    pub inner: &'a mut S,
+    /// Where its writes are logged.
+    pub log: &'a mut DeltaLog,
+}
+
+impl<S: SlotStore> SlotStore for LoggingStore<'_, S> {
+    fn get(&self, slot: u32) -> Option<SlotValue> {
+        self.inner.get(slot)
+    }
+
+    fn set(&mut self, slot: u32, value: SlotValue) {
+        self.inner.set(slot, value);
+        self.log.push(slot, value);
+    }
+}
+
+/// Why a batch was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerError {
+    /// Shorter than a header, bad magic or a length that is not header + count items.
+    Malformed,
+    /// Another table geometry or replica list.
+    Layout,
+    /// More entries than allowed.
+    TooMany,
+    /// An entry with an empty tag, a slot outside the table or a holder outside the replica list.
+    BadEntry,
+}
+
+/// A validated batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// Sender's process epoch.
+    pub epoch: u32,
+    /// Sequence of the first entry.
+    pub from_seq: u64,
+    /// (slot, entry) in log order.
+    pub entries: Vec<(u32, SlotValue)>,
+}
+
+impl Batch {
+    /// Sequence after the last entry.
+    pub fn next_seq(&self) -> u64 {
+        self.from_seq + self.entries.len() as u64
+    }
+}
+
+/// Validate a batch: magic, exact length, `layout`, at most `max_count`
+/// entries, every slot `< slots`, every tag non-zero, every holder
+/// `< replicas`. Nothing is returned unless everything is valid.
+pub fn decode(
+    bytes: &[u8],
+    want_layout: u32,
+    max_count: usize,
+    slots: u32,
+    replicas: usize,
+) -> Result<Batch, PeerError> {
+    let (head, body) = bytes
+        .split_first_chunk::<HEADER_BYTES>()
+        .ok_or(PeerError::Malformed)?;
+    let u32_at = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+    if head[..4] != MAGIC {
+        return Err(PeerError::Malformed);
+    }
+    if u32_at(4) != want_layout {
+        return Err(PeerError::Layout);
+    }
+    let epoch = u32_at(8);
+    let mut s = [0u8; 8];
+    s.copy_from_slice(&head[12..20]);
+    let from_seq = u64::from_le_bytes(s);
+    let count = u32_at(20) as usize;
+    if count > max_count {
+        return Err(PeerError::TooMany);
+    }
+    if body.len() != count * ITEM_BYTES || from_seq.checked_add(count as u64).is_none() {
+        return Err(PeerError::Malformed);
+    }
+    let mut entries = Vec::with_capacity(count);
+    for item in body.chunks_exact(ITEM_BYTES) {
+        let (slot, value) = item.split_at(4);
+        let slot = u32::from_le_bytes([slot[0], slot[1], slot[2], slot[3]]);
+        let mut v = [0u8; ENTRY_BYTES];
+        v.copy_from_slice(value);
+        let ok = slot < slots
+            && Entry::decode(&v)
+                .is_some_and(|e| e.holders().next().is_some() && e.holders().all(|h| h < replicas));
+        if !ok {
+            return Err(PeerError::BadEntry);
+        }
+        entries.push((slot, v));
+    }
+    Ok(Batch {
+        epoch,
+        from_seq,
+        entries,
+    })
+}
+
+/// Merge one peer entry into `store` (see the module docs). Returns whether
+/// the slot changed.
+pub fn merge<S: SlotStore>(store: &mut S, slot: u32, incoming: &SlotValue) -> bool {
+    let Some(inc) = Entry::decode(incoming) else {
+        return false;
+    };
+    let merged = match store.get(slot).and_then(|v| Entry::decode(&v)) {
+        Some(cur) if cur.tag == inc.tag => {
+            let mut holders = [None; MAX_HOLDERS];
+            let mut k = 0;
+            for h in inc.holders.iter().chain(cur.holders.iter()).flatten() {
+                if k < MAX_HOLDERS && !holders[..k].contains(&Some(*h)) {
+                    holders[k] = Some(*h);
+                    k += 1;
+                }
+            }
+            // Wrapping decisecond clock: the later of the two.
+            let time = if inc.time.wrapping_sub(cur.time) < u32::MAX / 2 {
+                inc.time
+            } else {
+                cur.time
+            };
+            Entry {
+                tag: cur.tag,
+                time,
+                holders,
+            }
+        }
+        _ => inc,
+    };
+    let v = merged.encode();
+    if store.get(slot) == Some(v) {
+        return false;
+    }
+    store.set(slot, v);
+    true
+}
+
+/// A puller's position in one peer's log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cursor {
+    /// Peer epoch the sequence belongs to (`None` before the first batch).
+    pub epoch: Option<u32>,
+    /// Next sequence to ask for.
+    pub seq: u64,
+}
+
+impl Cursor {
+    /// Take `batch` into account; returns the writes lost in between (the
+    /// peer's log had forgotten them). A new epoch (the peer restarted)
+    /// restarts the cursor without counting a loss.
+    pub fn advance(&mut self, batch: &Batch) -> u64 {
+        let lost = match self.epoch {
+            Some(e) if e == batch.epoch => batch.from_seq.saturating_sub(self.seq),
+            _ => 0,
+        };
+        self.epoch = Some(batch.epoch);
+        self.seq = batch.next_seq();
+        lost
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::{IndexConfig, PrefixIndex, VecStore};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn cfg() -> IndexConfig {
+        IndexConfig {
+            slots: 4096,
+            ..IndexConfig::default()
+        }
+    }
+
+    fn blocks(seed: u64, n: usize) -> Vec<u64> {
+        (0..n as u64)
+            .map(|i| (seed << 40) ^ (i.wrapping_mul(0x9e37_79b9_7f4a_7c15)) ^ i)
+            .collect()
+    }
+
+    fn entry(tag: u64, time: u32, holders: &[u16]) -> SlotValue {
+        let mut h = [None; MAX_HOLDERS];
+        for (i, &x) in holders.iter().enumerate() {
+            h[i] = Some(x);
+        }
+        Entry {
+            tag,
+            time,
+            holders: h,
+        }
+        .encode()
+    }
+
+    #[test]
+    fn a_peer_learns_what_another_gateway_recorded() {
+        let idx = PrefixIndex::new(cfg());
+        let (mut a, mut b) = (VecStore::new(4096), VecStore::new(4096));
+        let mut log = DeltaLog::new(1024);
+        let k = blocks(7, 40);
+        let sets = idx.record(
+            &mut LoggingStore {
+                inner: &mut a,
+                log: &mut log,
+            },
+            &k,
+            None,
+            5,
+            1000,
+        );
+        assert_eq!(log.len(), sets);
+        assert!(idx.lookup(&b, &k, 1000).is_none());
+        let lay = layout(4096, &["a".into(), "b".into()]);
+        let wire = log.encode_since(0, 512, lay, 9);
+        assert_eq!(wire.len(), HEADER_BYTES + sets * ITEM_BYTES);
+        let batch = decode(&wire, lay, 512, 4096, 7).unwrap();
+        let mut cur = Cursor::default();
+        assert_eq!(cur.advance(&batch), 0);
+        assert_eq!(cur.seq, sets as u64);
+        for (slot, v) in &batch.entries {
+            merge(&mut b, *slot, v);
+        }
+        let known = idx.lookup(&b, &k, 1000).unwrap();
+        assert_eq!(known.depth, 40);
+        assert_eq!(known.entry.holders().collect::<Vec<_>>(), vec![5]);
+        // Nothing new: an empty batch from the cursor on.
+        let again = decode(&log.encode_since(cur.seq, 512, lay, 9), lay, 512, 4096, 7).unwrap();
+        assert!(again.entries.is_empty());
+    }
+
+    #[test]
+    fn merge_keeps_both_holders_and_the_later_time() {
+        let mut s = VecStore::new(16);
+        assert!(merge(&mut s, 3, &entry(42, 100, &[1])));
+        assert!(merge(&mut s, 3, &entry(42, 90, &[4, 1])));
+        let e = Entry::decode(&s.get(3).unwrap()).unwrap();
+        assert_eq!(e.holders().collect::<Vec<_>>(), vec![4, 1]);
+        assert_eq!(e.time, 100);
+        // Same again: no change.
+        assert!(!merge(&mut s, 3, &entry(42, 90, &[4, 1])));
+        // Another tag replaces (direct-mapped).
+        assert!(merge(&mut s, 3, &entry(43, 50, &[2])));
+        let e = Entry::decode(&s.get(3).unwrap()).unwrap();
+        assert_eq!((e.tag, e.holders().collect::<Vec<_>>()), (43, vec![2]));
+        // At most MAX_HOLDERS, incoming first.
+        assert!(merge(&mut s, 3, &entry(43, 60, &[5, 6, 2])));
+        assert!(merge(&mut s, 3, &entry(43, 61, &[0])));
+        let e = Entry::decode(&s.get(3).unwrap()).unwrap();
+        assert_eq!(e.holders().collect::<Vec<_>>(), vec![0, 5, 6]);
+    }
+
+    #[test]
+    fn garbage_is_refused_before_touching_the_table() {
+        let lay = layout(64, &["x".into()]);
+        let mut log = DeltaLog::new(8);
+        log.push(3, entry(42, 1, &[0]));
+        let good = log.encode_since(0, 8, lay, 1);
+        assert!(decode(&good, lay, 8, 64, 1).is_ok());
+        let bad = |b: &[u8]| decode(b, lay, 8, 64, 1).unwrap_err();
+        assert_eq!(bad(b""), PeerError::Malformed);
+        assert_eq!(bad(b"GET / HTTP/1.1\r\n\r\n......"), PeerError::Malformed);
+        assert_eq!(bad(&good[..good.len() - 1]), PeerError::Malformed);
+        let mut extra = good.clone();
+        extra.push(0);
+        assert_eq!(bad(&extra), PeerError::Malformed);
+        assert_eq!(
+            decode(&good, lay ^ 1, 8, 64, 1).unwrap_err(),
+            PeerError::Layout
+        );
+        assert_eq!(
+            decode(&good, lay, 0, 64, 1).unwrap_err(),
+            PeerError::TooMany
+        );
+        // Slot outside the table, holder outside the replica list, empty tag.
+        assert_eq!(
+            decode(&good, lay, 8, 3, 1).unwrap_err(),
+            PeerError::BadEntry
+        );
+        let mut l2 = DeltaLog::new(8);
+        l2.push(3, entry(42, 1, &[1]));
+        assert_eq!(bad(&l2.encode_since(0, 8, lay, 1)), PeerError::BadEntry);
+        let mut l3 = DeltaLog::new(8);
+        l3.push(3, [0; ENTRY_BYTES]);
+        assert_eq!(bad(&l3.encode_since(0, 8, lay, 1)), PeerError::BadEntry);
+        // A count that does not match the length.
+        let mut lie = good.clone();
+        lie[20] = 2;
+        assert_eq!(bad(&lie), PeerError::Malformed);
+    }
+
+    #[test]
+    fn the_log_is_bounded_and_a_slow_puller_counts_its_loss() {
+        let lay = layout(64, &["x".into()]);
+        let mut log = DeltaLog::new(4);
+        for i in 0..10u32 {
+            log.push(i, entry(u64::from(i) + 1, i, &[0]));
+        }
+        assert_eq!((log.len(), log.oldest_seq(), log.next_seq()), (4, 6, 10));
+        let mut cur = Cursor {
+            epoch: Some(1),
+            seq: 2,
+        };
+        let b = decode(&log.encode_since(cur.seq, 3, lay, 1), lay, 3, 64, 1).unwrap();
+        assert_eq!((b.from_seq, b.entries.len()), (6, 3));
+        assert_eq!(cur.advance(&b), 4);
+        assert_eq!(cur.seq, 9);
+        // A restarted peer (new epoch): the cursor follows without a loss.
+        let fresh = decode(&DeltaLog::new(4).encode_since(9, 3, lay, 2), lay, 3, 64, 1).unwrap();
+        assert_eq!(cur.advance(&fresh), 0);
+        assert_eq!(
+            cur,
+            Cursor {
+                epoch: Some(2),
+                seq: 0
+            }
+        );
+    }
+
+    #[test]
+    fn layout_depends_on_slots_and_replica_order() {
+        let e = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let a = layout(64, &e(&["a:1", "b:1"]));
+        assert_ne!(a, layout(128, &e(&["a:1", "b:1"])));
+        assert_ne!(a, layout(64, &e(&["b:1", "a:1"])));
+        assert_eq!(a, layout(64, &e(&["a:1", "b:1"])));
+    }
+}
