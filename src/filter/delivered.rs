@@ -321,7 +321,7 @@ impl Delivery {
 
     /// `affinity`: the prediction for the primary and what the index knew.
     /// `blocks` = the request's block count, `block_tokens` = tokens per block.
-    pub fn expect(
+    pub fn predicted_from(
         &mut self,
         choice: &Choice,
         known: Option<&Known>,
@@ -357,12 +357,12 @@ impl Delivery {
 
     /// Response headers: scan the body if it is JSON or an event stream
     /// (and `read_usage` is on).
-    pub fn on_headers(&mut self, p: &Plugin) {
-        if self.primary.is_none() || !p.config().read_usage {
+    pub fn on_headers(&mut self, p: &Plugin, content_type: Option<&[u8]>) {
+        if !self.wants_headers(p) {
             return;
         }
-        self.scanner = match host::response_header("content-type") {
-            Ok(Some(v)) => {
+        self.scanner = match content_type {
+            Some(v) => {
                 let has = |n: &[u8]| v.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n));
                 if has(b"text/event-stream") {
                     Some(UsageScanner::sse())
@@ -372,8 +372,13 @@ impl Delivery {
                     None
                 }
             }
-            _ => None,
+            None => None,
         };
+    }
+
+    /// Does [`Delivery::on_headers`] need the response's content type?
+    pub fn wants_headers(&self, p: &Plugin) -> bool {
+        self.primary.is_some() && p.config().read_usage
     }
 
     /// One response chunk of `size` bytes; `end` on the last one. `view`:

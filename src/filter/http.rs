@@ -72,7 +72,7 @@ pub struct RouterHttp {
     streaming: bool,
     /// `upstream.address` as read at response headers (final: a response that
     /// has started is never retried), so `on_log` need not read it again.
-    upstream: Option<Vec<u8>>,
+    upstream: Option<String>,
     /// Predicted vs delivered cached tokens.
     delivery: Delivery,
 }
@@ -286,7 +286,7 @@ impl RouterHttp {
         };
         let block_tokens =
             crate::hash::BLOCK_UNITS as f64 / view.router.affinity_config().chars_per_token;
-        self.delivery.expect(
+        self.delivery.predicted_from(
             &choice,
             known.as_ref(),
             key.blocks.len(),
@@ -376,13 +376,15 @@ impl RouterHttp {
 
     /// The host that actually serves the request (after retries / fallback),
     /// read once and remembered.
-    fn upstream_addr(&mut self) -> Option<String> {
+    /// The host call and the decoding happen once per request; later
+    /// callbacks (every response chunk, `on_log`) borrow `self.upstream`.
+    fn load_upstream(&mut self) {
         if self.upstream.is_none() {
-            self.upstream = host::property(&["upstream", "address"]).ok().flatten();
+            self.upstream = host::property(&["upstream", "address"])
+                .ok()
+                .flatten()
+                .map(|a| String::from_utf8_lossy(&a).into_owned());
         }
-        self.upstream
-            .as_deref()
-            .map(|a| String::from_utf8_lossy(a).into_owned())
     }
 }
 
@@ -462,7 +464,8 @@ impl HttpContext for RouterHttp {
         let Some(p) = self.plugin.clone() else {
             return Action::Continue;
         };
-        let upstream = self.upstream_addr();
+        self.load_upstream();
+        let upstream = self.upstream.clone();
         if upstream.is_some() && upstream != self.slot.primary {
             // Another host's time to first token says nothing about the primary.
             self.pending_cost = None;
@@ -483,22 +486,33 @@ impl HttpContext for RouterHttp {
                 Err(_) => p.stats.failure(HostFailure::SharedData),
             }
         }
-        self.delivery.on_headers(&p);
+        // One read of the content type serves the usage scanner and the cost model.
+        let content_type = if self.pending_cost.is_some() || self.delivery.wants_headers(&p) {
+            host::response_header("content-type").ok().flatten()
+        } else {
+            None
+        };
+        let ct = content_type.as_deref();
+        self.delivery.on_headers(&p, ct);
         if self.pending_cost.is_some() {
-            self.streaming = matches!(
-                host::response_header("content-type"),
-                Ok(Some(v)) if v.windows(17).any(|w| w.eq_ignore_ascii_case(b"text/event-stream"))
-            );
+            self.streaming = ct.is_some_and(|v| {
+                v.windows(17)
+                    .any(|w| w.eq_ignore_ascii_case(b"text/event-stream"))
+            });
         }
         Action::Continue
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         if let Some(p) = self.plugin.clone() {
-            let served = self.upstream_addr();
-            let view = self.view.clone();
-            self.delivery
-                .on_chunk(&p, view.as_deref(), size, end_of_stream, served.as_deref());
+            self.load_upstream();
+            self.delivery.on_chunk(
+                &p,
+                self.view.as_deref(),
+                size,
+                end_of_stream,
+                self.upstream.as_deref(),
+            );
         }
         // First chunk of a stream = first token: teach the cost model. Nothing
         // is buffered (buffering SSE would destroy the client's TTFT).
@@ -519,9 +533,9 @@ impl HttpContext for RouterHttp {
 
     fn on_log(&mut self) {
         let Some(p) = self.plugin.clone() else { return };
-        let served = self.upstream_addr();
-        let view = self.view.clone();
-        self.delivery.finish(&p, view.as_deref(), served.as_deref());
+        self.load_upstream();
+        self.delivery
+            .finish(&p, self.view.as_deref(), self.upstream.as_deref());
         match self.slot.release(&HostShared, &p.keys) {
             Some(Ok((addr, now))) => p.stats.in_flight(&addr, now),
             Some(Err(e)) => {
@@ -531,7 +545,9 @@ impl HttpContext for RouterHttp {
             None => return,
         }
         // The primary was decided at routing; count requests another host served.
-        if let (Some(addr), Some(primary)) = (self.upstream_addr(), self.slot.primary.as_deref()) {
+        if let (Some(addr), Some(primary)) =
+            (self.upstream.as_deref(), self.slot.primary.as_deref())
+        {
             if addr != primary {
                 p.stats.upstream_mismatch();
             }
