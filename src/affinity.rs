@@ -17,10 +17,14 @@
 //!    when `n > load_factor` and the cluster is idle).
 //! 2. **Cold placement** `place(excluded)`: walk the ring from the request's
 //!    key, keep the first `cold_choices` acceptable replicas not excluded,
-//!    take the least loaded (ring order on ties). Deterministic given the
-//!    loads, so every worker and every Envoy agree; with two choices it
-//!    balances like power-of-two-choices. If none is acceptable: the least
-//!    loaded available replica.
+//!    take the least loaded; on equal loads the one given the fewest new
+//!    prefixes recently ([`crate::pressure`], when the caller read it), then
+//!    ring order. Without pressure it is deterministic given the loads, so
+//!    every worker and every Envoy agree; with two choices it balances like
+//!    power-of-two-choices. Pressure spreads new prefixes over the caches
+//!    when loads tie (idle or sequential clients), where the ring alone can
+//!    put most of a few prefixes on one replica. If none is acceptable: the
+//!    least loaded available replica.
 //! 3. **Warm**: when the index knows a fresh prefix (`age ≤ max_age_ms`)
 //!    covering at least `min_match` of the hashed window (the first
 //!    `prefix_length` characters), the holders (replicas that
@@ -45,6 +49,7 @@
 use crate::cost::CostModel;
 use crate::hash::BLOCK_UNITS;
 use crate::index::Known;
+use crate::pressure::Pressure;
 use crate::ring::HashRing;
 use crate::router::RoutingKey;
 use crate::select::Loads;
@@ -140,6 +145,7 @@ const MAX_CHOICES: usize = 8;
 
 struct View<'a> {
     loads: Loads<'a>,
+    pressure: Option<&'a Pressure>,
     all: bool,
     n: usize,
     cap: f64,
@@ -152,6 +158,10 @@ impl View<'_> {
     }
     fn load(&self, i: usize) -> u32 {
         self.loads.of(i)
+    }
+    /// Placement order: load, then recent new prefixes (0 without pressure).
+    fn rank(&self, i: usize) -> (u32, u8) {
+        (self.load(i), self.pressure.map_or(0, |p| p.of(i)))
     }
     fn acceptable(&self, i: usize) -> bool {
         let l = self.load(i);
@@ -187,7 +197,7 @@ fn place(
     }
     let mut best: Option<usize> = None;
     for &c in &picks[..m] {
-        if best.map_or(true, |b| v.load(c) < v.load(b)) {
+        if best.map_or(true, |b| v.rank(c) < v.rank(b)) {
             best = Some(c);
         }
     }
@@ -207,6 +217,22 @@ pub struct Request<'a> {
     pub loads: Loads<'a>,
     /// Rotates ties when there is no key (a counter).
     pub ticket: u64,
+    /// Recent new prefixes per replica ([`crate::pressure`]): breaks load
+    /// ties of cold placement. `None`: ring order.
+    pub pressure: Option<&'a Pressure>,
+}
+
+/// Would `known` make a request warm (fresh, and covering at least
+/// `min_match` of the hashed window)? Returns the coverage. The caller
+/// reads the [`Pressure`] only for requests that are not: only cold
+/// placement uses it.
+pub fn warm_coverage(key: &RoutingKey, known: Option<&Known>, cfg: &AffinityConfig) -> Option<f64> {
+    let k = known.filter(|k| k.age_ms <= cfg.max_age_ms)?;
+    // Coverage of what the router hashed (the prompt may go on beyond
+    // `prefix_length`; a fully known window says nothing against it).
+    let seen = (k.depth * BLOCK_UNITS).min(key.units) as f64;
+    let units = key.units.max(1) as f64;
+    (seen >= cfg.min_match * units).then_some(seen / units)
 }
 
 /// Decide; see the module docs.
@@ -227,6 +253,7 @@ pub fn choose(
     };
     let v = View {
         loads,
+        pressure: req.pressure,
         all,
         n,
         cap: cfg.load_factor * (total as f64 / count.max(1) as f64 + 1.0),
@@ -263,21 +290,15 @@ pub fn choose(
         window_key
     };
     let block_tokens = BLOCK_UNITS as f64 / cpt;
-    let warm = known.filter(|k| k.age_ms <= cfg.max_age_ms).and_then(|k| {
+    let warm = known.and_then(|k| {
+        let coverage = warm_coverage(key, Some(k), cfg)?;
         let cached = (k.depth as f64 * block_tokens).min(prompt_tokens);
-        // Coverage of what the router hashed (the prompt may go on beyond
-        // `prefix_length`; a fully known window says nothing against it).
-        let seen = (k.depth * BLOCK_UNITS).min(key.units) as f64;
-        if seen < cfg.min_match * key.units.max(1) as f64 {
-            return None;
-        }
         let mut holders = [0usize; crate::index::MAX_HOLDERS];
         let mut m = 0;
         for h in k.entry.holders().filter(|&h| v.available(h)) {
             holders[m] = h;
             m += 1;
         }
-        let coverage = seen / key.units.max(1) as f64;
         (m > 0).then_some((holders, m, cached, coverage))
     });
     if let Some((holders, m, cached, coverage)) = warm {
@@ -389,6 +410,7 @@ mod tests {
             wait_ms_per_request: 10.0,
             learn: false,
             forget: 1.0,
+            prefill_floor: true,
         })
     }
 
@@ -399,6 +421,7 @@ mod tests {
             known: kn,
             loads,
             ticket: 0,
+            pressure: None,
         }
     }
 
@@ -424,6 +447,39 @@ mod tests {
         let mut loads = [3u32; 5];
         loads[order[1]] = 1;
         assert_eq!(pick(&k, None, &loads).primary, order[1]);
+    }
+
+    #[test]
+    fn equal_loads_place_new_prefixes_by_cache_pressure() {
+        // Sequential clients: every load 0. The ring alone sends 8 new
+        // prefixes wherever their keys fall; with the pressure counters
+        // (bumped per placement, as the router does) they spread 3/3/2.
+        let r = ring(3);
+        let mut store = crate::index::VecStore::new(64);
+        let mut per = [0u32; 3];
+        for g in 0..8u64 {
+            let k = key(0x1000 + g, 8);
+            let p = Pressure::read(&store, 3);
+            let req = Request {
+                pressure: Some(&p),
+                ..request(&k, None, Loads::new(&[0; 3]))
+            };
+            let c = choose(&r, &req, &cost(), &AffinityConfig::default());
+            assert_eq!(c.reason, Reason::Cold);
+            per[c.primary] += 1;
+            Pressure::bump(&mut store, c.primary, 3);
+        }
+        per.sort_unstable();
+        assert_eq!(per, [2, 3, 3]);
+        // Load still comes first: a busier replica with less pressure loses.
+        let p = Pressure::from_counts(&[9, 0, 9]);
+        let k = key(0x77, 8);
+        let req = Request {
+            pressure: Some(&p),
+            ..request(&k, None, Loads::new(&[0, 1, 0]))
+        };
+        let c = choose(&r, &req, &cost(), &AffinityConfig::default());
+        assert_ne!(c.primary, 1);
     }
 
     #[test]
@@ -493,6 +549,7 @@ mod tests {
             known: Some(&known(64, &[3], 0)),
             loads: Loads::new(&loads),
             ticket: 0,
+            pressure: None,
         };
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
         assert_eq!(c.reason, Reason::Spill);

@@ -92,10 +92,13 @@ pub fn slot_key_into(buf: &mut String, prefix: &str, slot: u32) {
     }
 }
 
-/// In-memory slot table (tests, simulator). Counts gets and sets.
+/// In-memory slot table (tests, simulator). Counts gets and sets. Slots
+/// beyond the table (the reserved ones of [`crate::pressure`]) are kept in a
+/// small side list.
 #[derive(Debug, Clone)]
 pub struct VecStore {
     slots: Vec<SlotValue>,
+    reserved: Vec<(u32, SlotValue)>,
     gets: std::cell::Cell<u64>,
     sets: u64,
 }
@@ -105,6 +108,7 @@ impl VecStore {
     pub fn new(slots: u32) -> VecStore {
         VecStore {
             slots: vec![[0; ENTRY_BYTES]; slots.max(1) as usize],
+            reserved: Vec::new(),
             gets: std::cell::Cell::new(0),
             sets: 0,
         }
@@ -134,6 +138,7 @@ impl SlotStore for VecStore {
         self.gets.set(self.gets.get() + 1);
         self.slots
             .get(slot as usize)
+            .or_else(|| self.reserved.iter().find(|r| r.0 == slot).map(|r| &r.1))
             .copied()
             .filter(|v| *v != [0; ENTRY_BYTES])
     }
@@ -142,6 +147,10 @@ impl SlotStore for VecStore {
         self.sets += 1;
         if let Some(s) = self.slots.get_mut(slot as usize) {
             *s = value;
+        } else if let Some(r) = self.reserved.iter_mut().find(|r| r.0 == slot) {
+            r.1 = value;
+        } else {
+            self.reserved.push((slot, value));
         }
     }
 }

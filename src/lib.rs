@@ -55,6 +55,7 @@ pub mod index;
 pub mod json;
 pub mod paths;
 pub mod peers;
+pub mod pressure;
 pub mod responses;
 pub mod ring;
 pub mod router;

@@ -13,6 +13,7 @@ use crate::extract::{extract, raw_prefix, BodyKind};
 use crate::feedback::Horizons;
 use crate::hash::{mix, seed, BLOCK_UNITS};
 use crate::index::{IndexConfig, Known, PrefixIndex, SlotStore};
+use crate::pressure::Pressure;
 use crate::ring::HashRing;
 use crate::select::{bounded, by_ticket, least_request, Bounds, Loads};
 use std::borrow::Cow;
@@ -198,12 +199,14 @@ impl Router {
             .lookup(store, &key.blocks, now_ms)
             .map(|k| horizons.filter(k));
         let known = found.filter(|k| k.entry.holders().next().is_some());
+        let pressure = self.placement_pressure(store, key, known.as_ref());
         let request = affinity::Request {
             key,
             prompt_chars,
             known: known.as_ref(),
             loads,
             ticket,
+            pressure: pressure.as_ref(),
         };
         let choice = affinity::choose(&self.ring, &request, cost, &self.affinity);
         (self.affinity_decision(key, &choice), choice, found)
@@ -222,6 +225,29 @@ impl Router {
         now_ms: u64,
     ) {
         self.index.record(store, blocks, known, served, now_ms);
+        self.note_placement(store, known, served);
+    }
+
+    /// The [`Pressure`] counters for a request that `known` does not make
+    /// warm ([`affinity::warm_coverage`]); `None` (no get) for one it does.
+    /// Shared-data cost: `⌈replicas / 16⌉` gets for cold requests.
+    pub fn placement_pressure<S: SlotStore>(
+        &self,
+        store: &S,
+        key: &RoutingKey,
+        known: Option<&Known>,
+    ) -> Option<Pressure> {
+        let cold = key.key.is_some() && affinity::warm_coverage(key, known, &self.affinity).is_none();
+        cold.then(|| Pressure::read(store, self.ring.len()))
+    }
+
+    /// `served` was given the prefix `known` was looked up for: if it was not
+    /// one of its holders (cold placement, spill), count a new prefix for it
+    /// ([`Pressure::bump`]: one get and one set).
+    pub fn note_placement<S: SlotStore>(&self, store: &mut S, known: Option<&Known>, served: usize) {
+        if !known.is_some_and(|k| k.entry.holders().any(|h| h == served)) {
+            Pressure::bump(store, served, self.ring.len());
+        }
     }
 
     /// Key the index's slot hash with a per-process secret
@@ -372,6 +398,7 @@ impl Router {
                     known: None,
                     loads,
                     ticket,
+                    pressure: None,
                 };
                 self.affinity_decision(
                     key,

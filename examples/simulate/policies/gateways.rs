@@ -446,6 +446,9 @@ impl Gateways {
             known: known.as_ref(),
             loads: Loads::new(&loads),
             ticket: g.ticket,
+            // Ring order on load ties: the modes compare agreement without
+            // shared state.
+            pressure: None,
         };
         let c = affinity::choose(self.router.ring(), &request, &g.cost, &self.cfg);
         let first_choice = rkey

@@ -37,6 +37,9 @@ pub struct OursParams {
     /// response; modelled at the first token, which is no earlier than the
     /// response headers).
     pub record_at_route: bool,
+    /// Break cold placement's load ties by cache pressure
+    /// (`prefix_router::pressure`), as the filter does.
+    pub pressure: bool,
 }
 
 impl Default for OursParams {
@@ -55,6 +58,7 @@ impl Default for OursParams {
                 affinity: *r.affinity_config(),
                 cost: r.cost_config(),
                 record_at_route: false,
+                pressure: true,
             },
             None => OursParams {
                 prefix_length: 65536,
@@ -63,6 +67,7 @@ impl Default for OursParams {
                 affinity: AffinityConfig::default(),
                 cost: CostConfig::default(),
                 record_at_route: false,
+                pressure: true,
             },
         }
     }
@@ -92,7 +97,9 @@ impl OursParams {
             "wait_ms_per_request" => self.cost.wait_ms_per_request = f()?,
             "learn" => self.cost.learn = v == "1" || v == "true",
             "forget" => self.cost.forget = f()?,
+            "prefill_floor" => self.cost.prefill_floor = v == "1" || v == "true",
             "record_at_route" => self.record_at_route = v == "1" || v == "true",
+            "pressure" => self.pressure = v == "1" || v == "true",
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
@@ -111,10 +118,17 @@ pub struct Ours {
     /// Lookup result per request, kept until its response starts.
     pending_known: Vec<Option<Known>>,
     record_at_route: bool,
+    use_pressure: bool,
     reasons: [u64; 4],
     routed: u64,
     ticket: u64,
     cold_why: [u64; 3],
+    /// Per request: 0 warm, 1 spill, 2 cold unknown, 3 cold stale, 4 cold
+    /// short, 5 no key (for the lost-token breakdown).
+    class: Vec<u8>,
+    /// Prompt tokens not served from the cache, by class, and all prompt tokens.
+    lost: [u64; 6],
+    prompt: u64,
 }
 
 impl Ours {
@@ -138,10 +152,14 @@ impl Ours {
             pending: Vec::new(),
             pending_known: Vec::new(),
             record_at_route: p.record_at_route,
+            use_pressure: p.pressure,
             reasons: [0; 4],
             routed: 0,
             ticket: 0,
             cold_why: [0; 3],
+            class: Vec::new(),
+            lost: [0; 6],
+            prompt: 0,
         })
     }
 }
@@ -157,14 +175,27 @@ impl Policy for Ours {
         };
         let known = self.index.lookup(&self.store, &key.blocks, now_ms);
         self.ticket += 1;
+        let pressure = if self.use_pressure {
+            self.router
+                .placement_pressure(&self.store, key, known.as_ref())
+        } else {
+            None
+        };
         let request = affinity::Request {
             key,
             prompt_chars: req.body_chars as usize,
             known: known.as_ref(),
             loads: Loads::new(view.in_flight),
             ticket: self.ticket,
+            pressure: pressure.as_ref(),
         };
         let c = affinity::choose(self.router.ring(), &request, &self.cost, &self.cfg);
+        let mut class = match c.reason {
+            Reason::Warm => 0,
+            Reason::Spill => 1,
+            Reason::Cold => 2,
+            Reason::NoKey => 5,
+        };
         if c.reason == Reason::Cold {
             // Why cold: nothing known, known but stale, known but too short.
             let why = match &known {
@@ -173,7 +204,12 @@ impl Policy for Ours {
                 Some(_) => 2,
             };
             self.cold_why[why] += 1;
+            class += why as u8;
         }
+        if self.class.len() <= idx as usize {
+            self.class.resize(idx as usize + 1, 0);
+        }
+        self.class[idx as usize] = class;
         if self.record_at_route {
             self.index.record(
                 &mut self.store,
@@ -182,6 +218,10 @@ impl Policy for Ours {
                 c.primary,
                 now_ms,
             );
+            if self.use_pressure {
+                self.router
+                    .note_placement(&mut self.store, known.as_ref(), c.primary);
+            }
         }
         if self.pending.len() <= idx as usize {
             self.pending.resize(idx as usize + 1, (0.0, 0));
@@ -217,6 +257,10 @@ impl Policy for Ours {
                     replica,
                     now_ms,
                 );
+                if self.use_pressure {
+                    self.router
+                        .note_placement(&mut self.store, known.as_ref(), replica);
+                }
             }
         }
         if let Some(&(u, l)) = self.pending.get(idx as usize) {
@@ -224,9 +268,24 @@ impl Policy for Ours {
         }
     }
 
+    fn on_delivered(&mut self, idx: u32, req: &SimRequest, _replica: usize, cached: u32) {
+        let class = self.class.get(idx as usize).copied().unwrap_or(5) as usize;
+        self.prompt += u64::from(req.prompt_tokens);
+        if let Some(l) = self.lost.get_mut(class) {
+            *l += u64::from(req.prompt_tokens.saturating_sub(cached));
+        }
+    }
+
     fn extra(&self) -> Vec<(String, f64)> {
         let n = self.routed.max(1) as f64;
-        let (b, c) = self.cost.prices();
+        let (_, c) = self.cost.prices();
+        let b = self.cost.learned_prefill_ms_per_ktok();
+        let t = self.prompt.max(1) as f64;
+        let names = ["warm", "spill", "cold_unknown", "cold_stale", "cold_short", "no_key"];
+        let lost = names
+            .iter()
+            .zip(self.lost)
+            .map(|(name, l)| (format!("miss_{name}"), l as f64 / t));
         vec![
             ("warm".into(), self.reasons[0] as f64 / n),
             ("spill".into(), self.reasons[1] as f64 / n),
@@ -240,6 +299,9 @@ impl Policy for Ours {
             ("learned_prefill_ms_per_ktok".into(), b),
             ("learned_wait_ms_per_req".into(), c),
         ]
+        .into_iter()
+        .chain(lost)
+        .collect()
     }
 }
 

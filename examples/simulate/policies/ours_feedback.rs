@@ -120,12 +120,16 @@ impl Policy for OursFeedback {
             .map(|k| gw.horizons.filter(k));
         let known = found.filter(|k| k.entry.holders().next().is_some());
         self.ticket += 1;
+        let pressure = self
+            .router
+            .placement_pressure(&gw.store, key, known.as_ref());
         let request = affinity::Request {
             key,
             prompt_chars: req.body_chars as usize,
             known: known.as_ref(),
             loads: Loads::new(loads),
             ticket: self.ticket,
+            pressure: pressure.as_ref(),
         };
         let c = affinity::choose(self.router.ring(), &request, &gw.cost, &self.cfg);
         let load = loads.get(c.primary).copied().unwrap_or(0);
@@ -167,6 +171,8 @@ impl Policy for OursFeedback {
                     let now_ms = (now * 1000.0) as u64;
                     self.index
                         .record(&mut gw.store, &key.blocks, p.known.as_ref(), r, now_ms);
+                    self.router
+                        .note_placement(&mut gw.store, p.known.as_ref(), r);
                 }
                 gw.cost
                     .observe(f64::from(p.uncached), f64::from(p.load), ttft * 1000.0);

@@ -1,0 +1,139 @@
+//! Cache pressure: how many new prefixes each replica was given recently.
+//!
+//! Cold placement ([`crate::affinity`]) takes the least loaded of the
+//! request's ring candidates. When loads tie (an idle cluster, sequential
+//! clients, a light load) the ring alone decides, and a handful of new
+//! prefixes can land very unevenly (8 prefix groups over 3 replicas fell
+//! 0 / 2 / 6 on llama.cpp, where each replica holds only 3 prompts): the
+//! replica given 6 thrashes while another holds nothing. This module counts,
+//! per replica, the prefixes it was given that it did not already hold (a
+//! cold placement or a spill), so that placement can break load ties towards
+//! the replica with the fewest: new prefixes spread over the caches.
+//!
+//! Storage: the counters live in the index's [`SlotStore`] (shared data in
+//! the filter, so every worker of one Envoy sees them), in reserved slots
+//! numbered down from `u32::MAX`, which block entries never use (their slots
+//! are below [`crate::index::IndexConfig::slots`]). One slot holds the u8
+//! counters of [`PER_SLOT`] replicas: reading all counters costs
+//! `⌈n / 16⌉` gets (1 for up to 16 replicas), a bump one get and one set.
+//! When a counter would pass 255, every counter is halved (`⌈n / 16⌉` more
+//! gets and sets): the counts are an exponentially fading memory of the last
+//! few hundred placements, which is all a tie-break needs.
+//!
+//! Approximation: workers bump without a lock, so a concurrent bump can be
+//! lost; the counters only break ties, a lost count shifts one tie.
+//!
+//! Invariant: never reads or writes a slot below `u32::MAX − ⌈MAX_REPLICAS /
+//! 16⌉`, and only for replicas `< MAX_REPLICAS`.
+
+use crate::index::{SlotStore, SlotValue, ENTRY_BYTES};
+
+/// Counters per slot.
+pub const PER_SLOT: usize = ENTRY_BYTES;
+/// Replicas tracked; placement ignores pressure beyond.
+pub const MAX_REPLICAS: usize = 256;
+
+/// Per-replica counts of recently placed new prefixes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pressure {
+    counts: [u8; MAX_REPLICAS],
+}
+
+impl Default for Pressure {
+    fn default() -> Self {
+        Pressure {
+            counts: [0; MAX_REPLICAS],
+        }
+    }
+}
+
+fn slot_of(group: usize) -> u32 {
+    u32::MAX - group as u32
+}
+
+fn groups(n: usize) -> usize {
+    n.min(MAX_REPLICAS).div_ceil(PER_SLOT)
+}
+
+impl Pressure {
+    /// Read the counters of replicas `0..n` (`⌈n / 16⌉` gets).
+    pub fn read<S: SlotStore>(store: &S, n: usize) -> Pressure {
+        let mut p = Pressure::default();
+        for g in 0..groups(n) {
+            if let Some(v) = store.get(slot_of(g)) {
+                let lo = g * PER_SLOT;
+                for (c, x) in p.counts[lo..lo + PER_SLOT].iter_mut().zip(v) {
+                    *c = x;
+                }
+            }
+        }
+        p
+    }
+
+    /// Counters from values (tests and callers that keep their own).
+    pub fn from_counts(counts: &[u8]) -> Pressure {
+        let mut p = Pressure::default();
+        for (c, &x) in p.counts.iter_mut().zip(counts) {
+            *c = x;
+        }
+        p
+    }
+
+    /// Count of replica `r` (0 beyond [`MAX_REPLICAS`]).
+    pub fn of(&self, r: usize) -> u8 {
+        self.counts.get(r).copied().unwrap_or(0)
+    }
+
+    /// Replica `r` of `n` was given a new prefix: add one to its counter,
+    /// halving every counter first if it is at 255.
+    pub fn bump<S: SlotStore>(store: &mut S, r: usize, n: usize) {
+        if r >= MAX_REPLICAS || r >= n {
+            return;
+        }
+        let (g, i) = (r / PER_SLOT, r % PER_SLOT);
+        let mut v: SlotValue = store.get(slot_of(g)).unwrap_or([0; ENTRY_BYTES]);
+        if v[i] == u8::MAX {
+            for h in (0..groups(n)).filter(|&h| h != g) {
+                if let Some(mut w) = store.get(slot_of(h)) {
+                    w.iter_mut().for_each(|x| *x /= 2);
+                    store.set(slot_of(h), w);
+                }
+            }
+            v.iter_mut().for_each(|x| *x /= 2);
+        }
+        v[i] = v[i].saturating_add(1);
+        store.set(slot_of(g), v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::VecStore;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn counts_accumulate_per_replica_and_fade_together() {
+        let mut s = VecStore::new(16);
+        let n = 20;
+        for _ in 0..3 {
+            Pressure::bump(&mut s, 17, n);
+        }
+        Pressure::bump(&mut s, 2, n);
+        let p = Pressure::read(&s, n);
+        assert_eq!((p.of(17), p.of(2), p.of(0), p.of(19)), (3, 1, 0, 0));
+        // Two slots for 20 replicas: 2 gets; nothing in the block slots.
+        assert_eq!(s.occupied(), 0, "reserved slots are outside the table");
+        for _ in 0..252 {
+            Pressure::bump(&mut s, 17, n);
+        }
+        assert_eq!(Pressure::read(&s, n).of(17), 255);
+        Pressure::bump(&mut s, 17, n);
+        let p = Pressure::read(&s, n);
+        assert_eq!((p.of(17), p.of(2)), (128, 0));
+        // Out of range: ignored.
+        Pressure::bump(&mut s, 25, n);
+        assert_eq!(Pressure::read(&s, 32).of(25), 0);
+    }
+}
