@@ -14,22 +14,28 @@
 //! the filter, so every worker of one Envoy sees them), in reserved slots
 //! numbered down from `u32::MAX`, which block entries never use (their slots
 //! are below [`crate::index::IndexConfig::slots`]). One slot holds the u8
-//! counters of [`PER_SLOT`] replicas: reading all counters costs
-//! `⌈n / 16⌉` gets (1 for up to 16 replicas), a bump one get and one set.
-//! When a counter would pass 255, every counter is halved (`⌈n / 16⌉` more
-//! gets and sets): the counts are an exponentially fading memory of the last
-//! few hundred placements, which is all a tie-break needs.
+//! counters of [`PER_SLOT`] (10) replicas after 6 zero bytes: a zero tag, so
+//! [`crate::index::Entry::decode`] never reads it as an entry and stores
+//! that translate entries' holders (the filter's address-id view) pass it
+//! through untouched. Reading all counters costs `⌈n / 10⌉` gets (1 for up
+//! to 10 replicas), a bump one get and one set. When a counter would pass
+//! 255, every counter is halved (`⌈n / 10⌉` more gets and sets): the counts
+//! are an exponentially fading memory of the last few hundred placements,
+//! which is all a tie-break needs.
 //!
 //! Approximation: workers bump without a lock, so a concurrent bump can be
 //! lost; the counters only break ties, a lost count shifts one tie.
 //!
 //! Invariant: never reads or writes a slot below `u32::MAX − ⌈MAX_REPLICAS /
-//! 16⌉`, and only for replicas `< MAX_REPLICAS`.
+//! 10⌉`, and only for replicas `< MAX_REPLICAS`; the first 6 bytes of every
+//! value it writes are 0.
 
 use crate::index::{SlotStore, SlotValue, ENTRY_BYTES};
 
+/// Zero bytes before the counters (an entry's tag: 0 = not an entry).
+const SKIP: usize = 6;
 /// Counters per slot.
-pub const PER_SLOT: usize = ENTRY_BYTES;
+pub const PER_SLOT: usize = ENTRY_BYTES - SKIP;
 /// Replicas tracked; placement ignores pressure beyond.
 pub const MAX_REPLICAS: usize = 256;
 
@@ -62,7 +68,8 @@ impl Pressure {
         for g in 0..groups(n) {
             if let Some(v) = store.get(slot_of(g)) {
                 let lo = g * PER_SLOT;
-                for (c, x) in p.counts[lo..lo + PER_SLOT].iter_mut().zip(v) {
+                let own = p.counts.iter_mut().skip(lo).take(PER_SLOT);
+                for (c, &x) in own.zip(&v[SKIP..]) {
                     *c = x;
                 }
             }
@@ -90,18 +97,25 @@ impl Pressure {
         if r >= MAX_REPLICAS || r >= n {
             return;
         }
-        let (g, i) = (r / PER_SLOT, r % PER_SLOT);
-        let mut v: SlotValue = store.get(slot_of(g)).unwrap_or([0; ENTRY_BYTES]);
-        if v[i] == u8::MAX {
+        let (g, i) = (r / PER_SLOT, SKIP + r % PER_SLOT);
+        let clean = |mut v: SlotValue| {
+            v[..SKIP].fill(0);
+            v
+        };
+        let mut v: SlotValue = clean(store.get(slot_of(g)).unwrap_or([0; ENTRY_BYTES]));
+        if v.get(i) == Some(&u8::MAX) {
             for h in (0..groups(n)).filter(|&h| h != g) {
-                if let Some(mut w) = store.get(slot_of(h)) {
+                if let Some(w) = store.get(slot_of(h)) {
+                    let mut w = clean(w);
                     w.iter_mut().for_each(|x| *x /= 2);
                     store.set(slot_of(h), w);
                 }
             }
             v.iter_mut().for_each(|x| *x /= 2);
         }
-        v[i] = v[i].saturating_add(1);
+        if let Some(c) = v.get_mut(i) {
+            *c = c.saturating_add(1);
+        }
         store.set(slot_of(g), v);
     }
 }
@@ -123,8 +137,12 @@ mod tests {
         Pressure::bump(&mut s, 2, n);
         let p = Pressure::read(&s, n);
         assert_eq!((p.of(17), p.of(2), p.of(0), p.of(19)), (3, 1, 0, 0));
-        // Two slots for 20 replicas: 2 gets; nothing in the block slots.
+        // Nothing in the block slots, and never an entry.
         assert_eq!(s.occupied(), 0, "reserved slots are outside the table");
+        for g in 0..2 {
+            let v = s.get(slot_of(g)).unwrap();
+            assert_eq!(crate::index::Entry::decode(&v), None);
+        }
         for _ in 0..252 {
             Pressure::bump(&mut s, 17, n);
         }

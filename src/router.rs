@@ -237,14 +237,20 @@ impl Router {
         key: &RoutingKey,
         known: Option<&Known>,
     ) -> Option<Pressure> {
-        let cold = key.key.is_some() && affinity::warm_coverage(key, known, &self.affinity).is_none();
+        let cold =
+            key.key.is_some() && affinity::warm_coverage(key, known, &self.affinity).is_none();
         cold.then(|| Pressure::read(store, self.ring.len()))
     }
 
     /// `served` was given the prefix `known` was looked up for: if it was not
     /// one of its holders (cold placement, spill), count a new prefix for it
     /// ([`Pressure::bump`]: one get and one set).
-    pub fn note_placement<S: SlotStore>(&self, store: &mut S, known: Option<&Known>, served: usize) {
+    pub fn note_placement<S: SlotStore>(
+        &self,
+        store: &mut S,
+        known: Option<&Known>,
+        served: usize,
+    ) {
         if !known.is_some_and(|k| k.entry.holders().any(|h| h == served)) {
             Pressure::bump(store, served, self.ring.len());
         }

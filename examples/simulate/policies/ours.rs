@@ -281,7 +281,14 @@ impl Policy for Ours {
         let (_, c) = self.cost.prices();
         let b = self.cost.learned_prefill_ms_per_ktok();
         let t = self.prompt.max(1) as f64;
-        let names = ["warm", "spill", "cold_unknown", "cold_stale", "cold_short", "no_key"];
+        let names = [
+            "warm",
+            "spill",
+            "cold_unknown",
+            "cold_stale",
+            "cold_short",
+            "no_key",
+        ];
         let lost = names
             .iter()
             .zip(self.lost)
