@@ -417,14 +417,20 @@ impl PrefixIndex {
     }
 
     /// The engine confirmed (its `cached_tokens`) that `replica` holds the
-    /// first `depth` blocks of `blocks`: write the blocks after the deepest
-    /// ladder position below `depth` up to block `depth − 1`, with the holders
-    /// of `known` (what the request's lookup found) and `r` in front, as
-    /// `record` does,
-    /// so that [`PrefixIndex::lookup`] finds this exact depth for every
-    /// request sharing it (a shared system prompt rarely ends on a ladder
-    /// position). Sets only, at most the gap between two ladder positions
-    /// (≤ 31 for 256 blocks with 3 bits); returns the number of sets.
+    /// first `depth` blocks of `blocks`: write, with the holders of `known`
+    /// (what the request's lookup found) and `r` in front as `record` does,
+    /// the blocks that [`PrefixIndex::lookup`]'s binary search of the gap
+    /// after the deepest ladder position below `depth` probes on its way to
+    /// block `depth − 1` and finds known (the probes at or below it), so that
+    /// the lookup finds this exact depth for every request sharing it (a
+    /// shared system prompt rarely ends on a ladder position). Only the
+    /// search path is written, not the whole gap: at most `⌈log2(gap + 1)⌉`
+    /// sets (≤ 5 for 256 blocks with 3 bits, against up to 31 for the gap),
+    /// so confirmations do not crowd other prefixes out of the table. The
+    /// search's right end is the next ladder position, where requests longer
+    /// than it stop; a request that ends earlier or diverges inside the gap
+    /// finds a shallower lower bound (never a false depth: blocks are
+    /// chained). Returns the number of sets.
     pub fn confirm<S: SlotStore>(
         &self,
         store: &mut S,
@@ -440,18 +446,28 @@ impl PrefixIndex {
             .rev()
             .find(|&p| on_ladder(p, bits))
             .map_or(0, |p| p + 1);
+        if start >= top {
+            return 0;
+        }
+        // The lookup's gap is [start, next ladder position); `top − 1` lies
+        // inside it (no ladder position in start..top).
+        let end = (top..).find(|&p| on_ladder(p, bits)).unwrap_or(top);
         let r = replica.min(u16::MAX as usize - 1) as u16;
         let holders = known.map_or([Some(r), None, None], |k| k.entry.with_front(r));
+        let time = decis(now_ms);
         let mut sets = 0;
-        for &key in blocks.get(start..top).unwrap_or(&[]) {
-            let (slot, tag) = self.place(key);
-            let e = Entry {
-                tag,
-                time: decis(now_ms),
-                holders,
-            };
-            store.set(slot, e.encode());
-            sets += 1;
+        let (mut a, mut b) = (start, end);
+        while a < b {
+            let mid = a + (b - a) / 2;
+            if mid < top {
+                if let Some(&key) = blocks.get(mid) {
+                    self.put(store, key, time, holders);
+                    sets += 1;
+                }
+                a = mid + 1;
+            } else {
+                b = mid;
+            }
         }
         sets
     }
@@ -641,8 +657,9 @@ mod tests {
             20,
             "ladder lower bound"
         );
-        // The engine served b with 23 blocks cached: confirm them.
-        assert_eq!(idx.confirm(&mut st, &b, 23, None, 2, 0), 3);
+        // The engine served b with 23 blocks cached: confirm them (the
+        // search path of the gap 20..23: blocks 21 and 22).
+        assert_eq!(idx.confirm(&mut st, &b, 23, None, 2, 0), 2);
         let c = chain(5, 23, 3, 25);
         let before = st.gets();
         let k = idx.lookup(&st, &c, 0).unwrap();
@@ -659,6 +676,24 @@ mod tests {
         // An over-estimated depth is harmless: requests diverging earlier stop there.
         let d = chain(5, 22, 4, 25);
         assert_eq!(idx.lookup(&st, &d, 0).unwrap().depth, 22);
+    }
+
+    #[test]
+    fn confirm_writes_only_the_search_path_and_is_found_at_every_depth() {
+        let idx = PrefixIndex::new(IndexConfig::default());
+        // A 200-block shared prefix: ladder positions 159 then 191; every
+        // depth in the gap 160..=191 must be found exactly, with few sets.
+        for depth in 161..=191 {
+            let mut st = VecStore::new(IndexConfig::default().slots);
+            let a = chain(9, depth, 1, 220);
+            idx.record(&mut st, &a, None, 1, 0);
+            let b = chain(9, depth, 2, 220);
+            let sets = idx.confirm(&mut st, &b, depth, None, 3, 0);
+            assert!((1..=5).contains(&sets), "depth {depth}: {sets} sets");
+            let c = chain(9, depth, 3, 220);
+            let k = idx.lookup(&st, &c, 0).unwrap();
+            assert_eq!((k.depth, k.entry.holders[0]), (depth, Some(3)));
+        }
     }
 
     #[test]

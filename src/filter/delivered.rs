@@ -44,7 +44,7 @@
 //! by the record after a 2xx (`http.rs`); when the engine served more cached tokens than predicted
 //! (the index's ladder only proves a lower bound, or another gateway put the
 //! prefix there), the confirmed depth is written
-//! ([`crate::index::PrefixIndex::confirm`], ≤ 31 sets, only then).
+//! ([`crate::index::PrefixIndex::confirm`], ≤ 5 sets, only then).
 
 use super::host::{self, HostError, MetricKind};
 use super::root::Plugin;
