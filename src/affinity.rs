@@ -77,6 +77,11 @@ pub struct AffinityConfig {
     /// this one) instead of the whole-window key: separate routers that have
     /// not seen each other's traffic then agree on where a new prefix goes.
     pub anchor_cold: bool,
+    /// Break cold placement's load ties by cache pressure ([`Pressure`]).
+    pub spread_cold: bool,
+    /// Write a pending index record at routing for cold and spilled requests
+    /// ([`crate::index::PrefixIndex::record_pending`]).
+    pub record_pending: bool,
 }
 
 impl Default for AffinityConfig {
@@ -90,6 +95,8 @@ impl Default for AffinityConfig {
             max_age_ms: 600_000,
             cold_choices: 8,
             anchor_cold: false,
+            spread_cold: true,
+            record_pending: true,
         }
     }
 }

@@ -150,6 +150,8 @@ pub struct RawConfig {
     pub learn_costs: Option<bool>,
     /// See [`AffinityParams::chars_per_token`].
     pub chars_per_token: Option<f64>,
+    /// See [`AffinityParams::spread_cold`].
+    pub spread_cold: Option<bool>,
     /// See [`Config::read_usage`].
     pub read_usage: Option<bool>,
     /// See [`Config::paths`].
@@ -197,6 +199,10 @@ pub struct AffinityParams {
     pub learn_costs: bool,
     /// Characters per token of the served model.
     pub chars_per_token: f64,
+    /// Break cold placement's load ties towards the replica given the fewest
+    /// new prefixes recently ([`crate::pressure`]); false: ring order (every
+    /// Envoy places a new prefix alike at equal loads).
+    pub spread_cold: bool,
 }
 
 impl Default for AffinityParams {
@@ -210,6 +216,7 @@ impl Default for AffinityParams {
             wait_ms_per_request: 10.0,
             learn_costs: true,
             chars_per_token: 4.0,
+            spread_cold: true,
         }
     }
 }
@@ -573,6 +580,7 @@ impl Config {
                 d.wait_ms_per_request,
             )?,
             learn_costs: raw.learn_costs.unwrap_or(d.learn_costs),
+            spread_cold: raw.spread_cold.unwrap_or(d.spread_cold),
             chars_per_token: float_in_range(
                 "chars_per_token",
                 raw.chars_per_token,
@@ -728,6 +736,18 @@ mod tests {
     }
 
     const EPS: &str = r#""endpoints":["127.0.0.1:8001","127.0.0.1:8000"]"#;
+
+    #[test]
+    fn spread_cold_is_on_by_default() {
+        assert!(parse(&format!("{{{EPS}}}")).unwrap().affinity.spread_cold);
+        assert!(
+            !parse(&format!("{{{EPS},\"spread_cold\":false}}"))
+                .unwrap()
+                .affinity
+                .spread_cold
+        );
+        assert!(parse(&format!("{{{EPS},\"spread_cold\":1}}")).is_err());
+    }
 
     #[test]
     fn read_usage_is_on_by_default() {

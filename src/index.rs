@@ -61,6 +61,10 @@
 //! binary search then reports a shallower known prefix (never a false one, up
 //! to 48-bit tag collisions).
 
+/// How long a pending record (written at routing, before the response
+/// confirms it) stays fresh, milliseconds ([`PrefixIndex::record_pending`]).
+pub const PENDING_MS: u64 = 30_000;
+
 /// Bytes per slot value.
 pub const ENTRY_BYTES: usize = 16;
 /// Replicas remembered per prefix point.
@@ -472,6 +476,28 @@ impl PrefixIndex {
         sets
     }
 
+    /// A **pending** record, at routing, of a request placed on a replica that
+    /// did not hold its prefix (cold or spill): [`PrefixIndex::record`] with
+    /// the entries' time set back so that they look `max_age_ms −
+    /// PENDING_MS` old. The record after the response (2xx) rewrites them at
+    /// the current time; if no response confirms them (the engine refused the
+    /// request) they turn stale after [`PENDING_MS`] and lookups ignore them.
+    /// Meanwhile requests with the same new prefix that arrive before the
+    /// first response (a burst, a fan-out) find it and meet on the same
+    /// replica instead of being placed cold one by one. Same cost as
+    /// `record` (≤ `max_writes + 2` sets).
+    pub fn record_pending<S: SlotStore>(
+        &self,
+        store: &mut S,
+        blocks: &[u64],
+        known: Option<&Known>,
+        replica: usize,
+        (now_ms, max_age_ms): (u64, u64),
+    ) -> usize {
+        let back = max_age_ms.saturating_sub(PENDING_MS);
+        self.record(store, blocks, known, replica, now_ms.saturating_sub(back))
+    }
+
     /// Record that the request with `blocks` went to `replica` (see the module
     /// docs). `known` is what [`PrefixIndex::lookup`] returned for it. Returns
     /// the number of sets.
@@ -676,6 +702,26 @@ mod tests {
         // An over-estimated depth is harmless: requests diverging earlier stop there.
         let d = chain(5, 22, 4, 25);
         assert_eq!(idx.lookup(&st, &d, 0).unwrap().depth, 22);
+    }
+
+    #[test]
+    fn a_pending_record_is_found_at_once_and_turns_stale_unless_confirmed() {
+        let idx = PrefixIndex::new(IndexConfig::default());
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        let max_age = 600_000;
+        let a = chain(4, 40, 1, 40);
+        let t0 = 1_000_000;
+        idx.record_pending(&mut st, &a, None, 2, (t0, max_age));
+        let k = idx.lookup(&st, &a, t0 + 100).unwrap();
+        assert_eq!((k.depth, k.entry.holders[0]), (40, Some(2)));
+        assert!(k.age_ms <= max_age, "fresh at first: {}", k.age_ms);
+        // Unconfirmed: stale after PENDING_MS.
+        let k = idx.lookup(&st, &a, t0 + PENDING_MS + 200).unwrap();
+        assert!(k.age_ms > max_age, "stale later: {}", k.age_ms);
+        // Confirmed by the record after the response: fresh for max_age.
+        idx.record(&mut st, &a, None, 2, t0 + 500);
+        let k = idx.lookup(&st, &a, t0 + PENDING_MS + 200).unwrap();
+        assert!(k.age_ms <= max_age, "{}", k.age_ms);
     }
 
     #[test]

@@ -30,7 +30,9 @@
 //! 10⌉`, and only for replicas `< MAX_REPLICAS`; the first 6 bytes of every
 //! value it writes are 0.
 
-use crate::index::{SlotStore, SlotValue, ENTRY_BYTES};
+use crate::affinity::{warm_coverage, AffinityConfig};
+use crate::index::{Known, SlotStore, SlotValue, ENTRY_BYTES};
+use crate::router::RoutingKey;
 
 /// Zero bytes before the counters (an entry's tag: 0 = not an entry).
 const SKIP: usize = 6;
@@ -75,6 +77,38 @@ impl Pressure {
             }
         }
         p
+    }
+
+    /// The counters of `n` replicas for a request that `known` does not make
+    /// warm ([`warm_coverage`]): only cold placement uses them. `None` (no
+    /// get) for a warm or keyless request, or with `spread_cold` off.
+    /// Shared-data cost: `⌈n / 10⌉` gets per cold request.
+    pub fn for_request<S: SlotStore>(
+        store: &S,
+        n: usize,
+        key: &RoutingKey,
+        known: Option<&Known>,
+        cfg: &AffinityConfig,
+    ) -> Option<Pressure> {
+        let cold = cfg.spread_cold && key.key.is_some() && warm_coverage(key, known, cfg).is_none();
+        cold.then(|| Pressure::read(store, n))
+    }
+
+    /// `served` was given the prefix `known` was looked up for (called with
+    /// the index record): if it was not one of its holders (cold placement,
+    /// spill), count a new prefix for it ([`Pressure::bump`]). Nothing with
+    /// `spread_cold` off.
+    pub fn note<S: SlotStore>(
+        store: &mut S,
+        n: usize,
+        known: Option<&Known>,
+        served: usize,
+        cfg: &AffinityConfig,
+    ) {
+        let holder = known.is_some_and(|k| k.entry.holders().any(|h| h == served));
+        if cfg.spread_cold && !holder {
+            Pressure::bump(store, served, n);
+        }
     }
 
     /// Counters from values (tests and callers that keep their own).

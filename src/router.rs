@@ -96,6 +96,7 @@ impl Router {
             min_match: a.min_match,
             routing_budget_ms: a.routing_budget_ms,
             max_age_ms: u64::from(a.index_ttl_s) * 1000,
+            spread_cold: a.spread_cold,
             ..AffinityConfig::default()
         };
         Router {
@@ -228,32 +229,46 @@ impl Router {
         self.note_placement(store, known, served);
     }
 
-    /// The [`Pressure`] counters for a request that `known` does not make
-    /// warm ([`affinity::warm_coverage`]); `None` (no get) for one it does.
-    /// Shared-data cost: `⌈replicas / 16⌉` gets for cold requests.
+    /// At routing: a pending record ([`PrefixIndex::record_pending`]) of a
+    /// request `choice` placed cold or spilled (nothing for a warm or keyless
+    /// one, or with `record_pending` off), so that the same new prefix
+    /// arriving before the response meets it on `choice.primary`. Returns
+    /// the sets (≤ `max_writes + 2`).
+    pub fn record_pending<S: SlotStore>(
+        &self,
+        store: &mut S,
+        blocks: &[u64],
+        known: Option<&Known>,
+        choice: &Choice,
+        now_ms: u64,
+    ) -> usize {
+        let placed = matches!(choice.reason, Reason::Cold | Reason::Spill);
+        if !(self.affinity.record_pending && placed) {
+            return 0;
+        }
+        let at = (now_ms, self.affinity.max_age_ms);
+        self.index
+            .record_pending(store, blocks, known, choice.primary, at)
+    }
+
+    /// [`Pressure::for_request`] with this router's configuration.
     pub fn placement_pressure<S: SlotStore>(
         &self,
         store: &S,
         key: &RoutingKey,
         known: Option<&Known>,
     ) -> Option<Pressure> {
-        let cold =
-            key.key.is_some() && affinity::warm_coverage(key, known, &self.affinity).is_none();
-        cold.then(|| Pressure::read(store, self.ring.len()))
+        Pressure::for_request(store, self.ring.len(), key, known, &self.affinity)
     }
 
-    /// `served` was given the prefix `known` was looked up for: if it was not
-    /// one of its holders (cold placement, spill), count a new prefix for it
-    /// ([`Pressure::bump`]: one get and one set).
+    /// [`Pressure::note`] with this router's configuration.
     pub fn note_placement<S: SlotStore>(
         &self,
         store: &mut S,
         known: Option<&Known>,
         served: usize,
     ) {
-        if !known.is_some_and(|k| k.entry.holders().any(|h| h == served)) {
-            Pressure::bump(store, served, self.ring.len());
-        }
+        Pressure::note(store, self.ring.len(), known, served, &self.affinity);
     }
 
     /// Key the index's slot hash with a per-process secret

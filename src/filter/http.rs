@@ -271,8 +271,8 @@ impl RouterHttp {
         let mut slots = SharedSlots::new(&p.keys.prefix);
         let usable = loads.available.unwrap_or(&[]);
         let (d, choice, known) = {
-            let by_addr = AddrSlots::new(&mut slots, view, usable);
-            p.delivered.with_horizons(self.routed_at_ms, view, |h| {
+            let mut by_addr = AddrSlots::new(&mut slots, view, usable);
+            let chosen = p.delivered.with_horizons(self.routed_at_ms, view, |h| {
                 view.router.choose_affinity_fed(
                     key,
                     prompt_chars,
@@ -282,7 +282,16 @@ impl RouterHttp {
                     (self.routed_at_ms, ticket),
                     h,
                 )
-            })
+            });
+            // A new placement is written at once as pending (the 2xx record
+            // confirms it), so a burst of the same new prefix meets on it.
+            if self.api_path {
+                let (_, c, k) = &chosen;
+                let t = self.routed_at_ms;
+                view.router
+                    .record_pending(&mut by_addr, &key.blocks, k.as_ref(), c, t);
+            }
+            chosen
         };
         let block_tokens =
             crate::hash::BLOCK_UNITS as f64 / view.router.affinity_config().chars_per_token;

@@ -13,6 +13,7 @@
 use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::{CostConfig, CostModel};
 use prefix_router::index::{IndexConfig, Known, PrefixIndex, VecStore};
+use prefix_router::pressure::Pressure;
 use prefix_router::{Config, Loads, Router};
 
 use super::{Policy, Routed, View};
@@ -37,9 +38,6 @@ pub struct OursParams {
     /// response; modelled at the first token, which is no earlier than the
     /// response headers).
     pub record_at_route: bool,
-    /// Break cold placement's load ties by cache pressure
-    /// (`prefix_router::pressure`), as the filter does.
-    pub pressure: bool,
 }
 
 impl Default for OursParams {
@@ -58,7 +56,6 @@ impl Default for OursParams {
                 affinity: *r.affinity_config(),
                 cost: r.cost_config(),
                 record_at_route: false,
-                pressure: true,
             },
             None => OursParams {
                 prefix_length: 65536,
@@ -67,7 +64,6 @@ impl Default for OursParams {
                 affinity: AffinityConfig::default(),
                 cost: CostConfig::default(),
                 record_at_route: false,
-                pressure: true,
             },
         }
     }
@@ -93,13 +89,14 @@ impl OursParams {
             "max_age_s" => self.affinity.max_age_ms = (f()? * 1000.0) as u64,
             "cold_choices" => self.affinity.cold_choices = u()? as usize,
             "anchor_cold" => self.affinity.anchor_cold = v == "1" || v == "true",
+            "record_pending" => self.affinity.record_pending = v == "1" || v == "true",
             "prefill_ms_per_ktok" => self.cost.prefill_ms_per_ktok = f()?,
             "wait_ms_per_request" => self.cost.wait_ms_per_request = f()?,
             "learn" => self.cost.learn = v == "1" || v == "true",
             "forget" => self.cost.forget = f()?,
             "prefill_floor" => self.cost.prefill_floor = v == "1" || v == "true",
             "record_at_route" => self.record_at_route = v == "1" || v == "true",
-            "pressure" => self.pressure = v == "1" || v == "true",
+            "pressure" | "spread_cold" => self.affinity.spread_cold = v == "1" || v == "true",
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
@@ -118,7 +115,6 @@ pub struct Ours {
     /// Lookup result per request, kept until its response starts.
     pending_known: Vec<Option<Known>>,
     record_at_route: bool,
-    use_pressure: bool,
     reasons: [u64; 4],
     routed: u64,
     ticket: u64,
@@ -152,7 +148,6 @@ impl Ours {
             pending: Vec::new(),
             pending_known: Vec::new(),
             record_at_route: p.record_at_route,
-            use_pressure: p.pressure,
             reasons: [0; 4],
             routed: 0,
             ticket: 0,
@@ -175,12 +170,8 @@ impl Policy for Ours {
         };
         let known = self.index.lookup(&self.store, &key.blocks, now_ms);
         self.ticket += 1;
-        let pressure = if self.use_pressure {
-            self.router
-                .placement_pressure(&self.store, key, known.as_ref())
-        } else {
-            None
-        };
+        let n = self.router.ring().len();
+        let pressure = Pressure::for_request(&self.store, n, key, known.as_ref(), &self.cfg);
         let request = affinity::Request {
             key,
             prompt_chars: req.body_chars as usize,
@@ -210,6 +201,14 @@ impl Policy for Ours {
             self.class.resize(idx as usize + 1, 0);
         }
         self.class[idx as usize] = class;
+        if !self.record_at_route
+            && self.cfg.record_pending
+            && matches!(c.reason, Reason::Cold | Reason::Spill)
+        {
+            let at = (now_ms, self.cfg.max_age_ms);
+            self.index
+                .record_pending(&mut self.store, &key.blocks, known.as_ref(), c.primary, at);
+        }
         if self.record_at_route {
             self.index.record(
                 &mut self.store,
@@ -218,10 +217,7 @@ impl Policy for Ours {
                 c.primary,
                 now_ms,
             );
-            if self.use_pressure {
-                self.router
-                    .note_placement(&mut self.store, known.as_ref(), c.primary);
-            }
+            Pressure::note(&mut self.store, n, known.as_ref(), c.primary, &self.cfg);
         }
         if self.pending.len() <= idx as usize {
             self.pending.resize(idx as usize + 1, (0.0, 0));
@@ -257,10 +253,8 @@ impl Policy for Ours {
                     replica,
                     now_ms,
                 );
-                if self.use_pressure {
-                    self.router
-                        .note_placement(&mut self.store, known.as_ref(), replica);
-                }
+                let n = self.router.ring().len();
+                Pressure::note(&mut self.store, n, known.as_ref(), replica, &self.cfg);
             }
         }
         if let Some(&(u, l)) = self.pending.get(idx as usize) {
