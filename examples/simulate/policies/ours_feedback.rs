@@ -132,6 +132,9 @@ impl Policy for OursFeedback {
             pressure: pressure.as_ref(),
         };
         let c = affinity::choose(self.router.ring(), &request, &gw.cost, &self.cfg);
+        // As the filter: a new placement is written at once as pending.
+        self.router
+            .record_pending(&mut gw.store, &key.blocks, found.as_ref(), &c, now_ms);
         let load = loads.get(c.primary).copied().unwrap_or(0);
         if let Some(x) = gw.in_flight.get_mut(c.primary) {
             *x += 1;
