@@ -277,25 +277,22 @@ mod tests {
         // configured 50) is what placement pays; the wait price is learned.
         let mut m = CostModel::new(CostConfig::default());
         let mut s = 3u64;
-        for _ in 0..5000 {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let (u, l) = (((s >> 33) % 9000) as f64, ((s >> 20) % 40) as f64);
-            m.observe(u, l, 20.0 + 0.033 * u + 4.0 * l);
-        }
+        let mut feed = |m: &mut CostModel, per_token: f64| {
+            for _ in 0..5000 {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let (u, l) = (((s >> 33) % 9000) as f64, ((s >> 20) % 40) as f64);
+                m.observe(u, l, 20.0 + per_token * u + 4.0 * l);
+            }
+        };
+        feed(&mut m, 0.033);
         let (b, c) = m.prices();
         assert_eq!(b, 50.0);
         assert!((c - 4.0).abs() < 0.3, "wait {c}");
         assert!((m.learned_prefill_ms_per_ktok() - 33.0).abs() < 1.0);
         // Above the floor, the learned price is used.
-        for _ in 0..5000 {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let (u, l) = (((s >> 33) % 9000) as f64, ((s >> 20) % 40) as f64);
-            m.observe(u, l, 20.0 + 0.08 * u + 4.0 * l);
-        }
+        feed(&mut m, 0.08);
         assert!((m.prices().0 - 80.0).abs() < 2.0, "{:?}", m.prices());
     }
 
