@@ -41,6 +41,8 @@ ensure_envoy
 # Benchmark the code as it is now (incremental: a no-op when the .wasm is up to date).
 build_wasm 2>&1 | tail -1 >&2
 started_at="$(date +%s)"
+run_label="./build.sh bench"
+[ "$part" = all ] || run_label+=" $part"
 
 # shellcheck disable=SC2317  # bench_* are called indirectly (run_part)
 bench_llama() {
@@ -70,13 +72,13 @@ esac
 if [ "$part" != profile ]; then
   # The plots of every part that wrote its JSON during this run (docs/img/*.svg).
   "$(bench_python)" scripts/bench/plot.py .work/bench docs/img --since "$started_at" \
-    --command "./build.sh bench $part" || rc=1
+    --command "$run_label" || rc=1
 fi
 if [ "$part" = all ] || [ "$part" = quick ]; then
   echo
   echo "----- paste into README (benchmark section) -----"
   "$(bench_python)" scripts/bench/report.py combine .work/bench \
-    --command "./build.sh bench${part/#all/}" --machine "$(machine_line)" --since "$started_at" \
+    --command "$run_label" --machine "$(machine_line)" --since "$started_at" \
     --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "----- end -----"
 fi
