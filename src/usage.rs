@@ -587,14 +587,28 @@ mod tests {
         assert_eq!(s.usage(), want);
         // Only a top-level "response" object's own id counts: not deeper, not elsewhere.
         for (body, id) in [
-            (&br#"{"response":{"item":{"id":"deep"}},"x":{"id":"other"}}"#[..], None),
+            (
+                &br#"{"response":{"item":{"id":"deep"}},"x":{"id":"other"}}"#[..],
+                None,
+            ),
             (br#"{"x":{"response":{"id":"nested"}}}"#, None),
             (br#"{"response":"text","y":{"id":"n"}}"#, None),
             (br#"{"response":[{"id":"in_array"}]}"#, None),
-            (br#"{"response":{"a":{"b":1},"id":"after_nested"}}"#, Some("after_nested")),
-            (br#"{"response":{"id":"first"},"id":"second"}"#, Some("first")),
+            (
+                br#"{"response":{"a":{"b":1},"id":"after_nested"}}"#,
+                Some("after_nested"),
+            ),
+            (
+                br#"{"response":{"id":"first"},"id":"second"}"#,
+                Some("first"),
+            ),
         ] {
-            assert_eq!(scan(body).id.as_deref(), id, "{}", String::from_utf8_lossy(body));
+            assert_eq!(
+                scan(body).id.as_deref(),
+                id,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 
