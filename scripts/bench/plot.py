@@ -207,9 +207,13 @@ def bar_panels(title, caption, panels, series, fmt, value_fmt, y_label, overlay=
                 if not overlay:
                     svg.text(bx + bar_w / 2, y(max(v1, 0)) - 3, pvfmt(v1), size=9,
                              anchor="middle", fill="#333")
-                elif v2 is None or y(v1) - y(v2) > 12:
+                elif abs(y(v1) - y(0)) > 14:
                     svg.text(bx + bar_w / 2, y(max(v1, 0)) + 11, pvfmt(v1), size=9,
                              anchor="middle", fill="#fff")
+                elif v2 is None or y(v1) - y(v2) > 24:
+                    # A short bar: its value just above it (inside the light bar, if any).
+                    svg.text(bx + bar_w / 2, y(max(v1, 0)) - 3, pvfmt(v1), size=9,
+                             anchor="middle", fill="#222")
             svg.text(x0 + ci * gw + gw / 2, bottom + 18, cat, size=12, anchor="middle")
     legend(svg, 70, height - 8, entries)
     return svg
