@@ -11,8 +11,8 @@
 #             scale and unique prompts (~7 min)
 #   llama     real llama.cpp replicas (scripts/llama.sh bench; skips if llama-server is absent;
 #             ~3 min when built)
-#   quick     the smallest run that draws every plot: overhead with 3 latency rounds and 1
-#             throughput round, routing on the sagemaker and unique workloads only (~8 min)
+#   quick     the smallest run that draws the routing and overhead plots: overhead with 3
+#             latency rounds and 1 throughput round, routing on sagemaker and unique (~11 min)
 # Each part prints a markdown table and writes JSON under .work/bench/; `all` ends with one
 # markdown block for the README (command, date, machine, every table). Every part that ran also
 # redraws its SVG plots in docs/img/ (scripts/bench/plot.py, from that JSON; see docs/benchmarks.md).
