@@ -525,7 +525,7 @@ async fn responses(emu: &Arc<Emulator>, req: Request<Incoming>, mut rec: RecordG
         crate::responses::Reply::Stream(rx, done) => {
             tokio::spawn(async move {
                 let o = done.await.ok();
-                let aborted = o.as_ref().map_or(true, |o| o.aborted);
+                let aborted = o.as_ref().is_none_or(|o| o.aborted);
                 rec.finish(if aborted { "aborted" } else { "ok" }, 200, o.as_ref());
             });
             sse_resp(rx)
