@@ -72,7 +72,7 @@ esac
 if [ "$part" != profile ]; then
   # The plots of every part that wrote its JSON during this run (docs/img/*.svg).
   "$(bench_python)" scripts/bench/plot.py .work/bench docs/img --since "$started_at" \
-    --command "$run_label" || rc=1
+    --command "$run_label" --machine "$(machine_line)" || rc=1
 fi
 if [ "$part" = all ] || [ "$part" = quick ]; then
   echo

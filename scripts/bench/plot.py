@@ -25,6 +25,7 @@ import json
 import math
 import os
 import sys
+from datetime import datetime, timezone
 from xml.sax.saxutils import escape
 
 # One colour per strategy/listener, the same in every plot.
@@ -263,6 +264,11 @@ def ms(v):
     return f"{v:.0f}"
 
 
+def secs(v):
+    """Milliseconds shown in seconds."""
+    return f"{v / 1000:.1f}"
+
+
 def us(v):
     return f"{v:+.0f}" if v else "0"
 
@@ -344,8 +350,8 @@ def plot_llama(data, command):
         cats.append(("predicted (filter)", pred))
     svg = bar_panels("Real engines: cached share of prompt tokens, TTFT", cap,
                      [("cached share of prompt tokens", cats),
-                      ("TTFT, ms", [("p50", {s: v[0] for s, v in ttft.items()}),
-                                        ("p90", {s: v[1] for s, v in ttft.items()})], ms)],
+                      ("TTFT, s", [("p50", {s: v[0] for s, v in ttft.items()}),
+                                       ("p90", {s: v[1] for s, v in ttft.items()})], secs)],
                      strategies, pct, pct, "", shared_scale=False)
     return {"llama.svg": svg}
 
@@ -361,6 +367,8 @@ def main():
     ap.add_argument("--since", type=float, default=0,
                     help="only parts whose JSON was written at or after this epoch time")
     ap.add_argument("--command", default="", help="the command shown in each plot's caption")
+    ap.add_argument("--machine", default="",
+                    help="the machine shown in the caption when the JSON does not name it")
     args = ap.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
     wrote = []
@@ -370,6 +378,11 @@ def main():
             continue
         with open(path) as f:
             data = json.load(f)
+        # Date and machine for the caption: the JSON's, else the file's time and --machine.
+        if not data.get("date"):
+            mtime = datetime.fromtimestamp(os.path.getmtime(path), timezone.utc)
+            data["date"] = mtime.isoformat(timespec="seconds")
+        data.setdefault("machine", args.machine)
         for name, svg in fn(data, args.command).items():
             out = os.path.join(args.out_dir, name)
             with open(out, "w") as f:
