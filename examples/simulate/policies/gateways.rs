@@ -674,10 +674,16 @@ mod tests {
     fn one_independent_gateway_is_ours() {
         let (book, reqs) = sagemaker(0.04);
         let m = ModelParams::default();
-        // The gateways record at routing (as `ours` with `record_at_route`).
+        // The gateways record at routing (as `ours` with `record_at_route`)
+        // and place by ring order at equal loads (no pressure counters).
+        let d = OursParams::default();
         let p = OursParams {
             record_at_route: true,
-            ..OursParams::default()
+            affinity: prefix_router::affinity::AffinityConfig {
+                spread_cold: false,
+                ..d.affinity
+            },
+            ..d
         };
         let mut ours = Ours::new(book.routers[0].1.clone(), 0, p, &m).unwrap();
         let mut one = gateways(&book, "indep/1", Knobs::default());
