@@ -171,7 +171,10 @@ impl Replica {
     }
 }
 
-const _: () = assert!(KV_BLOCK_TOKENS == 16, "model.rs maps the engine's block size");
+const _: () = assert!(
+    KV_BLOCK_TOKENS == 16,
+    "model.rs maps the engine's block size"
+);
 
 #[cfg(test)]
 mod tests {
@@ -212,7 +215,10 @@ mod tests {
             .iter()
             .filter(|o| matches!(o, Outcome::FirstToken { .. }))
             .count();
-        let dones = out.iter().filter(|o| matches!(o, Outcome::Done { .. })).count();
+        let dones = out
+            .iter()
+            .filter(|o| matches!(o, Outcome::Done { .. }))
+            .count();
         assert_eq!((firsts, dones, steps), (1, 1, 4));
         assert_eq!(r.backlog_tokens, 0);
         assert_eq!(r.cached_tokens(&a), 7984);
