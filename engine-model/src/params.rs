@@ -154,3 +154,92 @@ mod tests {
         assert_eq!(p.step_base_s, 0.0);
     }
 }
+
+/// The calibrated preset against the published measurements cited in
+/// `examples/simulate/README.md` ("Calibration"), through the engine itself.
+#[cfg(test)]
+mod calibration {
+    use crate::{Engine, EventKind, Params, Request};
+
+    /// (TTFT of a lone request, mean step time of its decode) in seconds.
+    fn lone(p: &Params, prompt: u32, cached_family: bool, batch: u32) -> (f64, f64) {
+        let mut e = Engine::new(p.clone());
+        let blocks: Vec<u64> = (1..=u64::from(prompt / 16)).collect();
+        let mut t = 0.0;
+        let mut out = Vec::new();
+        if cached_family {
+            e.submit(
+                Request {
+                    id: 0,
+                    prompt_tokens: prompt,
+                    output_tokens: 1,
+                    blocks: blocks.clone(),
+                    ..Default::default()
+                },
+                0.0,
+            );
+            for _ in 0..1000 {
+                e.step(t, &mut out);
+                match e.next_event_time() {
+                    Some(x) => t = x,
+                    None => break,
+                }
+            }
+        }
+        let start = t;
+        for i in 0..batch {
+            e.submit(
+                Request {
+                    id: u64::from(i) + 1,
+                    prompt_tokens: if i == 0 { prompt } else { 32 },
+                    output_tokens: 129,
+                    blocks: if i == 0 { blocks.clone() } else { Vec::new() },
+                    ..Default::default()
+                },
+                start,
+            );
+        }
+        out.clear();
+        for _ in 0..10_000 {
+            e.step(t, &mut out);
+            match e.next_event_time() {
+                Some(x) => t = x,
+                None => break,
+            }
+        }
+        let at = |want: fn(&EventKind) -> bool| {
+            out.iter()
+                .find(|x| x.id == 1 && want(&x.kind))
+                .map_or(f64::NAN, |x| x.at)
+        };
+        let first = at(|k| matches!(k, EventKind::FirstToken { .. }));
+        let done = at(|k| *k == EventKind::Finished);
+        (first - start, (done - first) / 128.0)
+    }
+
+    #[test]
+    fn preset_matches_the_published_ranges() {
+        let p = Params::llama70b_h100x8();
+        // AWS SageMaker benchmark (8 000-token shared prefix, 7 × p5.48xlarge): model TTFT
+        // 63–280 ms. Uncached 8 150 tokens: the top of the range; a hit: far below it.
+        let (cold, _) = lone(&p, 8150, false, 1);
+        assert!((0.25..=0.29).contains(&cold), "cold 8k TTFT {cold}");
+        let (hit, _) = lone(&p, 8150, true, 1);
+        assert!(hit < 0.063, "cached 8k TTFT {hit}");
+        // vLLM CI latency test (Llama-3-70B TP4 H200, batch 8, 32 in / 128 out: 2 077 ms,
+        // 16.2 ms per step) scaled by HBM bandwidth to 8 × H100 (19.2 → 26.8 TB/s): 11.6 ms.
+        let (_, step8) = lone(&p, 32, false, 8);
+        assert!(
+            (0.0116 * 0.9..=0.0116 * 1.15).contains(&step8),
+            "step {step8}"
+        );
+        // Step time grows with the batch (30 µs per sequence + context reads).
+        let (_, step64) = lone(&p, 32, false, 64);
+        assert!(step64 > step8 + 0.0015, "{step64} vs {step8}");
+        // NVIDIA GH200 NVL32 (TensorRT-LLM, 32 GPUs): 472 ms for a 32 768-token prompt; on 4×
+        // fewer GPUs of the same compute, at most 4 × 472 ms; attention makes it super-linear.
+        let (long, _) = lone(&p, 32_768, false, 1);
+        assert!((1.0..=1.9).contains(&long), "32k TTFT {long}");
+        assert!(long > 4.0 * lone(&p, 8192, false, 1).0);
+    }
+}
