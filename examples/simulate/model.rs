@@ -1,4 +1,5 @@
-//! Replica model parameters and their calibration.
+//! Replica model parameters and their calibration. The engine itself is the shared crate
+//! `engine-model` ([`ModelParams::engine`] maps these numbers onto it).
 //!
 //! Target: **Llama-3.1-70B-Instruct, bf16, on one 8×H100-80GB node (TP=8), vLLM
 //! V1 with automatic prefix caching** — the setup of AWS's SageMaker
