@@ -67,7 +67,7 @@ mod tests {
 
     /// Runs one request to completion on `e`; returns its cached tokens.
     fn run(e: &mut Engine, tokens: &[u64], root: u64) -> u32 {
-        let mut t = e.next_event_time().unwrap_or(0.0);
+        let t = e.next_event_time().unwrap_or(0.0);
         e.submit(
             Request {
                 id: 1,
@@ -79,13 +79,7 @@ mod tests {
             t,
         );
         let mut out = Vec::new();
-        for _ in 0..100 {
-            e.step(t, &mut out);
-            match e.next_event_time() {
-                Some(x) => t = x,
-                None => break,
-            }
-        }
+        e.run_until_idle(t, &mut out, 100);
         out.iter()
             .find_map(|x| match x.kind {
                 EventKind::FirstToken { cached } => Some(cached),

@@ -265,6 +265,21 @@ impl Engine {
         out.append(&mut self.pending);
     }
 
+    /// Step from `now` until idle, at most `max_steps` steps (virtual time: each call jumps to the
+    /// next step end); events are appended to `out`. Returns the time reached (the end of the
+    /// last step). For tests and offline use; a real-time driver sleeps between steps instead.
+    pub fn run_until_idle(&mut self, now: f64, out: &mut Vec<Event>, max_steps: usize) -> f64 {
+        let mut t = now;
+        for _ in 0..max_steps {
+            self.step(t, out);
+            match self.next_event_time() {
+                Some(x) => t = x,
+                None => break,
+            }
+        }
+        t
+    }
+
     /// When the step in progress ends (the next time [`Engine::step`] has something to do), or
     /// `None` when idle.
     pub fn next_event_time(&self) -> Option<f64> {
@@ -685,15 +700,9 @@ mod tests {
     }
 
     /// Step until idle (bounded); every event.
-    fn drain(e: &mut Engine, mut t: f64) -> Vec<Event> {
+    fn drain(e: &mut Engine, t: f64) -> Vec<Event> {
         let mut out = Vec::new();
-        for _ in 0..100_000 {
-            e.step(t, &mut out);
-            match e.next_event_time() {
-                Some(x) => t = x,
-                None => return out,
-            }
-        }
+        e.run_until_idle(t, &mut out, 100_000);
         out
     }
 

@@ -178,13 +178,7 @@ mod calibration {
                 },
                 0.0,
             );
-            for _ in 0..1000 {
-                e.step(t, &mut out);
-                match e.next_event_time() {
-                    Some(x) => t = x,
-                    None => break,
-                }
-            }
+            t = e.run_until_idle(0.0, &mut out, 1000);
         }
         let start = t;
         for i in 0..batch {
@@ -200,13 +194,7 @@ mod calibration {
             );
         }
         out.clear();
-        for _ in 0..10_000 {
-            e.step(t, &mut out);
-            match e.next_event_time() {
-                Some(x) => t = x,
-                None => break,
-            }
-        }
+        e.run_until_idle(t, &mut out, 10_000);
         let at = |want: fn(&EventKind) -> bool| {
             out.iter()
                 .find(|x| x.id == 1 && want(&x.kind))
