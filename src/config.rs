@@ -162,6 +162,8 @@ pub struct RawConfig {
     pub refresh_ms: Option<i64>,
     /// See [`EngineParams`].
     pub engine: Option<RawEngine>,
+    /// See [`crate::peers_config`].
+    pub peers: Option<crate::peers_config::RawPeers>,
 }
 
 /// The `engine` object as written by the user.
@@ -285,6 +287,8 @@ pub struct Config {
     /// Request paths whose 2xx responses are recorded in the `affinity` index
     /// (exact match, query string ignored; see [`crate::paths`]).
     pub paths: Vec<String>,
+    /// Peer exchange of index writes between gateways (`peers` object).
+    pub peers: Option<crate::peers_config::PeersParams>,
 }
 
 /// A configuration error naming the field.
@@ -308,14 +312,14 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-fn err(field: &str, message: impl Into<String>) -> ConfigError {
+pub(crate) fn err(field: &str, message: impl Into<String>) -> ConfigError {
     ConfigError {
         field: field.to_string(),
         message: message.into(),
     }
 }
 
-fn int_in_range<T: TryFrom<i64> + Copy>(
+pub(crate) fn int_in_range<T: TryFrom<i64> + Copy>(
     field: &str,
     value: Option<i64>,
     range: (T, T),
@@ -620,6 +624,10 @@ impl Config {
             virtual_nodes,
             affinity: affinity_params,
             engine: engine(raw.engine, discovery.is_some())?,
+            peers: crate::peers_config::validate(
+                raw.peers,
+                discovery.as_ref().map(|d| d.admin_cluster.as_str()),
+            )?,
             discovery,
             read_usage: raw.read_usage.unwrap_or(true),
             paths,

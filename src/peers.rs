@@ -109,18 +109,30 @@ impl DeltaLog {
         let from = seq.clamp(self.oldest_seq(), self.next_seq);
         let skip = (from - self.oldest_seq()) as usize;
         let count = self.items.len().saturating_sub(skip).min(max_count);
-        let mut out = Vec::with_capacity(HEADER_BYTES + count * ITEM_BYTES);
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&layout.to_le_bytes());
-        out.extend_from_slice(&epoch.to_le_bytes());
-        out.extend_from_slice(&from.to_le_bytes());
-        out.extend_from_slice(&(count as u32).to_le_bytes());
-        for (slot, v) in self.items.iter().skip(skip).take(count) {
-            out.extend_from_slice(&slot.to_le_bytes());
-            out.extend_from_slice(v);
-        }
-        out
+        encode(from, self.items.iter().skip(skip).take(count), layout, epoch)
     }
+}
+
+/// Encode a batch of `items` whose first write has sequence `from` (the
+/// wire format of the module docs). O(items).
+pub fn encode<'a>(
+    from: u64,
+    items: impl ExactSizeIterator<Item = &'a (u32, SlotValue)>,
+    layout: u32,
+    epoch: u32,
+) -> Vec<u8> {
+    let count = items.len();
+    let mut out = Vec::with_capacity(HEADER_BYTES + count * ITEM_BYTES);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&layout.to_le_bytes());
+    out.extend_from_slice(&epoch.to_le_bytes());
+    out.extend_from_slice(&from.to_le_bytes());
+    out.extend_from_slice(&(count as u32).to_le_bytes());
+    for (slot, v) in items {
+        out.extend_from_slice(&slot.to_le_bytes());
+        out.extend_from_slice(v);
+    }
+    out
 }
 
 /// A [`SlotStore`] that also logs every set into a [`DeltaLog`] (wrap the
