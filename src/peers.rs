@@ -109,7 +109,12 @@ impl DeltaLog {
         let from = seq.clamp(self.oldest_seq(), self.next_seq);
         let skip = (from - self.oldest_seq()) as usize;
         let count = self.items.len().saturating_sub(skip).min(max_count);
-        encode(from, self.items.iter().skip(skip).take(count), layout, epoch)
+        encode(
+            from,
+            self.items.iter().skip(skip).take(count),
+            layout,
+            epoch,
+        )
     }
 }
 
@@ -300,6 +305,24 @@ impl Cursor {
     }
 }
 
+/// Constant-time equality (time depends only on the lengths).
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0xff);
+    }
+    diff == 0
+}
+
+/// The query of a pull: `since=<u64>` and nothing else.
+pub fn parse_since(query: &[u8]) -> Option<u64> {
+    let v = query.strip_prefix(b"since=")?;
+    if v.is_empty() || v.len() > 20 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,5 +487,24 @@ mod tests {
         assert_ne!(a, layout(128, &e(&["a:1", "b:1"])));
         assert_ne!(a, layout(64, &e(&["b:1", "a:1"])));
         assert_eq!(a, layout(64, &e(&["a:1", "b:1"])));
+    }
+
+    #[test]
+    fn secret_comparison_and_query() {
+        assert!(ct_eq(b"abc", b"abc"));
+        assert!(!ct_eq(b"abc", b"abd"));
+        assert!(!ct_eq(b"abc", b"ab"));
+        assert!(!ct_eq(b"", b"a"));
+        assert_eq!(parse_since(b"since=42"), Some(42));
+        for bad in [
+            &b""[..],
+            b"since=",
+            b"since=-1",
+            b"since=1&x=2",
+            b"x=1",
+            b"since=99999999999999999999999",
+        ] {
+            assert_eq!(parse_since(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 }

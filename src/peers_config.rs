@@ -162,12 +162,17 @@ pub fn validate(
         }
     };
     if admin_cluster == cluster {
-        return Err(err("peers.admin_cluster", "must differ from `peers.cluster`"));
+        return Err(err(
+            "peers.admin_cluster",
+            "must differ from `peers.cluster`",
+        ));
     }
     let path = r.path.unwrap_or_else(|| DEFAULT_PATH.to_string());
     if !path.starts_with('/')
         || path.len() > 256
-        || path.bytes().any(|b| !(0x21..0x7f).contains(&b) || b == b'?')
+        || path
+            .bytes()
+            .any(|b| !(0x21..0x7f).contains(&b) || b == b'?')
     {
         return Err(err(
             "peers.path",
@@ -175,7 +180,13 @@ pub fn validate(
         ));
     }
     let secret = match r.secret {
-        Some(s) if s.len() >= 16 && s.len() <= 4096 && !s.bytes().any(|b| !(0x21..0x7f).contains(&b)) => s,
+        Some(s)
+            if s.len() >= 16
+                && s.len() <= 4096
+                && !s.bytes().any(|b| !(0x21..0x7f).contains(&b)) =>
+        {
+            s
+        }
         Some(_) => {
             return Err(err(
                 "peers.secret",
@@ -191,15 +202,31 @@ pub fn validate(
     };
     let pull_ms = int_in_range("peers.pull_ms", r.pull_ms, (20u32, 60_000), 100)?;
     let timeout_ms = int_in_range("peers.timeout_ms", r.timeout_ms, (10u32, 60_000), 250)?;
-    let hosts_refresh_ms =
-        int_in_range("peers.hosts_refresh_ms", r.hosts_refresh_ms, (100u32, 600_000), 1000)?;
+    let hosts_refresh_ms = int_in_range(
+        "peers.hosts_refresh_ms",
+        r.hosts_refresh_ms,
+        (100u32, 600_000),
+        1000,
+    )?;
     let max_batch = int_in_range("peers.max_batch", r.max_batch, (1u32, 65_536), 2048)?;
-    let log_capacity =
-        int_in_range("peers.log_capacity", r.log_capacity, (16u32, 1 << 20), 16_384)?;
-    let min_publish_chars =
-        int_in_range("peers.min_publish_chars", r.min_publish_chars, (0u32, 1 << 24), 1024)?;
-    let refresh_publish_s =
-        int_in_range("peers.refresh_publish_s", r.refresh_publish_s, (0u32, 86_400), 120)?;
+    let log_capacity = int_in_range(
+        "peers.log_capacity",
+        r.log_capacity,
+        (16u32, 1 << 20),
+        16_384,
+    )?;
+    let min_publish_chars = int_in_range(
+        "peers.min_publish_chars",
+        r.min_publish_chars,
+        (0u32, 1 << 24),
+        1024,
+    )?;
+    let refresh_publish_s = int_in_range(
+        "peers.refresh_publish_s",
+        r.refresh_publish_s,
+        (0u32, 86_400),
+        120,
+    )?;
     Ok(Some(PeersParams {
         index_secret: derive_index_secret(&secret),
         cluster,
@@ -230,12 +257,22 @@ mod tests {
 
     #[test]
     fn defaults_and_derived_key() {
-        let c = parse(r#"{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdef"}"#).unwrap();
+        let c =
+            parse(r#"{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdef"}"#).unwrap();
         let p = c.peers.unwrap();
         assert_eq!(p.path, super::DEFAULT_PATH);
-        assert_eq!((p.pull_ms, p.max_batch, p.log_capacity), (100, 2048, 16_384));
-        assert_eq!(p.index_secret, super::derive_index_secret("0123456789abcdef"));
-        assert_ne!(p.index_secret, super::derive_index_secret("0123456789abcdeX"));
+        assert_eq!(
+            (p.pull_ms, p.max_batch, p.log_capacity),
+            (100, 2048, 16_384)
+        );
+        assert_eq!(
+            p.index_secret,
+            super::derive_index_secret("0123456789abcdef")
+        );
+        assert_ne!(
+            p.index_secret,
+            super::derive_index_secret("0123456789abcdeX")
+        );
         assert!(!format!("{p:?}").contains("0123456789abcdef"));
         // Same secret → same layout; another secret → another layout.
         let q = parse(r#"{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdeX"}"#)
@@ -257,17 +294,47 @@ mod tests {
         let s = r#""secret":"0123456789abcdef""#;
         for (peers, field) in [
             (format!(r#"{{"admin_cluster":"a",{s}}}"#), "peers.cluster"),
-            (r#"{"cluster":"p","admin_cluster":"a"}"#.to_string(), "peers.secret"),
-            (r#"{"cluster":"p","admin_cluster":"a","secret":"short"}"#.to_string(), "peers.secret"),
+            (
+                r#"{"cluster":"p","admin_cluster":"a"}"#.to_string(),
+                "peers.secret",
+            ),
+            (
+                r#"{"cluster":"p","admin_cluster":"a","secret":"short"}"#.to_string(),
+                "peers.secret",
+            ),
             (format!(r#"{{"cluster":"p",{s}}}"#), "peers.admin_cluster"),
-            (format!(r#"{{"cluster":"p","admin_cluster":"p",{s}}}"#), "peers.admin_cluster"),
-            (format!(r#"{{"cluster":"p","admin_cluster":"a","path":"x",{s}}}"#), "peers.path"),
-            (format!(r#"{{"cluster":"p","admin_cluster":"a","path":"/a?b",{s}}}"#), "peers.path"),
-            (format!(r#"{{"cluster":"p","admin_cluster":"a","pull_ms":1,{s}}}"#), "peers.pull_ms"),
-            (format!(r#"{{"cluster":"p","admin_cluster":"a","max_batch":0,{s}}}"#), "peers.max_batch"),
-            (format!(r#"{{"cluster":"p","admin_cluster":"a","log_capacity":1,{s}}}"#), "peers.log_capacity"),
-            (format!(r#"{{"cluster":"p","admin_cluster":"a","timeout_ms":0,{s}}}"#), "peers.timeout_ms"),
-            (format!(r#"{{"cluster":"p","admin_cluster":"a","bogus":1,{s}}}"#), "peers"),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"p",{s}}}"#),
+                "peers.admin_cluster",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","path":"x",{s}}}"#),
+                "peers.path",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","path":"/a?b",{s}}}"#),
+                "peers.path",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","pull_ms":1,{s}}}"#),
+                "peers.pull_ms",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","max_batch":0,{s}}}"#),
+                "peers.max_batch",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","log_capacity":1,{s}}}"#),
+                "peers.log_capacity",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","timeout_ms":0,{s}}}"#),
+                "peers.timeout_ms",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","bogus":1,{s}}}"#),
+                "peers",
+            ),
         ] {
             let e = parse(&peers).unwrap_err();
             assert_eq!(e.field, field, "{peers}: {e}");

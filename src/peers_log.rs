@@ -111,7 +111,12 @@ pub fn append<S: SharedData + ?Sized>(
     let mut first = 0;
     update(s, &k.head, |v| {
         first = u64_of(v);
-        Some(first.wrapping_add(writes.len() as u64).to_le_bytes().to_vec())
+        Some(
+            first
+                .wrapping_add(writes.len() as u64)
+                .to_le_bytes()
+                .to_vec(),
+        )
     })?;
     let mut item = [0u8; LOG_ITEM_BYTES];
     for (i, (slot, value)) in writes.iter().enumerate() {
@@ -167,10 +172,7 @@ pub fn cursor<S: SharedData + ?Sized>(s: &S, k: &PeerKeys, addr: &str) -> Cursor
     let key = format!("{}{addr}", k.cursor);
     match s.get(&key) {
         Ok((Some(b), _)) if b.len() == 12 => Cursor {
-            epoch: b[..4]
-                .try_into()
-                .ok()
-                .map(u32::from_le_bytes),
+            epoch: b[..4].try_into().ok().map(u32::from_le_bytes),
             seq: u64_of(b.get(4..)),
         },
         _ => Cursor::default(),
@@ -208,16 +210,19 @@ pub fn is_news(old: Option<&SlotValue>, new: &SlotValue, refresh_ds: u32) -> boo
 pub struct Publishing<'a, S: SlotStore> {
     inner: &'a mut S,
     refresh_ds: u32,
+    enabled: bool,
     /// News writes, in order.
     pub writes: Vec<(u32, SlotValue)>,
 }
 
 impl<'a, S: SlotStore> Publishing<'a, S> {
-    /// Wrap `inner`; `refresh_ds` as in [`is_news`].
-    pub fn new(inner: &'a mut S, refresh_ds: u32) -> Publishing<'a, S> {
+    /// Wrap `inner`; `refresh_ds` as in [`is_news`]. Not `enabled`: a plain
+    /// pass-through (no extra get, nothing collected).
+    pub fn new(inner: &'a mut S, refresh_ds: u32, enabled: bool) -> Publishing<'a, S> {
         Publishing {
             inner,
             refresh_ds,
+            enabled,
             writes: Vec::new(),
         }
     }
@@ -229,6 +234,10 @@ impl<S: SlotStore> SlotStore for Publishing<'_, S> {
     }
 
     fn set(&mut self, slot: u32, value: SlotValue) {
+        if !self.enabled {
+            self.inner.set(slot, value);
+            return;
+        }
         let old = self.inner.get(slot);
         self.inner.set(slot, value);
         if is_news(old.as_ref(), &value, self.refresh_ds) {
@@ -263,7 +272,9 @@ mod tests {
     fn log_round_trip_bounded_and_wrapping() {
         let s = MockShared::new();
         let k = PeerKeys::new("prefix_router/p/");
-        let w: Vec<(u32, SlotValue)> = (0..10u32).map(|i| (i, entry(u64::from(i) + 1, i, &[i as u16]))).collect();
+        let w: Vec<(u32, SlotValue)> = (0..10u32)
+            .map(|i| (i, entry(u64::from(i) + 1, i, &[i as u16])))
+            .collect();
         assert_eq!(append(&s, &k, 8, &w[..3]).unwrap(), 0);
         assert_eq!(append(&s, &k, 8, &w[3..]).unwrap(), 3);
         // 10 written, capacity 8: the oldest kept is seq 2.
@@ -276,7 +287,10 @@ mod tests {
         let (from, items) = read_since(&s, &k, 8, 10, 100).unwrap();
         assert_eq!((from, items.len()), (10, 0));
         // The log never holds more than `capacity` item keys (+ head).
-        assert_eq!(s.keys().iter().filter(|x| x.contains("peers/log/")).count(), 8);
+        assert_eq!(
+            s.keys().iter().filter(|x| x.contains("peers/log/")).count(),
+            8
+        );
         // Through the wire codec: what a peer pulls decodes and merges.
         let lay = layout(64, &[]);
         let wire = encode(from, items.iter(), lay, 5);
@@ -295,7 +309,9 @@ mod tests {
         let (from, items) = read_since(&s, &k, 4096, 1, 10).unwrap();
         assert_eq!((from, items.len()), (1, 0));
         // Much later the hole is skipped (the puller counts it lost).
-        let w: Vec<(u32, SlotValue)> = (0..HOLE_AGE as u32 + 2).map(|i| (i, entry(7, i, &[1]))).collect();
+        let w: Vec<(u32, SlotValue)> = (0..HOLE_AGE as u32 + 2)
+            .map(|i| (i, entry(7, i, &[1])))
+            .collect();
         append(&s, &k, 4096, &w).unwrap();
         let (from, items) = read_since(&s, &k, 4096, 1, 10).unwrap();
         assert_eq!((from, items.len()), (3, 10));
@@ -331,21 +347,30 @@ mod tests {
             slots: 4096,
             ..IndexConfig::default()
         });
-        let blocks: Vec<u64> = (1..=24u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+        let blocks: Vec<u64> = (1..=24u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
         let mut table = VecStore::new(4096);
-        let mut p = Publishing::new(&mut table, 1200);
+        let mut p = Publishing::new(&mut table, 1200, true);
         let sets = idx.record(&mut p, &blocks, None, 3, 10_000);
         assert_eq!(p.writes.len(), sets);
         let first = p.writes.clone();
         let known = idx.lookup(&table, &blocks, 11_000);
-        let mut p = Publishing::new(&mut table, 1200);
+        let mut p = Publishing::new(&mut table, 1200, true);
         idx.record(&mut p, &blocks, known.as_ref(), 3, 11_000);
-        assert!(p.writes.is_empty(), "a warm repeat is not news: {:?}", p.writes.len());
+        assert!(
+            p.writes.is_empty(),
+            "a warm repeat is not news: {:?}",
+            p.writes.len()
+        );
         let mut peer = VecStore::new(4096);
         for (slot, v) in &first {
             peers::merge(&mut peer, *slot, v);
         }
-        assert_eq!(idx.lookup(&peer, &blocks, 11_000).map(|k| k.depth), Some(24));
+        assert_eq!(
+            idx.lookup(&peer, &blocks, 11_000).map(|k| k.depth),
+            Some(24)
+        );
         // merge is also what the puller applies: idempotent.
         assert!(!merge(&mut peer, first[0].0, &first[0].1));
     }
