@@ -7,11 +7,18 @@
 //! calls ([`LoggingStore`] → [`DeltaLog`], a bounded ring numbered by a
 //! sequence); peers **pull** the writes after their cursor on a tick
 //! ([`DeltaLog::encode_since`] → [`decode`]) and **merge** them into their own
-//! table ([`merge`]). Only slot entries travel (never prompt text): a slot
-//! index and the 16-byte entry (48-bit tag, time, holders), 20 bytes.
+//! table ([`merge`]). Only slot entries travel (never prompt text), in a
+//! compact form of 14 bytes: slot u32 ‖ 48-bit tag ‖ front holder u16 ‖ age
+//! u16 (deciseconds before the batch time). Only the **front** holder travels
+//! (the replica that just served the prefix): the older holders were the front
+//! of earlier writes, published then, and [`merge`] keeps the receiver's
+//! existing holders behind the incoming one. The age is relative to the
+//! newest write of the batch (clamped at 109 minutes, beyond any index TTL),
+//! so a catch-up batch keeps every entry's true age.
 //!
-//! Batch format (little endian): `"PRX1"` ‖ layout u32 ‖ epoch u32 ‖
-//! from_seq u64 ‖ count u32 ‖ count × (slot u32 ‖ entry 16 B). `layout`
+//! Batch format (little endian): `"PRX2"` ‖ layout u32 ‖ epoch u32 ‖
+//! from_seq u64 ‖ count u32 ‖ base time u32 (deciseconds) ‖ count × item
+//! ([`ITEM_BYTES`]). `layout`
 //! identifies the table geometry and the replica list (see [`layout`]): a
 //! batch from a peer with another layout is refused, since holder indices
 //! and slots would mean something else there. `epoch` is random per process:
@@ -30,14 +37,16 @@
 
 use std::collections::VecDeque;
 
-use crate::index::{Entry, SlotStore, SlotValue, ENTRY_BYTES, MAX_HOLDERS};
+use crate::index::{Entry, SlotStore, SlotValue, MAX_HOLDERS};
 
 /// Batch magic.
-pub const MAGIC: [u8; 4] = *b"PRX1";
+pub const MAGIC: [u8; 4] = *b"PRX2";
 /// Header bytes.
-pub const HEADER_BYTES: usize = 24;
-/// Bytes per entry on the wire (slot + entry).
-pub const ITEM_BYTES: usize = 4 + ENTRY_BYTES;
+pub const HEADER_BYTES: usize = 28;
+/// Bytes per entry on the wire (slot, tag, front holder, age).
+pub const ITEM_BYTES: usize = 4 + 6 + 2 + 2;
+/// Wire value of "no holder".
+const NO_HOLDER: u16 = u16::MAX;
 
 /// Layout id of a table: slots and the ordered replica list (FNV-1a).
 pub fn layout(slots: u32, endpoints: &[String]) -> u32 {
@@ -127,15 +136,28 @@ pub fn encode<'a>(
     epoch: u32,
 ) -> Vec<u8> {
     let count = items.len();
+    let decoded: Vec<(u32, Option<Entry>)> = items.map(|(s, v)| (*s, Entry::decode(v))).collect();
+    let base = decoded
+        .iter()
+        .filter_map(|(_, e)| e.map(|e| e.time))
+        .max()
+        .unwrap_or(0);
     let mut out = Vec::with_capacity(HEADER_BYTES + count * ITEM_BYTES);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&layout.to_le_bytes());
     out.extend_from_slice(&epoch.to_le_bytes());
     out.extend_from_slice(&from.to_le_bytes());
     out.extend_from_slice(&(count as u32).to_le_bytes());
-    for (slot, v) in items {
+    out.extend_from_slice(&base.to_le_bytes());
+    for (slot, e) in decoded {
         out.extend_from_slice(&slot.to_le_bytes());
-        out.extend_from_slice(v);
+        let (tag, front, age) = e.map_or((0, NO_HOLDER, 0), |e| {
+            let age = u16::try_from(base.saturating_sub(e.time)).unwrap_or(u16::MAX);
+            (e.tag, e.holders[0].unwrap_or(NO_HOLDER), age)
+        });
+        out.extend_from_slice(&tag.to_le_bytes()[..6]);
+        out.extend_from_slice(&front.to_le_bytes());
+        out.extend_from_slice(&age.to_le_bytes());
     }
     out
 }
@@ -216,6 +238,7 @@ pub fn decode(
     s.copy_from_slice(&head[12..20]);
     let from_seq = u64::from_le_bytes(s);
     let count = u32_at(20) as usize;
+    let base = u32_at(24);
     if count > max_count {
         return Err(PeerError::TooMany);
     }
@@ -224,17 +247,23 @@ pub fn decode(
     }
     let mut entries = Vec::with_capacity(count);
     for item in body.chunks_exact(ITEM_BYTES) {
-        let (slot, value) = item.split_at(4);
-        let slot = u32::from_le_bytes([slot[0], slot[1], slot[2], slot[3]]);
-        let mut v = [0u8; ENTRY_BYTES];
-        v.copy_from_slice(value);
-        let ok = slot < slots
-            && Entry::decode(&v)
-                .is_some_and(|e| e.holders().next().is_some() && e.holders().all(|h| h < replicas));
-        if !ok {
+        let slot = u32::from_le_bytes([item[0], item[1], item[2], item[3]]);
+        let mut t = [0u8; 8];
+        t[..6].copy_from_slice(&item[4..10]);
+        let tag = u64::from_le_bytes(t);
+        let front = u16::from_le_bytes([item[10], item[11]]);
+        let age = u16::from_le_bytes([item[12], item[13]]);
+        if slot >= slots || tag == 0 || front == NO_HOLDER || usize::from(front) >= replicas {
             return Err(PeerError::BadEntry);
         }
-        entries.push((slot, v));
+        let mut holders = [None; MAX_HOLDERS];
+        holders[0] = Some(front);
+        let entry = Entry {
+            tag,
+            time: base.wrapping_sub(u32::from(age)),
+            holders,
+        };
+        entries.push((slot, entry.encode()));
     }
     Ok(Batch {
         epoch,
@@ -326,7 +355,7 @@ pub fn parse_since(query: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::{IndexConfig, PrefixIndex, VecStore};
+    use crate::index::{IndexConfig, PrefixIndex, VecStore, ENTRY_BYTES};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -487,6 +516,39 @@ mod tests {
         assert_ne!(a, layout(128, &e(&["a:1", "b:1"])));
         assert_ne!(a, layout(64, &e(&["b:1", "a:1"])));
         assert_eq!(a, layout(64, &e(&["a:1", "b:1"])));
+    }
+
+    #[test]
+    fn compact_items_keep_tag_front_holder_and_age() {
+        let lay = layout(64, &[]);
+        let mut log = DeltaLog::new(8);
+        log.push(1, entry(0xabcd_ef01_2345, 100_000, &[7, 2]));
+        log.push(2, entry(42, 100_030, &[3]));
+        // Older than the age field: clamped to 65535 ds (109 min), past any TTL.
+        log.push(3, entry(43, 100_030 - 70_000, &[3]));
+        let wire = log.encode_since(0, 8, lay, 1);
+        assert_eq!(wire.len(), HEADER_BYTES + 3 * ITEM_BYTES);
+        let b = decode(&wire, lay, 8, 64, 8).unwrap();
+        let e: Vec<Entry> = b
+            .entries
+            .iter()
+            .map(|(_, v)| Entry::decode(v).unwrap())
+            .collect();
+        assert_eq!(
+            (e[0].tag, e[0].time, e[0].holders),
+            (0xabcd_ef01_2345, 100_000, [Some(7), None, None])
+        );
+        assert_eq!((e[1].tag, e[1].time), (42, 100_030));
+        assert_eq!(e[2].time, 100_030 - 65_535);
+        // A receiver that knew holder 2 keeps it behind the incoming front.
+        let mut s = VecStore::new(64);
+        merge(&mut s, 1, &entry(0xabcd_ef01_2345, 90_000, &[2]));
+        merge(&mut s, 1, &b.entries[0].1);
+        let m = Entry::decode(&s.get(1).unwrap()).unwrap();
+        assert_eq!(
+            (m.holders().collect::<Vec<_>>(), m.time),
+            (vec![7, 2], 100_000)
+        );
     }
 
     #[test]

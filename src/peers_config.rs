@@ -6,7 +6,7 @@
 //!           "admin_cluster": "envoy_admin", "path": "/prefix-router/peers",
 //!           "pull_ms": 100, "timeout_ms": 250, "hosts_refresh_ms": 1000,
 //!           "max_batch": 2048, "log_capacity": 16384,
-//!           "min_publish_chars": 1024, "refresh_publish_s": 120}
+//!           "min_publish_chars": 512, "refresh_publish_s": 120}
 //! ```
 //!
 //! `cluster` and `secret` are required; `admin_cluster` defaults to the
@@ -83,9 +83,11 @@ pub struct PeersParams {
     pub max_batch: u32,
     /// Writes kept in the shared-data log (the memory bound: 28 B each).
     pub log_capacity: u32,
-    /// Records of prompts shorter than this (characters hashed) are not
-    /// published: their prefill is cheap, and unique short prompts would
-    /// dominate the sync traffic.
+    /// New index blocks of a record are published only if the record added
+    /// at least this many characters beyond the prefix known at routing: a
+    /// short new tail is cheap to prefill again, and short unique prompts
+    /// or questions would dominate the sync traffic. Placement changes are
+    /// always published.
     pub min_publish_chars: u32,
     /// A slot write that changes neither the tag nor the holders (a warm
     /// repeat) is published only if the peers' copy is older than this (s).
@@ -219,7 +221,7 @@ pub fn validate(
         "peers.min_publish_chars",
         r.min_publish_chars,
         (0u32, 1 << 24),
-        1024,
+        512,
     )?;
     let refresh_publish_s = int_in_range(
         "peers.refresh_publish_s",

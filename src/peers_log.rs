@@ -20,11 +20,13 @@
 //! left by a failed write is skipped once it is older than [`HOLE_AGE`]
 //! writes, and the puller counts it as lost.
 //!
-//! Publication filter ([`Publishing`]): a slot write is **news** when the
-//! slot was empty, or held another tag, or its holders changed, or its time is
-//! older than the refresh horizon (so peers' copies do not expire while this
-//! gateway keeps a prefix warm). Warm repeats (same tag, same holders, a
-//! recent time) are not logged: they would tell peers nothing.
+//! Publication filter ([`Publishing`], [`news`]): a slot write is **news**
+//! when the slot was empty or held another tag (a new block), or its holders
+//! changed, or its time is older than the refresh horizon (so peers' copies
+//! do not expire while this gateway keeps a prefix warm). Warm repeats (same
+//! tag, same holders, a recent time) are not logged: they would tell peers
+//! nothing. New blocks are published only for records that add a long
+//! enough new extent (see [`Publishing`]).
 //!
 //! Costs: publishing a record = 1 CAS increment + 1 set per news write (+ 1
 //! get per write, for the news test); serving a batch = 1 get of `head` + 1
@@ -195,28 +197,54 @@ pub fn store_cursor<S: SharedData + ?Sized>(
     s.set(&format!("{}{addr}", k.cursor), &v, 0)
 }
 
-/// Is writing `new` over `old` news for the peers? (See the module docs;
-/// `refresh_ds`: the refresh horizon in deciseconds.)
-pub fn is_news(old: Option<&SlotValue>, new: &SlotValue, refresh_ds: u32) -> bool {
+/// What a slot write tells the peers (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum News {
+    /// A warm repeat: same tag, same holders, a recent time.
+    None,
+    /// Same tag, other holders (a spill or a migration), or a time older
+    /// than the refresh horizon: always published.
+    Placement,
+    /// A new block (the slot was empty or held another tag): published
+    /// when the record's new extent is long enough (see [`Publishing`]).
+    Block,
+}
+
+/// Classify writing `new` over `old` (`refresh_ds`: the refresh horizon in
+/// deciseconds).
+pub fn news(old: Option<&SlotValue>, new: &SlotValue, refresh_ds: u32) -> News {
     let (Some(o), Some(n)) = (old.and_then(Entry::decode), Entry::decode(new)) else {
-        return true;
+        return News::Block;
     };
-    o.tag != n.tag || o.holders != n.holders || n.time.wrapping_sub(o.time) >= refresh_ds
+    if o.tag != n.tag {
+        News::Block
+    } else if o.holders != n.holders || n.time.wrapping_sub(o.time) >= refresh_ds {
+        News::Placement
+    } else {
+        News::None
+    }
 }
 
 /// A [`SlotStore`] that collects the news among the writes going through it
 /// (wrap the raw table, under [`crate::cluster::view::AddrSlots`], so that
 /// logged entries hold address ids, the same in every gateway).
+///
+/// [`Publishing::outbox`] keeps every [`News::Placement`] write and the
+/// [`News::Block`] writes only if the record added at least `min_new_chars`
+/// characters beyond the prefix known at routing: a short new tail (a new
+/// question after a shared system prompt, a unique short prompt) is cheap to
+/// prefill again and would dominate the sync traffic, while the shared part
+/// it follows was published when it was new.
 pub struct Publishing<'a, S: SlotStore> {
     inner: &'a mut S,
     refresh_ds: u32,
     enabled: bool,
-    /// News writes, in order.
-    pub writes: Vec<(u32, SlotValue)>,
+    /// News writes, in order, with their kind.
+    pub writes: Vec<(u32, SlotValue, News)>,
 }
 
 impl<'a, S: SlotStore> Publishing<'a, S> {
-    /// Wrap `inner`; `refresh_ds` as in [`is_news`]. Not `enabled`: a plain
+    /// Wrap `inner`; `refresh_ds` as in [`news`]. Not `enabled`: a plain
     /// pass-through (no extra get, nothing collected).
     pub fn new(inner: &'a mut S, refresh_ds: u32, enabled: bool) -> Publishing<'a, S> {
         Publishing {
@@ -225,6 +253,17 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
             enabled,
             writes: Vec::new(),
         }
+    }
+
+    /// The writes to publish for a record that added `new_chars` characters
+    /// beyond the known prefix (see the type docs).
+    pub fn outbox(&self, new_chars: usize, min_new_chars: usize) -> Vec<(u32, SlotValue)> {
+        let blocks = new_chars >= min_new_chars;
+        self.writes
+            .iter()
+            .filter(|w| w.2 == News::Placement || (blocks && w.2 == News::Block))
+            .map(|w| (w.0, w.1))
+            .collect()
     }
 }
 
@@ -240,8 +279,9 @@ impl<S: SlotStore> SlotStore for Publishing<'_, S> {
         }
         let old = self.inner.get(slot);
         self.inner.set(slot, value);
-        if is_news(old.as_ref(), &value, self.refresh_ds) {
-            self.writes.push((slot, value));
+        let kind = news(old.as_ref(), &value, self.refresh_ds);
+        if kind != News::None {
+            self.writes.push((slot, value, kind));
         }
     }
 }
@@ -336,11 +376,14 @@ mod tests {
     #[test]
     fn only_news_is_published() {
         let a = entry(5, 100, &[1]);
-        assert!(is_news(None, &a, 1200));
-        assert!(!is_news(Some(&a), &entry(5, 150, &[1]), 1200));
-        assert!(is_news(Some(&a), &entry(5, 1300, &[1]), 1200));
-        assert!(is_news(Some(&a), &entry(5, 150, &[2, 1]), 1200));
-        assert!(is_news(Some(&a), &entry(6, 150, &[1]), 1200));
+        assert_eq!(news(None, &a, 1200), News::Block);
+        assert_eq!(news(Some(&a), &entry(5, 150, &[1]), 1200), News::None);
+        assert_eq!(news(Some(&a), &entry(5, 1300, &[1]), 1200), News::Placement);
+        assert_eq!(
+            news(Some(&a), &entry(5, 150, &[2, 1]), 1200),
+            News::Placement
+        );
+        assert_eq!(news(Some(&a), &entry(6, 150, &[1]), 1200), News::Block);
         // Through the index: a first record is all news, a warm repeat is none,
         // and the published writes rebuild the same knowledge on a peer.
         let idx = PrefixIndex::new(IndexConfig {
@@ -353,8 +396,10 @@ mod tests {
         let mut table = VecStore::new(4096);
         let mut p = Publishing::new(&mut table, 1200, true);
         let sets = idx.record(&mut p, &blocks, None, 3, 10_000);
-        assert_eq!(p.writes.len(), sets);
-        let first = p.writes.clone();
+        assert_eq!(p.outbox(24 * 256, 1024).len(), sets);
+        // A short prompt (new extent under the threshold) publishes nothing new.
+        assert!(p.outbox(3 * 256, 1024).is_empty());
+        let first = p.outbox(24 * 256, 1024);
         let known = idx.lookup(&table, &blocks, 11_000);
         let mut p = Publishing::new(&mut table, 1200, true);
         idx.record(&mut p, &blocks, known.as_ref(), 3, 11_000);
@@ -363,6 +408,25 @@ mod tests {
             "a warm repeat is not news: {:?}",
             p.writes.len()
         );
+        // The same prefix served by another replica: a placement change,
+        // published even though nothing new was added.
+        let mut p = Publishing::new(&mut table, 1200, true);
+        idx.record(&mut p, &blocks, known.as_ref(), 4, 11_500);
+        let moved = p.outbox(0, 1024);
+        assert!(!moved.is_empty());
+        assert_eq!(moved.len(), p.writes.len());
+        // A 2-block extension of the known prefix: new blocks, under the threshold.
+        let mut longer = blocks.clone();
+        longer.extend([77, 78]);
+        let known = idx.lookup(&table, &longer, 12_000);
+        assert_eq!(known.map(|k| k.depth), Some(24));
+        let mut p = Publishing::new(&mut table, 1200, true);
+        idx.record(&mut p, &longer, known.as_ref(), 4, 12_000);
+        assert!(p.writes.iter().any(|w| w.2 == News::Block));
+        assert!(p.outbox(2 * 256, 1024).iter().all(|w| p
+            .writes
+            .iter()
+            .any(|x| x.0 == w.0 && x.2 == News::Placement)));
         let mut peer = VecStore::new(4096);
         for (slot, v) in &first {
             peers::merge(&mut peer, *slot, v);

@@ -374,8 +374,8 @@ impl RouterHttp {
                 view.router
                     .record_affinity(&mut by_addr, &blocks, known.as_ref(), served, now_ms);
             }
-            let chars = blocks.len() * crate::hash::BLOCK_UNITS;
-            super::peers::publish(p, chars, &publishing.writes);
+            let new_blocks = blocks.len() - known.as_ref().map_or(0, |k| k.depth.min(blocks.len()));
+            super::peers::publish(p, &publishing, new_blocks * crate::hash::BLOCK_UNITS);
         }
         if slots.failures.get() > 0 {
             p.stats.failure(HostFailure::SharedData);

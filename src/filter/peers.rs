@@ -7,7 +7,9 @@
 //!   (collected by [`crate::peers_log::Publishing`] under the address-id
 //!   wrapper, so entries hold address ids) are appended to the log in shared
 //!   data: every worker's writes, one ring per Envoy, `log_capacity` items.
-//!   Records of prompts shorter than `min_publish_chars` are not published.
+//!   New blocks are published only when the record added at least
+//!   `min_publish_chars` beyond the prefix known at routing; placement
+//!   changes always ([`crate::peers_log::Publishing::outbox`]).
 //! - **Serve** ([`intercept`]): a request to `peers.path` is answered by the
 //!   filter itself (`proxy_send_local_response`), never forwarded: no or a
 //!   wrong `x-prefix-router-peer` secret (constant-time comparison) → 403;
@@ -24,8 +26,9 @@
 //!   merged slot by slot into the local table, and the cursor advances (a
 //!   gap counts `writes_lost`, a new peer epoch restarts it). A pull that
 //!   fails, times out or returns garbage changes nothing but the counters; a
-//!   request never waits for a pull. A batch carrying this process's own
-//!   epoch is our own listener: that host is skipped from then on.
+//!   request never waits for a pull; a failing peer is retried after
+//!   `pull_ms · 2^failures` (at most 5 s). A batch carrying this process's
+//!   own epoch is our own listener: that host is skipped from then on.
 //!
 //! `dispatch_http_call` goes through the SDK (not a raw import like
 //! [`super::host`]): the SDK must register the token, or its dispatcher
@@ -45,10 +48,10 @@ use super::stats::define;
 use crate::cluster::admin::parse_clusters;
 use crate::cluster::tables::try_lease;
 use crate::hash::hash_id;
-use crate::index::SlotValue;
+use crate::index::SlotStore;
 use crate::peers::{ct_eq, decode, encode, merge, parse_since, PeerError};
 use crate::peers_config::{PeersParams, SECRET_HEADER};
-use crate::peers_log::{self, PeerKeys};
+use crate::peers_log::{self, PeerKeys, Publishing};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -197,16 +200,18 @@ impl Shared {
     }
 }
 
-/// Publish the news writes of one record (see the module docs).
-pub fn publish(p: &Plugin, prompt_chars: usize, writes: &[(u32, SlotValue)]) {
+/// Publish the news of one record that added `new_chars` characters beyond
+/// the known prefix (see [`Publishing::outbox`]).
+pub fn publish<S: SlotStore>(p: &Plugin, writes: &Publishing<'_, S>, new_chars: usize) {
     let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
         return;
     };
-    if writes.is_empty() || prompt_chars < params.min_publish_chars as usize {
+    let out = writes.outbox(new_chars, params.min_publish_chars as usize);
+    if out.is_empty() {
         return;
     }
-    match peers_log::append(&host::HostShared, &s.keys, params.log_capacity, writes) {
-        Ok(_) => s.add(S_PUBLISHED, writes.len() as u64),
+    match peers_log::append(&host::HostShared, &s.keys, params.log_capacity, &out) {
+        Ok(_) => s.add(S_PUBLISHED, out.len() as u64),
         Err(_) => p.stats.failure(super::stats::HostFailure::SharedData),
     }
 }
@@ -285,7 +290,12 @@ pub struct Puller {
     hosts_at: Cell<u64>,
     last_tick: Cell<u64>,
     calls: RefCell<HashMap<u32, (Call, u64)>>,
+    /// Failing peers: address → (consecutive failures, next try at ms).
+    backoff: RefCell<HashMap<String, (u32, u64)>>,
 }
+
+/// Longest wait before pulling a failing peer again, ms.
+const MAX_BACKOFF_MS: u64 = 5_000;
 
 impl Puller {
     /// A puller with lease owner id `owner`.
@@ -377,7 +387,7 @@ impl Puller {
                 Ok(token) => {
                     calls.insert(token, (Call::Pull(addr.clone()), now));
                 }
-                Err(_) => s.add(S_PULL_FAIL, 1),
+                Err(_) => self.failed(s, addr, period),
             }
         }
     }
@@ -402,8 +412,8 @@ impl Puller {
         ) {
             (Some(b"200"), Ok(b)) => b.unwrap_or_default(),
             _ => {
-                if let Call::Pull(_) = call {
-                    s.add(S_PULL_FAIL, 1);
+                if let Call::Pull(addr) = &call {
+                    self.failed(s, addr, u64::from(params.pull_ms));
                 }
                 return true;
             }
@@ -424,9 +434,25 @@ impl Puller {
         true
     }
 
+    /// A pull of `addr` failed: count it and wait `period · 2^failures`
+    /// (at most [`MAX_BACKOFF_MS`]) before the next one, so a dead peer
+    /// costs a connection attempt every few seconds, not every tick.
+    fn failed(&self, s: &Shared, addr: &str, period: u64) {
+        s.add(S_PULL_FAIL, 1);
+        let now = host::now_nanos() / 1_000_000;
+        if let Ok(mut b) = self.backoff.try_borrow_mut() {
+            let e = b.entry(addr.to_string()).or_insert((0, 0));
+            e.0 = e.0.saturating_add(1);
+            e.1 = now + (period << e.0.min(16)).min(MAX_BACKOFF_MS);
+        }
+    }
+
     /// Decode, merge and advance the cursor of `addr`.
     fn apply(&self, p: &Plugin, params: &PeersParams, s: &Shared, addr: &str, body: &[u8]) {
         s.add(S_PULLED_BYTES, body.len() as u64);
+        if let Ok(mut b) = self.backoff.try_borrow_mut() {
+            b.remove(addr);
+        }
         let batch = match decode(
             body,
             s.layout,
