@@ -27,7 +27,7 @@
 //!   gap counts `writes_lost`, a new peer epoch restarts it). A pull that
 //!   fails, times out or returns garbage changes nothing but the counters; a
 //!   request never waits for a pull; a failing peer is retried after
-//!   `pull_ms · 2^failures` (at most 5 s). A batch carrying this process's
+//!   `pull_ms · 2^failures` (at most 1 s). A batch carrying this process's
 //!   own epoch is our own listener: that host is skipped from then on.
 //!
 //! `dispatch_http_call` goes through the SDK (not a raw import like
@@ -295,7 +295,7 @@ pub struct Puller {
 }
 
 /// Longest wait before pulling a failing peer again, ms.
-const MAX_BACKOFF_MS: u64 = 5_000;
+const MAX_BACKOFF_MS: u64 = 1_000;
 
 impl Puller {
     /// A puller with lease owner id `owner`.
@@ -436,14 +436,15 @@ impl Puller {
 
     /// A pull of `addr` failed: count it and wait `period · 2^failures`
     /// (at most [`MAX_BACKOFF_MS`]) before the next one, so a dead peer
-    /// costs a connection attempt every few seconds, not every tick.
+    /// costs a connection attempt a second, not one every tick, and a peer that
+    /// comes back is pulled again within a second.
     fn failed(&self, s: &Shared, addr: &str, period: u64) {
         s.add(S_PULL_FAIL, 1);
         let now = host::now_nanos() / 1_000_000;
         if let Ok(mut b) = self.backoff.try_borrow_mut() {
             let e = b.entry(addr.to_string()).or_insert((0, 0));
             e.0 = e.0.saturating_add(1);
-            e.1 = now + (period << e.0.min(16)).min(MAX_BACKOFF_MS);
+            e.1 = now + (period << e.0.min(4)).min(MAX_BACKOFF_MS);
         }
     }
 

@@ -491,11 +491,32 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
         out3.iter()
             .filter(|o| o.gateway == 3 && o.at <= Duration::from_secs(2)),
     );
+    let by_window = |cold: bool| -> Vec<f64> {
+        (0..4)
+            .map(|w| {
+                let lo = Duration::from_secs(2 * w);
+                hit_rate(out3.iter().filter(|o| {
+                    (o.gateway == 3) == cold && o.at > lo && o.at <= lo + Duration::from_secs(2)
+                }))
+            })
+            .collect()
+    };
+    eprintln!(
+        "gateways: 2-s windows after the cold start: cold gateway {:.1?}, the others {:.1?}",
+        by_window(true),
+        by_window(false)
+    );
     let d_stats = gws[3].as_ref().expect("gw3").stats();
     eprintln!(
-        "gateways: cold gateway ready after {ready_after:?}; its hit rate {cold:.1} % (first 2 s {cold_first:.1} %) vs the others {others:.1} %; pulled {} batches, applied {} writes",
+        "gateways: cold gateway ready after {ready_after:?}; its hit rate {cold:.1} % (first 2 s {cold_first:.1} %) vs the others {others:.1} %; pulled {} batches, applied {} writes; its decisions hit {} cold {} spill {} (gw0: hit {} cold {} spill {})",
         d_stats.get("prefix_router.peers.pull_ok"),
         d_stats.get("prefix_router.peers.writes_applied"),
+        d_stats.branch("hit"),
+        d_stats.branch("cold"),
+        d_stats.branch("spill"),
+        gws[0].as_ref().expect("gw0").stats().branch("hit"),
+        gws[0].as_ref().expect("gw0").stats().branch("cold"),
+        gws[0].as_ref().expect("gw0").stats().branch("spill"),
     );
     // The sync path: refused without the secret (403), with garbage (400),
     // answered with it; never forwarded to a replica.
@@ -524,7 +545,7 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
     assert_eq!(raw(port, "POST", &path0, &auth).0, 400);
     let (status, body) = raw(port, "GET", &path0, &auth);
     assert_eq!(status, 200);
-    assert_eq!(&body[..4], b"PRX1", "not a batch");
+    assert_eq!(&body[..4], &prefix_router::peers::MAGIC, "not a batch");
     let a = gws[0].as_ref().expect("gw0").stats();
     assert!(a.get("prefix_router.peers.unauthorized") >= 2);
     assert!(a.get("prefix_router.peers.bad_request") >= 3);
