@@ -77,7 +77,7 @@ fn gateway_config(endpoints: &[String], peers: bool) -> EnvoyConfig {
     c.with(
         "peers",
         json!({"cluster": "prefix_router_peers", "admin_cluster": "envoy_admin",
-               "secret": SECRET, "pull_ms": 100, "hosts_refresh_ms": 500,
+               "secret": SECRET, "pull_ms": 50, "hosts_refresh_ms": 500,
                "min_publish_chars": min_publish()}),
     )
 }
