@@ -343,13 +343,47 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// The query of a pull: `since=<u64>` and nothing else.
-pub fn parse_since(query: &[u8]) -> Option<u64> {
-    let v = query.strip_prefix(b"since=")?;
-    if v.is_empty() || v.len() > 20 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
+/// Slots of the table sent per snapshot request (a cold gateway's
+/// catch-up of what the peers' logs no longer hold).
+pub const SNAPSHOT_SPAN: u32 = 4096;
+
+/// What a request to the sync path asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Query {
+    /// `since=<u64>`: the log after this sequence.
+    Since(u64),
+    /// `slots=<u32>`: the non-empty slots of `[start, start + SNAPSHOT_SPAN)`.
+    Slots(u32),
+}
+
+/// Parse the query of a sync request: exactly `since=<u64>` or
+/// `slots=<u32>`; anything else is `None` (answered 400).
+pub fn parse_query(query: &[u8]) -> Option<Query> {
+    let digits = |v: &[u8], max: usize| -> Option<u64> {
+        if v.is_empty() || v.len() > max || !v.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(v).ok()?.parse().ok()
+    };
+    if let Some(v) = query.strip_prefix(b"since=") {
+        return digits(v, 20).map(Query::Since);
     }
-    std::str::from_utf8(v).ok()?.parse().ok()
+    let v = query.strip_prefix(b"slots=")?;
+    digits(v, 10)
+        .and_then(|n| u32::try_from(n).ok())
+        .map(Query::Slots)
+}
+
+/// Merge a snapshot entry: like [`merge`], but never over a slot that holds
+/// another tag (the local entry may be newer; a snapshot only fills gaps).
+pub fn fill<S: SlotStore>(store: &mut S, slot: u32, incoming: &SlotValue) -> bool {
+    let (Some(inc), Some(cur)) = (
+        Entry::decode(incoming),
+        store.get(slot).and_then(|v| Entry::decode(&v)),
+    ) else {
+        return merge(store, slot, incoming);
+    };
+    inc.tag == cur.tag && merge(store, slot, incoming)
 }
 
 #[cfg(test)]
@@ -557,7 +591,8 @@ mod tests {
         assert!(!ct_eq(b"abc", b"abd"));
         assert!(!ct_eq(b"abc", b"ab"));
         assert!(!ct_eq(b"", b"a"));
-        assert_eq!(parse_since(b"since=42"), Some(42));
+        assert_eq!(parse_query(b"since=42"), Some(Query::Since(42)));
+        assert_eq!(parse_query(b"slots=4096"), Some(Query::Slots(4096)));
         for bad in [
             &b""[..],
             b"since=",
@@ -565,8 +600,22 @@ mod tests {
             b"since=1&x=2",
             b"x=1",
             b"since=99999999999999999999999",
+            b"slots=4294967296",
+            b"slots=1&since=2",
         ] {
-            assert_eq!(parse_since(bad), None, "{:?}", String::from_utf8_lossy(bad));
+            assert_eq!(parse_query(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn a_snapshot_fills_gaps_only() {
+        let mut s = VecStore::new(16);
+        assert!(fill(&mut s, 1, &entry(5, 10, &[1])));
+        assert!(fill(&mut s, 1, &entry(5, 20, &[2])));
+        let e = Entry::decode(&s.get(1).unwrap()).unwrap();
+        assert_eq!((e.holders().collect::<Vec<_>>(), e.time), (vec![2, 1], 20));
+        // Another tag: the local entry stays.
+        assert!(!fill(&mut s, 1, &entry(6, 30, &[3])));
+        assert_eq!(Entry::decode(&s.get(1).unwrap()).unwrap().tag, 5);
     }
 }

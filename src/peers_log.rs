@@ -12,7 +12,12 @@
 //!   one it expects, so a wrapped ring never serves a stale item;
 //! - `peers/cursor/<peer IP:port>`: `epoch u32 ‖ seq u64`, where the puller
 //!   is in that peer's log (kept in shared data so that a lease moving to
-//!   another VM does not restart every cursor at 0).
+//!   another VM does not restart every cursor at 0);
+//! - `peers/snapshot`: u32, the next slot of the cold-start snapshot
+//!   (`u32::MAX` once done): a new gateway also copies the peers' tables, in
+//!   [`crate::peers::SNAPSHOT_SPAN`]-slot chunks, since their logs hold only
+//!   their own recent writes (what a dead gateway published lives on only in
+//!   the survivors' tables).
 //!
 //! Concurrency: writers on several workers reserve disjoint sequence ranges
 //! by CAS, then write their items; a reader that meets a reserved but not
@@ -54,6 +59,8 @@ pub struct PeerKeys {
     pub cursor: String,
     /// Pull lease.
     pub lease: String,
+    /// Snapshot progress of a cold start (next slot, `u32::MAX` when done).
+    pub snapshot: String,
 }
 
 impl PeerKeys {
@@ -65,6 +72,7 @@ impl PeerKeys {
             log: format!("{prefix}peers/log/"),
             cursor: format!("{prefix}peers/cursor/"),
             lease: format!("{prefix}peers/lease"),
+            snapshot: format!("{prefix}peers/snapshot"),
         }
     }
 

@@ -29,6 +29,12 @@
 //!   request never waits for a pull; a failing peer is retried after
 //!   `pull_ms · 2^failures` (at most 1 s). A batch carrying this process's
 //!   own epoch is our own listener: that host is skipped from then on.
+//! - **Cold start**: a new gateway's cursors start at 0, so its first pull of
+//!   each peer returns that peer's whole retained log; and it copies one live
+//!   peer's table (`?slots=START`, [`SNAPSHOT_SPAN`] slots per tick, filling
+//!   only empty or same-tag slots), since a log holds only its own gateway's
+//!   writes and a dead gateway's writes live on only in the survivors' tables.
+//!   Once per process (`peers/snapshot` in shared data).
 //!
 //! `dispatch_http_call` goes through the SDK (not a raw import like
 //! [`super::host`]): the SDK must register the token, or its dispatcher
@@ -38,8 +44,8 @@
 //!
 //! Stats (`prefix_router.peers.*`): counters `pull_ok`, `pull_fail`,
 //! `bad_batch`, `writes_applied`, `writes_lost`, `writes_published`,
-//! `served`, `served_bytes`, `pulled_bytes`, `unauthorized`, `bad_request`;
-//! gauge `hosts`.
+//! `served`, `served_bytes`, `pulled_bytes`, `unauthorized`, `bad_request`,
+//! `snapshot_bytes` (served), `snapshot_applied`; gauge `hosts`.
 
 use super::host::{self, MetricKind, BUFFER_HTTP_CALL_RESPONSE_BODY};
 use super::root::Plugin;
@@ -48,8 +54,10 @@ use super::stats::define;
 use crate::cluster::admin::parse_clusters;
 use crate::cluster::tables::try_lease;
 use crate::hash::hash_id;
-use crate::index::SlotStore;
-use crate::peers::{ct_eq, decode, encode, merge, parse_since, PeerError};
+use crate::index::{SlotStore, SlotValue};
+use crate::peers::{
+    ct_eq, decode, encode, fill, merge, parse_query, PeerError, Query, SNAPSHOT_SPAN,
+};
 use crate::peers_config::{PeersParams, SECRET_HEADER};
 use crate::peers_log::{self, PeerKeys, Publishing};
 use std::cell::{Cell, RefCell};
@@ -116,7 +124,7 @@ pub struct Shared {
     pub epoch: u32,
     layout: u32,
     slots: u32,
-    ids: [Option<u32>; 12],
+    ids: [Option<u32>; 14],
 }
 
 const S_PULL_OK: usize = 0;
@@ -131,7 +139,9 @@ const S_PULLED_BYTES: usize = 8;
 const S_UNAUTHORIZED: usize = 9;
 const S_BAD_REQUEST: usize = 10;
 const S_HOSTS: usize = 11;
-const NAMES: [&str; 12] = [
+const S_SNAPSHOT_BYTES: usize = 12;
+const S_SNAPSHOT_APPLIED: usize = 13;
+const NAMES: [&str; 14] = [
     "pull_ok",
     "pull_fail",
     "bad_batch",
@@ -144,6 +154,8 @@ const NAMES: [&str; 12] = [
     "unauthorized",
     "bad_request",
     "hosts",
+    "snapshot_bytes",
+    "snapshot_applied",
 ];
 
 impl Shared {
@@ -253,16 +265,30 @@ pub fn intercept(p: &Plugin) -> bool {
         return true;
     }
     let get = matches!(host::request_header(":method"), Ok(Some(m)) if m == b"GET");
-    let Some(since) = parse_since(query).filter(|_| get) else {
-        deny(400, S_BAD_REQUEST, "expected GET ?since=<sequence>\n");
-        return true;
+    let read = match parse_query(query).filter(|_| get) {
+        Some(Query::Since(since)) => peers_log::read_since(
+            &host::HostShared,
+            &s.keys,
+            params.log_capacity,
+            since,
+            params.max_batch as usize,
+        )
+        .map(|r| (r, S_SERVED_BYTES)),
+        Some(Query::Slots(start)) => Ok((snapshot(p, start, s.slots), S_SNAPSHOT_BYTES)),
+        None => {
+            deny(
+                400,
+                S_BAD_REQUEST,
+                "expected GET ?since=<sequence> or ?slots=<start>\n",
+            );
+            return true;
+        }
     };
-    let max = params.max_batch as usize;
-    match peers_log::read_since(&host::HostShared, &s.keys, params.log_capacity, since, max) {
-        Ok((from, items)) => {
+    match read {
+        Ok(((from, items), stat)) => {
             let body = encode(from, items.iter(), s.layout, s.epoch);
             s.add(S_SERVED, 1);
-            s.add(S_SERVED_BYTES, body.len() as u64);
+            s.add(stat, body.len() as u64);
             if let Err(e) = send_local(200, &[("content-type", "application/octet-stream")], &body)
             {
                 log::warn!("peers: cannot answer a pull: {e}");
@@ -276,10 +302,88 @@ pub fn intercept(p: &Plugin) -> bool {
     true
 }
 
+/// The non-empty slots of `[start, start + SNAPSHOT_SPAN)` (one get each),
+/// as `(start, items)`.
+fn snapshot(p: &Plugin, start: u32, slots: u32) -> (u64, Vec<(u32, SlotValue)>) {
+    let table = SharedSlots::new(&p.keys.prefix);
+    let end = start.saturating_add(SNAPSHOT_SPAN).min(slots);
+    let items = (start..end)
+        .filter_map(|slot| table.get(slot).map(|v| (slot, v)))
+        .collect();
+    (u64::from(start), items)
+}
+
+/// `GET path` to peer `addr` through the peers cluster (`override_host`
+/// reads the target header); the token, or `None` if Envoy refused.
+fn dispatch(
+    params: &PeersParams,
+    target: &str,
+    addr: &str,
+    path: &str,
+    timeout: u64,
+) -> Option<u32> {
+    let headers = vec![
+        (":method", "GET"),
+        (":path", path),
+        (":authority", addr),
+        (target, addr),
+        (SECRET_HEADER, params.secret.as_str()),
+    ];
+    proxy_wasm::hostcalls::dispatch_http_call(
+        &params.cluster,
+        headers,
+        None,
+        vec![],
+        Duration::from_millis(timeout),
+    )
+    .ok()
+}
+
+/// The next snapshot chunk to fetch (`None`: done, or shared data failed).
+fn snapshot_next(s: &Shared) -> Option<u32> {
+    match host::shared_get(&s.keys.snapshot) {
+        Ok((None, _)) => Some(0),
+        Ok((Some(v), _)) => <[u8; 4]>::try_from(v.as_slice())
+            .ok()
+            .map(u32::from_le_bytes)
+            .filter(|&n| n < s.slots),
+        Err(_) => None,
+    }
+}
+
+/// A snapshot chunk arrived: fill the gaps of the local table with it and
+/// move on to the next chunk (a refused chunk is fetched again).
+fn snapshot_apply(p: &Plugin, s: &Shared, start: u32, body: &[u8]) {
+    let Ok(batch) = decode(body, s.layout, SNAPSHOT_SPAN as usize, s.slots, HOLDER_IDS) else {
+        s.add(S_BAD_BATCH, 1);
+        return;
+    };
+    if batch.epoch == s.epoch || batch.from_seq != u64::from(start) {
+        s.add(S_BAD_BATCH, 1);
+        return;
+    }
+    let mut table = SharedSlots::new(&p.keys.prefix);
+    let applied = batch
+        .entries
+        .iter()
+        .filter(|(slot, v)| fill(&mut table, *slot, v))
+        .count();
+    s.add(S_SNAPSHOT_APPLIED, applied as u64);
+    let next = start.saturating_add(SNAPSHOT_SPAN);
+    let next = if next >= s.slots { u32::MAX } else { next };
+    if host::shared_set(&s.keys.snapshot, &next.to_le_bytes(), 0).is_err()
+        || table.failures.get() > 0
+    {
+        p.stats.failure(super::stats::HostFailure::SharedData);
+    }
+}
+
 /// What an outstanding call of the puller is.
 enum Call {
     Hosts,
     Pull(String),
+    /// A snapshot chunk starting at this slot.
+    Snapshot(u32),
 }
 
 /// Pull state of one VM (the lease holder pulls).
@@ -358,36 +462,41 @@ impl Puller {
         let Ok(hosts) = self.hosts.try_borrow() else {
             return;
         };
+        let backoff = self
+            .backoff
+            .try_borrow()
+            .map(|b| b.clone())
+            .unwrap_or_default();
+        let mut live_peer = None;
         for addr in hosts.iter() {
-            if calls
-                .values()
-                .any(|(c, _)| matches!(c, Call::Pull(a) if a == addr))
-            {
-                continue;
-            }
             let cursor = peers_log::cursor(&host::HostShared, &s.keys, addr);
             if cursor.epoch == Some(s.epoch) {
                 continue; // our own listener
             }
+            if cursor.epoch.is_some() && !backoff.contains_key(addr) {
+                live_peer.get_or_insert(addr);
+            }
+            let busy = calls
+                .values()
+                .any(|(c, _)| matches!(c, Call::Pull(a) if a == addr));
+            if busy || backoff.get(addr).is_some_and(|&(_, at)| now < at) {
+                continue;
+            }
             let path = format!("{}?since={}", params.path, cursor.seq);
-            let headers = vec![
-                (":method", "GET"),
-                (":path", path.as_str()),
-                (":authority", addr.as_str()),
-                (target, addr.as_str()),
-                (SECRET_HEADER, params.secret.as_str()),
-            ];
-            match proxy_wasm::hostcalls::dispatch_http_call(
-                &params.cluster,
-                headers,
-                None,
-                vec![],
-                Duration::from_millis(timeout),
-            ) {
-                Ok(token) => {
+            match dispatch(params, target, addr, &path, timeout) {
+                Some(token) => {
                     calls.insert(token, (Call::Pull(addr.clone()), now));
                 }
-                Err(_) => self.failed(s, addr, period),
+                None => self.failed(s, addr, period),
+            }
+        }
+        // Cold start: copy a live peer's table, one chunk per tick.
+        let next = snapshot_next(s);
+        let busy = calls.values().any(|(c, _)| matches!(c, Call::Snapshot(_)));
+        if let (Some(start), Some(addr), false) = (next, live_peer, busy) {
+            let path = format!("{}?slots={start}", params.path);
+            if let Some(token) = dispatch(params, target, addr, &path, timeout) {
+                calls.insert(token, (Call::Snapshot(start), now));
             }
         }
     }
@@ -430,6 +539,7 @@ impl Puller {
                 Err(e) => log::warn!("peers: admin /clusters: {e}"),
             },
             Call::Pull(addr) => self.apply(p, params, s, &addr, &body),
+            Call::Snapshot(start) => snapshot_apply(p, s, start, &body),
         }
         true
     }

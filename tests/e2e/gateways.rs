@@ -508,7 +508,7 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
     );
     let d_stats = gws[3].as_ref().expect("gw3").stats();
     eprintln!(
-        "gateways: cold gateway ready after {ready_after:?}; its hit rate {cold:.1} % (first 2 s {cold_first:.1} %) vs the others {others:.1} %; pulled {} batches, applied {} writes; its decisions hit {} cold {} spill {} (gw0: hit {} cold {} spill {})",
+        "gateways: cold gateway ready after {ready_after:?}; its hit rate {cold:.1} % (first 2 s {cold_first:.1} %) vs the others {others:.1} %; pulled {} batches, applied {} writes; its decisions hit {} cold {} spill {} (gw0: hit {} cold {} spill {}); snapshot: {} slots filled",
         d_stats.get("prefix_router.peers.pull_ok"),
         d_stats.get("prefix_router.peers.writes_applied"),
         d_stats.branch("hit"),
@@ -517,6 +517,7 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
         gws[0].as_ref().expect("gw0").stats().branch("hit"),
         gws[0].as_ref().expect("gw0").stats().branch("cold"),
         gws[0].as_ref().expect("gw0").stats().branch("spill"),
+        d_stats.get("prefix_router.peers.snapshot_applied"),
     );
     // The sync path: refused without the secret (403), with garbage (400),
     // answered with it; never forwarded to a replica.
