@@ -635,18 +635,21 @@ impl Config {
     }
 }
 
+/// An Envoy cluster name (1–256 characters, no control character).
+pub(crate) fn cluster_name(field: &str, v: &str) -> Result<String, ConfigError> {
+    if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
+        Err(err(
+            field,
+            format!("must be an Envoy cluster name, got {v:?}"),
+        ))
+    } else {
+        Ok(v.to_string())
+    }
+}
+
 /// `cluster`, `admin_cluster`, `refresh_ms`: all or nothing.
 fn discovery(raw: &RawConfig) -> Result<Option<Discovery>, ConfigError> {
-    let name = |field: &str, v: &str| {
-        if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
-            Err(err(
-                field,
-                format!("must be an Envoy cluster name, got {v:?}"),
-            ))
-        } else {
-            Ok(v.to_string())
-        }
-    };
+    let name = cluster_name;
     let Some(cluster) = raw.cluster.as_deref() else {
         for (field, set) in [
             ("admin_cluster", raw.admin_cluster.is_some()),

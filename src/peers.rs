@@ -386,6 +386,21 @@ pub fn fill<S: SlotStore>(store: &mut S, slot: u32, incoming: &SlotValue) -> boo
     inc.tag == cur.tag && merge(store, slot, incoming)
 }
 
+/// A slot value with `holders` (tests).
+#[cfg(test)]
+pub(crate) fn entry(tag: u64, time: u32, holders: &[u16]) -> SlotValue {
+    let mut h = [None; MAX_HOLDERS];
+    for (i, &x) in holders.iter().enumerate() {
+        h[i] = Some(x);
+    }
+    Entry {
+        tag,
+        time,
+        holders: h,
+    }
+    .encode()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,19 +419,6 @@ mod tests {
         (0..n as u64)
             .map(|i| (seed << 40) ^ (i.wrapping_mul(0x9e37_79b9_7f4a_7c15)) ^ i)
             .collect()
-    }
-
-    fn entry(tag: u64, time: u32, holders: &[u16]) -> SlotValue {
-        let mut h = [None; MAX_HOLDERS];
-        for (i, &x) in holders.iter().enumerate() {
-            h[i] = Some(x);
-        }
-        Entry {
-            tag,
-            time,
-            holders: h,
-        }
-        .encode()
     }
 
     #[test]

@@ -24,7 +24,7 @@
 //! derived key, so gateways configured with different secrets refuse each
 //! other's batches.
 
-use crate::config::{err, int_in_range, ConfigError};
+use crate::config::{cluster_name, err, int_in_range, ConfigError};
 use crate::hash::hash_id;
 use serde::Deserialize;
 
@@ -123,17 +123,6 @@ impl PeersParams {
 /// Derive the index slot-hash seed from the shared secret.
 pub fn derive_index_secret(secret: &str) -> u64 {
     hash_id(format!("prefix-router/index-secret/v1\n{secret}").as_bytes())
-}
-
-fn cluster_name(field: &str, v: &str) -> Result<String, ConfigError> {
-    if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
-        Err(err(
-            field,
-            format!("must be an Envoy cluster name, got {v:?}"),
-        ))
-    } else {
-        Ok(v.to_string())
-    }
 }
 
 /// Validate the `peers` object; `admin_default` is the top-level `admin_cluster`.

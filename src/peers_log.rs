@@ -298,23 +298,10 @@ impl<S: SlotStore> SlotStore for Publishing<'_, S> {
 mod tests {
     use super::*;
     use crate::cluster::shared::MockShared;
-    use crate::index::{IndexConfig, PrefixIndex, VecStore, MAX_HOLDERS};
-    use crate::peers::{self, decode, encode, layout, merge};
+    use crate::index::{IndexConfig, PrefixIndex, VecStore};
+    use crate::peers::{self, decode, encode, entry, layout, merge};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-
-    fn entry(tag: u64, time: u32, holders: &[u16]) -> SlotValue {
-        let mut h = [None; MAX_HOLDERS];
-        for (i, &x) in holders.iter().enumerate() {
-            h[i] = Some(x);
-        }
-        Entry {
-            tag,
-            time,
-            holders: h,
-        }
-        .encode()
-    }
 
     #[test]
     fn log_round_trip_bounded_and_wrapping() {
