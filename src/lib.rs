@@ -55,6 +55,8 @@ pub mod index;
 pub mod json;
 pub mod paths;
 pub mod peers;
+pub mod peers_config;
+pub mod peers_log;
 pub mod pressure;
 pub mod responses;
 pub mod ring;
