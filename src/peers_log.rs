@@ -219,9 +219,14 @@ pub enum News {
 }
 
 /// Classify writing `new` over `old` (`refresh_ds`: the refresh horizon in
-/// deciseconds).
+/// deciseconds). A value that is not an index entry (the per-gateway
+/// counters of [`crate::pressure`], zero tag, outside the table) is never
+/// news: peers would refuse a batch carrying it.
 pub fn news(old: Option<&SlotValue>, new: &SlotValue, refresh_ds: u32) -> News {
-    let (Some(o), Some(n)) = (old.and_then(Entry::decode), Entry::decode(new)) else {
+    let Some(n) = Entry::decode(new) else {
+        return News::None;
+    };
+    let Some(o) = old.and_then(Entry::decode) else {
         return News::Block;
     };
     if o.tag != n.tag {

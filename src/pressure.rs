@@ -184,6 +184,10 @@ mod tests {
         Pressure::bump(&mut s, 17, n);
         let p = Pressure::read(&s, n);
         assert_eq!((p.of(17), p.of(2)), (128, 0));
+        // Never published to peers (they refuse non-entries).
+        let mut publishing = crate::peers_log::Publishing::new(&mut s, 1200, true);
+        Pressure::bump(&mut publishing, 3, n);
+        assert!(publishing.writes.is_empty());
         // Out of range: ignored.
         Pressure::bump(&mut s, 25, n);
         assert_eq!(Pressure::read(&s, 32).of(25), 0);
