@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # prefix-router benchmarks (kept out of the test suite). Run from anywhere:
-#   ./build.sh bench [overhead|profile|routing|llama|all]     (default: all)
+#   ./build.sh bench [overhead|profile|hostcalls|routing|llama|all]     (default: all)
 # Parts:
 #   overhead  the filter's added latency, throughput and CPU cost: one real Envoy, listeners
 #             with the filter (prefix, affinity) and one without, same upstream, bodies
 #             1 KiB..256 KiB, and two floor listeners (no-op wasm, pause+read wasm) (wrk; ~6 min)
 #   profile   where the Envoy CPU per request goes (perf sampling; not part of `all`; ~2 min)
+#   hostcalls host calls per request by kind, per listener (debug log tally; not part of `all`)
 #   routing   routing quality through Envoy: 7 emulated replicas, round_robin vs least_request
 #             vs prefix vs affinity on a SageMaker-style 8k-token workload, the demo mix at
 #             scale and unique prompts (~7 min)
@@ -24,9 +25,9 @@ source scripts/bench/routing.sh
 
 part="${1:-all}"
 case "$part" in
-  overhead|profile|routing|llama|all) ;;
-  -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
-  *) echo "usage: ./build.sh bench [overhead|profile|routing|llama|all]" >&2; exit 2 ;;
+  overhead|profile|hostcalls|routing|llama|all) ;;
+  -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+  *) echo "usage: ./build.sh bench [overhead|profile|hostcalls|routing|llama|all]" >&2; exit 2 ;;
 esac
 
 proc_install_trap

@@ -82,7 +82,7 @@ TARGET_THROUGHPUT_RATIO = 0.85
 TARGET_P99_256K_MS = 1.0
 
 # Listener letters of the overhead part: the filter's strategy on each filtered listener.
-FILTERED = {"A": "prefix", "C": "affinity"}
+FILTERED = {"A": "prefix", "C": "affinity", "U": "affinity, read_usage off"}
 # Floor listeners (scripts/bench/floor): what any wasm filter / any body-reading filter costs.
 FLOORS = {"N": "floor: no-op wasm", "R": "floor: pause+read wasm"}
 

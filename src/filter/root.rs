@@ -80,6 +80,7 @@ impl Context for RouterRoot {
                 self.poller.response(&p, d, token_id, body_size);
             }
         }
+        super::batch::flush();
     }
 }
 
@@ -172,6 +173,7 @@ impl RootContext for RouterRoot {
                 self.poller.tick(&p, d);
             }
         }
+        super::batch::flush();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
