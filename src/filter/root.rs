@@ -135,15 +135,18 @@ impl RootContext for RouterRoot {
             }
         };
         let cost = RefCell::new(CostModel::new(Router::new(config.clone()).cost_config()));
-        if let Some(d) = &config.discovery {
-            let tick = config
+        // Ticks publish batched stats (every FLUSH_MS) and, with `cluster`,
+        // poll (the poller keeps its own period).
+        let tick = config.discovery.as_ref().map_or(u32::MAX, |d| {
+            config
                 .engine
                 .as_ref()
-                .map_or(d.refresh_ms, |e| e.refresh_ms.min(d.refresh_ms));
-            if let Err(e) = host::set_tick_period_ms(tick) {
-                log::error!("cannot set the poll period: {e}");
-                return false;
-            }
+                .map_or(d.refresh_ms, |e| e.refresh_ms.min(d.refresh_ms))
+        });
+        let flush_ms = u32::try_from(super::batch::FLUSH_MS).unwrap_or(u32::MAX);
+        if let Err(e) = host::set_tick_period_ms(tick.min(flush_ms)) {
+            log::error!("cannot set the tick period: {e}");
+            return false;
         }
         let follower = Follower::new(config).with_index_secret(secret);
         follower.adopt(&HostShared, &keys);
