@@ -8,12 +8,13 @@
 //!
 //! When: on every root-context callback (the tick runs every [`FLUSH_MS`],
 //! `root.rs`; poll responses), and at the end of a request (`on_log`, after
-//! the response): its gauges always (so an in-flight gauge is exact when a
-//! request ends, as before), the counters if no other request of this VM is
-//! live or [`FLUSH_MS`] passed ([`flush_at_request_end`]). So a counter
-//! appears in `/stats` when its request ends at rest and within [`FLUSH_MS`]
-//! under load, and a request held open shows in its host's in-flight gauge
-//! within [`FLUSH_MS`] of routing (it used to be at once).
+//! the response) if no other request of this VM is live or [`FLUSH_MS`]
+//! passed ([`flush_at_request_end`]). So a counter appears in `/stats` when
+//! its request ends at rest and within [`FLUSH_MS`] under load. The
+//! in-flight gauge of the host a request releases is written at once
+//! ([`gauge_now`]: exact when a request ends, as before, and it replaces the
+//! pending write of the routing-time count); a request held open shows in
+//! its host's gauge within [`FLUSH_MS`] of routing (it used to be at once).
 //! Histograms are not batched (each sample is a host call, as before).
 //!
 //! Bound: one entry per distinct metric id touched since the last flush; a
@@ -88,17 +89,14 @@ pub fn gauge(id: u32, value: u64) {
     }
 }
 
-/// Publish the pending gauges (one host call per gauge touched).
-fn flush_gauges() {
+/// Set gauge `id` to `value` now (and drop a pending value of it).
+pub fn gauge_now(id: u32, value: u64) {
     PENDING.with(|p| {
-        let Ok(mut p) = p.try_borrow_mut() else {
-            return;
-        };
-        for &(id, value) in &p.gauges {
-            host::record_metric(id, value);
+        if let Ok(mut p) = p.try_borrow_mut() {
+            p.gauges.retain(|(i, _)| *i != id);
         }
-        p.gauges.clear();
     });
+    host::record_metric(id, value);
 }
 
 /// Publish every pending update (one host call per metric touched).
@@ -120,23 +118,16 @@ pub fn flush() {
     });
 }
 
-/// End of a request: publish the pending gauges (the in-flight counts of
-/// the hosts this request took and released: one write where there were
-/// two); the counters if it was the VM's only live request (the [`Live`]
-/// count includes the ending request), else if [`FLUSH_MS`] passed, looking
-/// at the clock every [`CLOCK_EVERY`] request ends only (the tick publishes
-/// them within [`FLUSH_MS`] anyway).
+/// End of a request: flush if it was the VM's only live request (the
+/// [`Live`] count includes the ending request), else if [`FLUSH_MS`] passed,
+/// looking at the clock every [`CLOCK_EVERY`] request ends only (the tick
+/// publishes within [`FLUSH_MS`] anyway).
 pub fn flush_at_request_end() {
-    let (counters, gauges) = PENDING.with(|p| {
-        p.try_borrow().map_or((false, false), |p| {
-            (!p.counters.is_empty(), !p.gauges.is_empty())
-        })
+    let empty = PENDING.with(|p| {
+        p.try_borrow()
+            .is_ok_and(|p| p.counters.is_empty() && p.gauges.is_empty())
     });
-    if gauges {
-        // Gauges (in-flight counts) as the request leaves: exact at its end.
-        flush_gauges();
-    }
-    if !counters {
+    if empty {
         return;
     }
     if LIVE.with(Cell::get) > 1 {

@@ -576,7 +576,7 @@ impl RouterHttp {
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());
         match self.slot.release(&HostShared, &p.keys) {
-            Some(Ok((addr, now))) => p.stats.in_flight(&addr, now),
+            Some(Ok((addr, now))) => p.stats.in_flight_now(&addr, now),
             Some(Err(e)) => {
                 log::warn!("#{} cannot release in-flight count: {e:?}", self.context_id);
                 p.stats.failure(HostFailure::SharedData);

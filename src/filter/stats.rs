@@ -274,7 +274,14 @@ impl Stats {
         }
     }
 
-    /// Publish an endpoint's in-flight count.
+    /// Publish an endpoint's in-flight count now (a request released it).
+    pub fn in_flight_now(&self, endpoint: &str, value: u32) {
+        if let Some(id) = self.host(endpoint).1 {
+            batch::gauge_now(id, u64::from(value));
+        }
+    }
+
+    /// Publish an endpoint's in-flight count (batched).
     pub fn in_flight(&self, endpoint: &str, value: u32) {
         if let Some(id) = self.host(endpoint).1 {
             batch::gauge(id, u64::from(value));
