@@ -121,6 +121,8 @@ bench_overhead() {
   local sizes="${OVERHEAD_SIZES:-1024 16384 65536 262144}"
   local dir="$ROOT/.work/bench/overhead" started=$SECONDS
   local py; py="$(bench_python)"
+  # Other jobs on the machine ruin latency figures: the load average goes into the report.
+  local load_start; load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
   overhead_start "$dir" || return 1
   local admin=$OV_ADMIN a=$OV_A b=$OV_B c=$OV_C u=$OV_U fn=$OV_N fr=$OV_R
   local up_pid=$OV_UP_PID px_pid=$OV_PX_PID before=$OV_BEFORE l
@@ -161,7 +163,8 @@ bench_overhead() {
 
   "$py" "$BENCH_DIR_SELF/report.py" overhead "$dir" "$ROOT/.work/bench/overhead.json" \
     --decisions $((after - before)) --seconds "$secs" --conns "$conns" \
-    --machine "$(machine_line)" --elapsed $((SECONDS - started))
+    --machine "$(machine_line); load average (1/5/15 min) $load_start at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end" \
+    --elapsed $((SECONDS - started))
 }
 
 # bench_profile (`./build.sh bench profile`) — where the Envoy CPU per request goes, per listener:
@@ -187,8 +190,13 @@ bench_profile() {
   for x in "$a_name:$OV_A" "affinity:$OV_C" "nousage:$OV_U" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
     overhead_wrk "${x#*:}" "$size" 8 2 "$dir/runs/warm-${x%%:*}.json"
   done
+  # The order rotates every round (A C U B N R H, C U B N R H A, ...): a fixed order showed a
+  # position effect (the listener right after A measured ~20 µs more in wasm frames with the
+  # same build on both) that would bias before/after comparisons.
+  local list=("$a_name:$OV_A" "affinity:$OV_C" "nousage:$OV_U" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H") i
   for ((r = 1; r <= rounds; r++)); do
-    for x in "$a_name:$OV_A" "affinity:$OV_C" "nousage:$OV_U" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
+    for ((i = 0; i < ${#list[@]}; i++)); do
+      x="${list[$(((i + r - 1) % ${#list[@]}))]}"
       name="${x%%:*}" port="${x#*:}"
       progress "profile round $r/$rounds: $name ($size B, c=8, ${secs} s)"
       run_tracked perf perf record -q -g -e cpu-clock -F 2000 -p "$OV_PX_PID" \
