@@ -49,18 +49,16 @@ thread_local! {
     static ENDS: Cell<u32> = const { Cell::new(0) };
 }
 
-/// Add `delta` to counter `id` (published at the next flush).
-pub fn add(id: u32, delta: i64) {
+/// Apply `update` to the pending tables (or, if they are somehow borrowed,
+/// make the host call at once with `now`); flush past [`MAX_PENDING`].
+fn pend(update: impl FnOnce(&mut Pending), now: impl FnOnce()) {
     let full = PENDING.with(|p| match p.try_borrow_mut() {
         Ok(mut p) => {
-            match p.counters.iter_mut().find(|(i, _)| *i == id) {
-                Some((_, d)) => *d = d.saturating_add(delta),
-                None => p.counters.push((id, delta)),
-            }
+            update(&mut p);
             p.counters.len() + p.gauges.len() > MAX_PENDING
         }
         Err(_) => {
-            host::increment_metric(id, delta);
+            now();
             false
         }
     });
@@ -69,24 +67,26 @@ pub fn add(id: u32, delta: i64) {
     }
 }
 
+/// Add `delta` to counter `id` (published at the next flush).
+pub fn add(id: u32, delta: i64) {
+    pend(
+        |p| match p.counters.iter_mut().find(|(i, _)| *i == id) {
+            Some((_, d)) => *d = d.saturating_add(delta),
+            None => p.counters.push((id, delta)),
+        },
+        || host::increment_metric(id, delta),
+    );
+}
+
 /// Set gauge `id` to `value` (the last value is published at the next flush).
 pub fn gauge(id: u32, value: u64) {
-    let full = PENDING.with(|p| match p.try_borrow_mut() {
-        Ok(mut p) => {
-            match p.gauges.iter_mut().find(|(i, _)| *i == id) {
-                Some((_, v)) => *v = value,
-                None => p.gauges.push((id, value)),
-            }
-            p.counters.len() + p.gauges.len() > MAX_PENDING
-        }
-        Err(_) => {
-            host::record_metric(id, value);
-            false
-        }
-    });
-    if full {
-        flush();
-    }
+    pend(
+        |p| match p.gauges.iter_mut().find(|(i, _)| *i == id) {
+            Some((_, v)) => *v = value,
+            None => p.gauges.push((id, value)),
+        },
+        || host::record_metric(id, value),
+    );
 }
 
 /// Set gauge `id` to `value` now (and drop a pending value of it).
