@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # prefix-router benchmarks (kept out of the test suite). Run from anywhere:
-#   ./build.sh bench [overhead|profile|hostcalls|routing|llama|all]     (default: all)
+#   ./build.sh bench [overhead|profile|hostcalls|routing|llama|quick|all]     (default: all)
 # Parts:
 #   overhead  the filter's added latency, throughput and CPU cost: one real Envoy, listeners
 #             with the filter (prefix, affinity) and one without, same upstream, bodies
@@ -12,8 +12,11 @@
 #             scale and unique prompts (~7 min)
 #   llama     real llama.cpp replicas (scripts/llama.sh bench; skips if llama-server is absent;
 #             ~3 min when built)
+#   quick     the smallest run that draws the routing and overhead plots: overhead with 3
+#             latency rounds and 1 throughput round, routing on sagemaker and unique (~11 min)
 # Each part prints a markdown table and writes JSON under .work/bench/; `all` ends with one
-# markdown block for the README (command, date, machine, every table).
+# markdown block for the README (command, date, machine, every table). Every part that ran also
+# redraws its SVG plots in docs/img/ (scripts/bench/plot.py, from that JSON; see docs/benchmarks.md).
 # Everything runs on 127.0.0.1 and everything started is stopped by PID, also on Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,8 +29,11 @@ source scripts/bench/routing.sh
 part="${1:-all}"
 case "$part" in
   overhead|profile|hostcalls|routing|llama|all) ;;
-  -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-  *) echo "usage: ./build.sh bench [overhead|profile|hostcalls|routing|llama|all]" >&2; exit 2 ;;
+  quick)
+    export OVERHEAD_LAT_ROUNDS="${OVERHEAD_LAT_ROUNDS:-3}" OVERHEAD_TPUT_ROUNDS="${OVERHEAD_TPUT_ROUNDS:-1}"
+    export ROUTING_WORKLOADS="${ROUTING_WORKLOADS:-sagemaker unique}" ;;
+  -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+  *) echo "usage: ./build.sh bench [overhead|profile|hostcalls|routing|llama|quick|all]" >&2; exit 2 ;;
 esac
 
 proc_install_trap
@@ -36,6 +42,8 @@ ensure_envoy
 # Benchmark the code as it is now (incremental: a no-op when the .wasm is up to date).
 build_wasm 2>&1 | tail -1 >&2
 started_at="$(date +%s)"
+run_label="./build.sh bench"
+[ "$part" = all ] || run_label+=" $part"
 
 # shellcheck disable=SC2317  # bench_* are called indirectly (run_part)
 bench_llama() {
@@ -58,14 +66,20 @@ run_part() {
 
 case "$part" in
   all) run_part overhead; run_part routing; run_part llama ;;
+  quick) run_part overhead; run_part routing ;;
   *) run_part "$part" ;;
 esac
 
-if [ "$part" = all ]; then
+if [ "$part" != profile ] && [ "$part" != hostcalls ]; then
+  # The plots of every part that wrote its JSON during this run (docs/img/*.svg).
+  "$(bench_python)" scripts/bench/plot.py .work/bench docs/img --since "$started_at" \
+    --command "$run_label" --machine "$(machine_line)" || rc=1
+fi
+if [ "$part" = all ] || [ "$part" = quick ]; then
   echo
   echo "----- paste into README (benchmark section) -----"
   "$(bench_python)" scripts/bench/report.py combine .work/bench \
-    --command "./build.sh bench" --machine "$(machine_line)" --since "$started_at" \
+    --command "$run_label" --machine "$(machine_line)" --since "$started_at" \
     --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "----- end -----"
 fi

@@ -22,8 +22,12 @@
 //! after an interesting key and its `:`, the value. Recognised keys, at any
 //! depth (last value wins, as the usage chunk comes last):
 //! `cached_tokens`, `prompt_tokens`, `input_tokens`, `cache_n`, `prompt_n`;
-//! and the first top-level (depth 1) `"id"` whose value is a plain string of
-//! 1–[`MAX_ID`] bytes. Key names inside string *values* (model output such as
+//! and the first response id: a top-level (depth 1) `"id"`, or an `"id"`
+//! directly inside a top-level `"response"` object (depth 2: the Responses
+//! API's stream carries the response in every lifecycle event, `{"type":
+//! "response.created", "response": {"id": …}}`), whose value is a plain
+//! string of 1–[`MAX_ID`] bytes. Ids of nested items (`output[].id`,
+//! `item.id`) never match. Key names inside string *values* (model output such as
 //! `"\"cached_tokens\": 5"`) never match: the quotes of such text are escaped.
 //! A raw newline ends any string (JSON strings cannot contain one; SSE events
 //! are newline-separated), so a truncated event cannot desynchronise the rest.
@@ -85,6 +89,8 @@ fn may_hold_usage(chunk: &[u8]) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Field {
     Id,
+    /// A top-level `"response"` (its object's `"id"` is the response id).
+    Response,
     CachedTokens,
     PromptTokens,
     InputTokens,
@@ -96,6 +102,7 @@ impl Field {
     fn of(name: &[u8]) -> Option<Field> {
         Some(match name {
             b"id" => Field::Id,
+            b"response" => Field::Response,
             b"cached_tokens" => Field::CachedTokens,
             b"prompt_tokens" => Field::PromptTokens,
             b"input_tokens" => Field::InputTokens,
@@ -119,7 +126,8 @@ pub struct Usage {
     pub cache_n: Option<u64>,
     /// llama.cpp `timings.prompt_n` (prompt tokens processed).
     pub prompt_n: Option<u64>,
-    /// The response `id` (first top-level `"id"`, ≤ [`MAX_ID`] bytes).
+    /// The response `id` (first top-level `"id"` or `"response": {"id": …}`,
+    /// ≤ [`MAX_ID`] bytes).
     pub id: Option<String>,
 }
 
@@ -146,8 +154,10 @@ pub struct UsageScanner {
     usage: Usage,
     in_string: bool,
     escaped: bool,
-    /// The current string is the value of a top-level `"id"`.
+    /// The current string is the value of a response id.
     capturing_id: bool,
+    /// Inside the object of a top-level `"response"` key (depth ≥ 2).
+    in_response: bool,
     /// Bytes of the current string (a key candidate or the id value).
     buf: [u8; MAX_ID],
     len: usize,
@@ -181,6 +191,7 @@ impl UsageScanner {
             in_string: false,
             escaped: false,
             capturing_id: false,
+            in_response: false,
             buf: [0; MAX_ID],
             len: 0,
             spoiled: false,
@@ -262,8 +273,12 @@ impl UsageScanner {
                     self.len = 0;
                     self.spoiled = false;
                     self.string_depth = self.depth;
-                    self.capturing_id =
-                        matches!(self.expect, Some((Field::Id, 1))) && self.usage.id.is_none();
+                    self.capturing_id = self.usage.id.is_none()
+                        && match self.expect {
+                            Some((Field::Id, 1)) => true,
+                            Some((Field::Id, 2)) => self.in_response,
+                            _ => false,
+                        };
                     self.pending = None;
                     self.expect = None;
                 }
@@ -272,7 +287,7 @@ impl UsageScanner {
                 }
                 b'0'..=b'9' => {
                     match self.expect.take() {
-                        Some((f, _)) if f != Field::Id => {
+                        Some((f, _)) if !matches!(f, Field::Id | Field::Response) => {
                             self.number = Some((f, u64::from(b - b'0'), false))
                         }
                         _ => {}
@@ -280,12 +295,19 @@ impl UsageScanner {
                     self.pending = None;
                 }
                 b'{' | b'[' => {
+                    if self.depth == 1 {
+                        self.in_response =
+                            b == b'{' && matches!(self.expect, Some((Field::Response, 1)));
+                    }
                     self.depth = self.depth.saturating_add(1);
                     self.pending = None;
                     self.expect = None;
                 }
                 b'}' | b']' => {
                     self.depth = self.depth.saturating_sub(1);
+                    if self.depth < 2 {
+                        self.in_response = false;
+                    }
                     self.pending = None;
                     self.expect = None;
                 }
@@ -330,6 +352,7 @@ impl UsageScanner {
                     // start the next one afresh.
                     self.in_string = false;
                     self.capturing_id = false;
+                    self.in_response = false;
                     self.depth = 0;
                     return i + 1;
                 }
@@ -378,7 +401,7 @@ fn store(u: &mut Usage, f: Field, v: u64) {
         Field::InputTokens => u.input_tokens = Some(v),
         Field::CacheN => u.cache_n = Some(v),
         Field::PromptN => u.prompt_n = Some(v),
-        Field::Id => {}
+        Field::Id | Field::Response => {}
     }
 }
 
@@ -488,6 +511,20 @@ mod tests {
 
     const PRETTY: &str = "{\n  \"id\" : \"resp_0a1b\",\n  \"object\": \"response\",\n  \"output\": [{\"id\": \"msg_inner\", \"type\": \"message\"}],\n  \"usage\": {\n    \"input_tokens\" : 2000,\n    \"input_tokens_details\": { \"cached_tokens\" : 1792 },\n    \"output_tokens\": 5\n  }\n}\n";
 
+    /// A streamed Responses API answer (OpenAI / vLLM / the emulator): the id is
+    /// `response.id` of the lifecycle events, nested items have ids of their own,
+    /// the usage comes in `response.completed`; no `[DONE]`.
+    const RESPONSES_SSE: &str = concat!(
+        "event: response.created\n",
+        "data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"output\":[],\"id\":\"resp_r1_42\",\"object\":\"response\",\"status\":\"in_progress\",\"previous_response_id\":\"resp_r1_41\",\"usage\":null}}\n\n",
+        "event: response.output_item.added\n",
+        "data: {\"type\":\"response.output_item.added\",\"sequence_number\":1,\"output_index\":0,\"item\":{\"id\":\"msg_r1_42\",\"type\":\"message\",\"status\":\"in_progress\",\"content\":[]}}\n\n",
+        "event: response.output_text.delta\n",
+        "data: {\"type\":\"response.output_text.delta\",\"sequence_number\":2,\"item_id\":\"msg_r1_42\",\"output_index\":0,\"content_index\":0,\"delta\":\" {\\\"id\\\":\\\"evil\\\", \\\"cached_tokens\\\": 7}\",\"logprobs\":[]}\n\n",
+        "event: response.completed\n",
+        "data: {\"type\":\"response.completed\",\"sequence_number\":3,\"response\":{\"id\":\"resp_r1_42\",\"object\":\"response\",\"status\":\"completed\",\"output\":[{\"type\":\"message\",\"id\":\"msg_r1_42\",\"content\":[{\"type\":\"output_text\",\"text\":\" x\"}]}],\"usage\":{\"input_tokens\":2048,\"input_tokens_details\":{\"cached_tokens\":1536},\"output_tokens\":4,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":2052}}}\n\n",
+    );
+
     fn vllm_expected() -> Usage {
         Usage {
             cached_tokens: Some(1015),
@@ -531,8 +568,53 @@ mod tests {
     }
 
     #[test]
+    fn responses_api_stream() {
+        let u = scan(RESPONSES_SSE.as_bytes());
+        let want = Usage {
+            cached_tokens: Some(1536),
+            input_tokens: Some(2048),
+            id: Some("resp_r1_42".into()),
+            ..Usage::default()
+        };
+        assert_eq!(u, want, "response.id, not the item's or the delta's");
+        assert_eq!((u.cached(), u.prompt()), (Some(1536), Some(2048)));
+        // Event by event through the SSE fast path: the delta is skipped once the id is
+        // known and the result is the same.
+        let mut s = UsageScanner::sse();
+        for e in RESPONSES_SSE.split_inclusive("\n\n") {
+            s.feed(e.as_bytes());
+        }
+        assert_eq!(s.usage(), want);
+        // Only a top-level "response" object's own id counts: not deeper, not elsewhere.
+        for (body, id) in [
+            (
+                &br#"{"response":{"item":{"id":"deep"}},"x":{"id":"other"}}"#[..],
+                None,
+            ),
+            (br#"{"x":{"response":{"id":"nested"}}}"#, None),
+            (br#"{"response":"text","y":{"id":"n"}}"#, None),
+            (br#"{"response":[{"id":"in_array"}]}"#, None),
+            (
+                br#"{"response":{"a":{"b":1},"id":"after_nested"}}"#,
+                Some("after_nested"),
+            ),
+            (
+                br#"{"response":{"id":"first"},"id":"second"}"#,
+                Some("first"),
+            ),
+        ] {
+            assert_eq!(
+                scan(body).id.as_deref(),
+                id,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    #[test]
     fn every_split_point_gives_the_same_result() {
-        for sample in [VLLM_JSON, SSE, LLAMA, PRETTY] {
+        for sample in [VLLM_JSON, SSE, LLAMA, PRETTY, RESPONSES_SSE] {
             let b = sample.as_bytes();
             let whole = scan(b);
             assert!(whole.cached().is_some());

@@ -1,7 +1,7 @@
 //! The emulator's HTTP/1.1 server: accept loop, routing, and the non-model endpoints.
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`
-//! (non-streaming, see [`crate::responses`]), `GET /v1/models`,
+//! (JSON or streamed, see [`crate::responses`]), `GET /v1/models`,
 //! `GET /health`, `GET /metrics`, `GET /version`, `GET /debug/requests[?since=SEQ]`,
 //! `DELETE /debug/requests`, `POST /admin/fail?mode=none|503|hang|die`,
 //! `POST /admin/reset-cache`, `GET /admin/state`, `POST /admin/metrics-override`. Anything
@@ -516,10 +516,33 @@ async fn responses(emu: &Arc<Emulator>, req: Request<Incoming>, mut rec: RecordG
         Ok(b) => b,
         Err(r) => return r,
     };
-    let (status, v, o) = crate::responses::handle(emu, rec.seq, &body, arrived).await;
-    let outcome = if status.is_success() { "ok" } else { "error" };
-    rec.finish(outcome, status.as_u16(), o.as_ref());
-    json_resp(status, &v)
+    match crate::responses::handle(emu, rec.seq, &body, arrived).await {
+        crate::responses::Reply::Json(status, v, o) => {
+            let outcome = if status.is_success() { "ok" } else { "error" };
+            rec.finish(outcome, status.as_u16(), o.as_ref());
+            json_resp(status, &v)
+        }
+        crate::responses::Reply::Stream(rx, done) => {
+            tokio::spawn(async move {
+                let o = done.await.ok();
+                let aborted = o.as_ref().is_none_or(|o| o.aborted);
+                rec.finish(if aborted { "aborted" } else { "ok" }, 200, o.as_ref());
+            });
+            sse_resp(rx)
+        }
+    }
+}
+
+/// `200 text/event-stream` whose events arrive on `rx` (like vLLM's StreamingResponse).
+fn sse_resp(rx: mpsc::Receiver<Bytes>) -> Resp {
+    let mut r = Response::new(EmuBody::Chan(rx));
+    let h = r.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    h.insert("cache-control", HeaderValue::from_static("no-cache"));
+    r
 }
 
 /// The whole request body (≤ [`MAX_BODY`]), or the error response (recorded).
@@ -589,14 +612,7 @@ async fn completion(
         let o = generate::run(emu2, job, Some(tx)).await;
         rec.finish(if o.aborted { "aborted" } else { "ok" }, 200, Some(&o));
     });
-    let mut r = Response::new(EmuBody::Chan(rx));
-    let h = r.headers_mut();
-    h.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    h.insert("cache-control", HeaderValue::from_static("no-cache"));
-    r
+    sse_resp(rx)
 }
 
 /// Binds the listener (port 0 = any free port) and returns it with its local address.

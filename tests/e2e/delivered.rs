@@ -255,7 +255,43 @@ fn an_evicted_replica_is_detected_and_the_index_recovers() {
 /// the growing conversation.
 #[test]
 fn a_previous_response_id_chain_stays_on_one_replica() {
-    let w = World::start("delivered-responses", &World::replicas(4), |c| {
+    response_chain("delivered-responses", false);
+}
+
+/// The same chain streamed (`stream: true`): the filter learns each response id from the
+/// `response.id` of the Responses API's SSE events as they pass (`src/usage.rs`), and the
+/// cached tokens from `response.completed`.
+#[test]
+fn a_streamed_previous_response_id_chain_stays_on_one_replica() {
+    response_chain("delivered-responses-stream", true);
+}
+
+/// The response object of a `/v1/responses` reply: the JSON body, or the `response` of the
+/// stream's `response.completed` event (whose events must also carry that response's id
+/// in `response.created`).
+fn response_object(body: &str) -> Value {
+    if let Ok(v) = serde_json::from_str::<Value>(body) {
+        return v;
+    }
+    let events: Vec<Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect();
+    let of = |kind: &str| {
+        events
+            .iter()
+            .find(|e| e["type"] == kind)
+            .map(|e| e["response"].clone())
+            .unwrap_or_else(|| panic!("no {kind} event in {body}"))
+    };
+    let (created, completed) = (of("response.created"), of("response.completed"));
+    assert_eq!(created["id"], completed["id"], "{body}");
+    completed
+}
+
+fn response_chain(name: &str, stream: bool) {
+    let w = World::start(name, &World::replicas(4), |c| {
         c.with("strategy", json!("affinity"))
     });
     let mut replicas = std::collections::BTreeSet::new();
@@ -265,7 +301,8 @@ fn a_previous_response_id_chain_stays_on_one_replica() {
             "model": MODEL,
             "input": format!("turn {turn}: {}", text(&format!("t{turn}"), 1500)),
             "max_output_tokens": 8,
-            "store": true
+            "store": true,
+            "stream": stream
         });
         if turn == 0 {
             body["instructions"] = json!(text("responses-chain", 3000));
@@ -276,7 +313,7 @@ fn a_previous_response_id_chain_stays_on_one_replica() {
         let reply = w.post("/v1/responses", &body.to_string());
         assert_eq!(reply.status, 200, "turn {turn}: {}", reply.body);
         replicas.insert(w.served_by(&reply));
-        let v: Value = serde_json::from_str(&reply.body).unwrap();
+        let v = response_object(&reply.body);
         if turn > 0 {
             let cached = v["usage"]["input_tokens_details"]["cached_tokens"]
                 .as_u64()
@@ -290,8 +327,18 @@ fn a_previous_response_id_chain_stays_on_one_replica() {
         previous = v["id"].as_str().map(str::to_string);
     }
     assert_eq!(replicas.len(), 1, "the chain moved: {replicas:?}");
+    // Every response was read as it passed: its usage counted, none unreported.
+    let s = w.envoy.wait_idle();
+    assert_eq!(
+        s.get("prefix_router.delivered.responses"),
+        5,
+        "{}",
+        s.dump("prefix_router")
+    );
+    assert_eq!(s.get("prefix_router.delivered.unreported"), 0);
     // An id nobody produced is routed like any request; the replica answers 404.
-    let lost = json!({"model": MODEL, "input": "hello", "previous_response_id": "resp_unknown"});
+    let lost = json!({"model": MODEL, "input": "hello", "previous_response_id": "resp_unknown",
+                      "stream": stream});
     assert_eq!(w.post("/v1/responses", &lost.to_string()).status, 404);
     let s = w.envoy.wait_idle();
     assert_eq!(s.get("prefix_router.source.responses"), 6);
