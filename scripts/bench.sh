@@ -3,8 +3,9 @@
 #   ./build.sh bench [overhead|profile|hostcalls|routing|llama|quick|all]     (default: all)
 # Parts:
 #   overhead  the filter's added latency, throughput and CPU cost: one real Envoy, listeners
-#             with the filter (prefix, affinity) and one without, same upstream, bodies
-#             1 KiB..256 KiB, and two floor listeners (no-op wasm, pause+read wasm) (wrk; ~6 min)
+#             with the filter (prefix, affinity, affinity with read_usage off) and one without,
+#             same upstream, bodies 1 KiB..256 KiB, and two floor listeners (no-op wasm,
+#             pause+read wasm); prints the ratios and the load average (wrk; ~7.5 min)
 #   profile   where the Envoy CPU per request goes (perf sampling; not part of `all`; ~2 min)
 #   hostcalls host calls per request by kind, per listener (debug log tally; not part of `all`)
 #   routing   routing quality through Envoy: 7 emulated replicas, round_robin vs least_request
@@ -32,7 +33,7 @@ case "$part" in
   quick)
     export OVERHEAD_LAT_ROUNDS="${OVERHEAD_LAT_ROUNDS:-3}" OVERHEAD_TPUT_ROUNDS="${OVERHEAD_TPUT_ROUNDS:-1}"
     export ROUTING_WORKLOADS="${ROUTING_WORKLOADS:-sagemaker unique}" ;;
-  -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
   *) echo "usage: ./build.sh bench [overhead|profile|hostcalls|routing|llama|quick|all]" >&2; exit 2 ;;
 esac
 
