@@ -11,7 +11,7 @@
 #   cost       instructions per request of the routing core under callgrind vs
 #              scripts/cost-baseline.txt (fails above +20 %; scripts/cost.sh)
 #   build      release .wasm + replica-emulator (debug build: it is only a test upstream)
-#   validate   envoy --mode validate -c envoy/envoy.yaml
+#   validate   envoy --mode validate -c envoy/envoy.yaml (and envoy/envoy-peers.yaml)
 #   e2e        tests/e2e through a real Envoy with the real .wasm and emulated replicas
 #   llama      real llama.cpp smoke test (scripts/llama.sh smoke), when that script exists
 # Every step runs even if an earlier one failed (except steps that need its output); a
@@ -140,7 +140,12 @@ run_build() {
   cargo build -p replica-emulator
 }
 
-run_validate() { "$ENVOY_BIN" --mode validate -c envoy/envoy.yaml --log-level warn; }
+run_validate() {
+  local f
+  for f in envoy/envoy.yaml envoy/envoy-peers.yaml; do
+    "$ENVOY_BIN" --mode validate -c "$f" --log-level warn || return 1
+  done
+}
 
 run_e2e() {
   rm -rf "$ROOT/target/e2e"   # configs and logs of the previous run

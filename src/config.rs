@@ -162,6 +162,8 @@ pub struct RawConfig {
     pub refresh_ms: Option<i64>,
     /// See [`EngineParams`].
     pub engine: Option<RawEngine>,
+    /// See [`crate::peers_config`].
+    pub peers: Option<crate::peers_config::RawPeers>,
 }
 
 /// The `engine` object as written by the user.
@@ -285,6 +287,8 @@ pub struct Config {
     /// Request paths whose 2xx responses are recorded in the `affinity` index
     /// (exact match, query string ignored; see [`crate::paths`]).
     pub paths: Vec<String>,
+    /// Peer exchange of index writes between gateways (`peers` object).
+    pub peers: Option<crate::peers_config::PeersParams>,
 }
 
 /// A configuration error naming the field.
@@ -308,14 +312,14 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-fn err(field: &str, message: impl Into<String>) -> ConfigError {
+pub(crate) fn err(field: &str, message: impl Into<String>) -> ConfigError {
     ConfigError {
         field: field.to_string(),
         message: message.into(),
     }
 }
 
-fn int_in_range<T: TryFrom<i64> + Copy>(
+pub(crate) fn int_in_range<T: TryFrom<i64> + Copy>(
     field: &str,
     value: Option<i64>,
     range: (T, T),
@@ -620,6 +624,10 @@ impl Config {
             virtual_nodes,
             affinity: affinity_params,
             engine: engine(raw.engine, discovery.is_some())?,
+            peers: crate::peers_config::validate(
+                raw.peers,
+                discovery.as_ref().map(|d| d.admin_cluster.as_str()),
+            )?,
             discovery,
             read_usage: raw.read_usage.unwrap_or(true),
             paths,
@@ -627,18 +635,21 @@ impl Config {
     }
 }
 
+/// An Envoy cluster name (1–256 characters, no control character).
+pub(crate) fn cluster_name(field: &str, v: &str) -> Result<String, ConfigError> {
+    if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
+        Err(err(
+            field,
+            format!("must be an Envoy cluster name, got {v:?}"),
+        ))
+    } else {
+        Ok(v.to_string())
+    }
+}
+
 /// `cluster`, `admin_cluster`, `refresh_ms`: all or nothing.
 fn discovery(raw: &RawConfig) -> Result<Option<Discovery>, ConfigError> {
-    let name = |field: &str, v: &str| {
-        if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
-            Err(err(
-                field,
-                format!("must be an Envoy cluster name, got {v:?}"),
-            ))
-        } else {
-            Ok(v.to_string())
-        }
-    };
+    let name = cluster_name;
     let Some(cluster) = raw.cluster.as_deref() else {
         for (field, set) in [
             ("admin_cluster", raw.admin_cluster.is_some()),

@@ -56,6 +56,8 @@ pub mod index;
 pub mod json;
 pub mod paths;
 pub mod peers;
+pub mod peers_config;
+pub mod peers_log;
 pub mod responses;
 pub mod ring;
 pub mod router;

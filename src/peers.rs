@@ -7,11 +7,18 @@
 //! calls ([`LoggingStore`] → [`DeltaLog`], a bounded ring numbered by a
 //! sequence); peers **pull** the writes after their cursor on a tick
 //! ([`DeltaLog::encode_since`] → [`decode`]) and **merge** them into their own
-//! table ([`merge`]). Only slot entries travel (never prompt text): a slot
-//! index and the 16-byte entry (48-bit tag, time, holders), 20 bytes.
+//! table ([`merge`]). Only slot entries travel (never prompt text), in a
+//! compact form of 14 bytes: slot u32 ‖ 48-bit tag ‖ front holder u16 ‖ age
+//! u16 (deciseconds before the batch time). Only the **front** holder travels
+//! (the replica that just served the prefix): the older holders were the front
+//! of earlier writes, published then, and [`merge`] keeps the receiver's
+//! existing holders behind the incoming one. The age is relative to the
+//! newest write of the batch (clamped at 109 minutes, beyond any index TTL),
+//! so a catch-up batch keeps every entry's true age.
 //!
-//! Batch format (little endian): `"PRX1"` ‖ layout u32 ‖ epoch u32 ‖
-//! from_seq u64 ‖ count u32 ‖ count × (slot u32 ‖ entry 16 B). `layout`
+//! Batch format (little endian): `"PRX2"` ‖ layout u32 ‖ epoch u32 ‖
+//! from_seq u64 ‖ count u32 ‖ base time u32 (deciseconds) ‖ count × item
+//! ([`ITEM_BYTES`]). `layout`
 //! identifies the table geometry and the replica list (see [`layout`]): a
 //! batch from a peer with another layout is refused, since holder indices
 //! and slots would mean something else there. `epoch` is random per process:
@@ -30,14 +37,16 @@
 
 use std::collections::VecDeque;
 
-use crate::index::{Entry, SlotStore, SlotValue, ENTRY_BYTES, MAX_HOLDERS};
+use crate::index::{Entry, SlotStore, SlotValue, MAX_HOLDERS};
 
 /// Batch magic.
-pub const MAGIC: [u8; 4] = *b"PRX1";
+pub const MAGIC: [u8; 4] = *b"PRX2";
 /// Header bytes.
-pub const HEADER_BYTES: usize = 24;
-/// Bytes per entry on the wire (slot + entry).
-pub const ITEM_BYTES: usize = 4 + ENTRY_BYTES;
+pub const HEADER_BYTES: usize = 28;
+/// Bytes per entry on the wire (slot, tag, front holder, age).
+pub const ITEM_BYTES: usize = 4 + 6 + 2 + 2;
+/// Wire value of "no holder".
+const NO_HOLDER: u16 = u16::MAX;
 
 /// Layout id of a table: slots and the ordered replica list (FNV-1a).
 pub fn layout(slots: u32, endpoints: &[String]) -> u32 {
@@ -109,18 +118,48 @@ impl DeltaLog {
         let from = seq.clamp(self.oldest_seq(), self.next_seq);
         let skip = (from - self.oldest_seq()) as usize;
         let count = self.items.len().saturating_sub(skip).min(max_count);
-        let mut out = Vec::with_capacity(HEADER_BYTES + count * ITEM_BYTES);
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&layout.to_le_bytes());
-        out.extend_from_slice(&epoch.to_le_bytes());
-        out.extend_from_slice(&from.to_le_bytes());
-        out.extend_from_slice(&(count as u32).to_le_bytes());
-        for (slot, v) in self.items.iter().skip(skip).take(count) {
-            out.extend_from_slice(&slot.to_le_bytes());
-            out.extend_from_slice(v);
-        }
-        out
+        encode(
+            from,
+            self.items.iter().skip(skip).take(count),
+            layout,
+            epoch,
+        )
     }
+}
+
+/// Encode a batch of `items` whose first write has sequence `from` (the
+/// wire format of the module docs). O(items).
+pub fn encode<'a>(
+    from: u64,
+    items: impl ExactSizeIterator<Item = &'a (u32, SlotValue)>,
+    layout: u32,
+    epoch: u32,
+) -> Vec<u8> {
+    let count = items.len();
+    let decoded: Vec<(u32, Option<Entry>)> = items.map(|(s, v)| (*s, Entry::decode(v))).collect();
+    let base = decoded
+        .iter()
+        .filter_map(|(_, e)| e.map(|e| e.time))
+        .max()
+        .unwrap_or(0);
+    let mut out = Vec::with_capacity(HEADER_BYTES + count * ITEM_BYTES);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&layout.to_le_bytes());
+    out.extend_from_slice(&epoch.to_le_bytes());
+    out.extend_from_slice(&from.to_le_bytes());
+    out.extend_from_slice(&(count as u32).to_le_bytes());
+    out.extend_from_slice(&base.to_le_bytes());
+    for (slot, e) in decoded {
+        out.extend_from_slice(&slot.to_le_bytes());
+        let (tag, front, age) = e.map_or((0, NO_HOLDER, 0), |e| {
+            let age = u16::try_from(base.saturating_sub(e.time)).unwrap_or(u16::MAX);
+            (e.tag, e.holders[0].unwrap_or(NO_HOLDER), age)
+        });
+        out.extend_from_slice(&tag.to_le_bytes()[..6]);
+        out.extend_from_slice(&front.to_le_bytes());
+        out.extend_from_slice(&age.to_le_bytes());
+    }
+    out
 }
 
 /// A [`SlotStore`] that also logs every set into a [`DeltaLog`] (wrap the
@@ -199,6 +238,7 @@ pub fn decode(
     s.copy_from_slice(&head[12..20]);
     let from_seq = u64::from_le_bytes(s);
     let count = u32_at(20) as usize;
+    let base = u32_at(24);
     if count > max_count {
         return Err(PeerError::TooMany);
     }
@@ -207,17 +247,23 @@ pub fn decode(
     }
     let mut entries = Vec::with_capacity(count);
     for item in body.chunks_exact(ITEM_BYTES) {
-        let (slot, value) = item.split_at(4);
-        let slot = u32::from_le_bytes([slot[0], slot[1], slot[2], slot[3]]);
-        let mut v = [0u8; ENTRY_BYTES];
-        v.copy_from_slice(value);
-        let ok = slot < slots
-            && Entry::decode(&v)
-                .is_some_and(|e| e.holders().next().is_some() && e.holders().all(|h| h < replicas));
-        if !ok {
+        let slot = u32::from_le_bytes([item[0], item[1], item[2], item[3]]);
+        let mut t = [0u8; 8];
+        t[..6].copy_from_slice(&item[4..10]);
+        let tag = u64::from_le_bytes(t);
+        let front = u16::from_le_bytes([item[10], item[11]]);
+        let age = u16::from_le_bytes([item[12], item[13]]);
+        if slot >= slots || tag == 0 || front == NO_HOLDER || usize::from(front) >= replicas {
             return Err(PeerError::BadEntry);
         }
-        entries.push((slot, v));
+        let mut holders = [None; MAX_HOLDERS];
+        holders[0] = Some(front);
+        let entry = Entry {
+            tag,
+            time: base.wrapping_sub(u32::from(age)),
+            holders,
+        };
+        entries.push((slot, entry.encode()));
     }
     Ok(Batch {
         epoch,
@@ -288,10 +334,77 @@ impl Cursor {
     }
 }
 
+/// Constant-time equality (time depends only on the lengths).
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0xff);
+    }
+    diff == 0
+}
+
+/// Slots of the table sent per snapshot request (a cold gateway's
+/// catch-up of what the peers' logs no longer hold).
+pub const SNAPSHOT_SPAN: u32 = 4096;
+
+/// What a request to the sync path asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Query {
+    /// `since=<u64>`: the log after this sequence.
+    Since(u64),
+    /// `slots=<u32>`: the non-empty slots of `[start, start + SNAPSHOT_SPAN)`.
+    Slots(u32),
+}
+
+/// Parse the query of a sync request: exactly `since=<u64>` or
+/// `slots=<u32>`; anything else is `None` (answered 400).
+pub fn parse_query(query: &[u8]) -> Option<Query> {
+    let digits = |v: &[u8], max: usize| -> Option<u64> {
+        if v.is_empty() || v.len() > max || !v.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(v).ok()?.parse().ok()
+    };
+    if let Some(v) = query.strip_prefix(b"since=") {
+        return digits(v, 20).map(Query::Since);
+    }
+    let v = query.strip_prefix(b"slots=")?;
+    digits(v, 10)
+        .and_then(|n| u32::try_from(n).ok())
+        .map(Query::Slots)
+}
+
+/// Merge a snapshot entry: like [`merge`], but never over a slot that holds
+/// another tag (the local entry may be newer; a snapshot only fills gaps).
+pub fn fill<S: SlotStore>(store: &mut S, slot: u32, incoming: &SlotValue) -> bool {
+    let (Some(inc), Some(cur)) = (
+        Entry::decode(incoming),
+        store.get(slot).and_then(|v| Entry::decode(&v)),
+    ) else {
+        return merge(store, slot, incoming);
+    };
+    inc.tag == cur.tag && merge(store, slot, incoming)
+}
+
+/// A slot value with `holders` (tests).
+#[cfg(test)]
+pub(crate) fn entry(tag: u64, time: u32, holders: &[u16]) -> SlotValue {
+    let mut h = [None; MAX_HOLDERS];
+    for (i, &x) in holders.iter().enumerate() {
+        h[i] = Some(x);
+    }
+    Entry {
+        tag,
+        time,
+        holders: h,
+    }
+    .encode()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::{IndexConfig, PrefixIndex, VecStore};
+    use crate::index::{IndexConfig, PrefixIndex, VecStore, ENTRY_BYTES};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -306,19 +419,6 @@ mod tests {
         (0..n as u64)
             .map(|i| (seed << 40) ^ (i.wrapping_mul(0x9e37_79b9_7f4a_7c15)) ^ i)
             .collect()
-    }
-
-    fn entry(tag: u64, time: u32, holders: &[u16]) -> SlotValue {
-        let mut h = [None; MAX_HOLDERS];
-        for (i, &x) in holders.iter().enumerate() {
-            h[i] = Some(x);
-        }
-        Entry {
-            tag,
-            time,
-            holders: h,
-        }
-        .encode()
     }
 
     #[test]
@@ -452,5 +552,72 @@ mod tests {
         assert_ne!(a, layout(128, &e(&["a:1", "b:1"])));
         assert_ne!(a, layout(64, &e(&["b:1", "a:1"])));
         assert_eq!(a, layout(64, &e(&["a:1", "b:1"])));
+    }
+
+    #[test]
+    fn compact_items_keep_tag_front_holder_and_age() {
+        let lay = layout(64, &[]);
+        let mut log = DeltaLog::new(8);
+        log.push(1, entry(0xabcd_ef01_2345, 100_000, &[7, 2]));
+        log.push(2, entry(42, 100_030, &[3]));
+        // Older than the age field: clamped to 65535 ds (109 min), past any TTL.
+        log.push(3, entry(43, 100_030 - 70_000, &[3]));
+        let wire = log.encode_since(0, 8, lay, 1);
+        assert_eq!(wire.len(), HEADER_BYTES + 3 * ITEM_BYTES);
+        let b = decode(&wire, lay, 8, 64, 8).unwrap();
+        let e: Vec<Entry> = b
+            .entries
+            .iter()
+            .map(|(_, v)| Entry::decode(v).unwrap())
+            .collect();
+        assert_eq!(
+            (e[0].tag, e[0].time, e[0].holders),
+            (0xabcd_ef01_2345, 100_000, [Some(7), None, None])
+        );
+        assert_eq!((e[1].tag, e[1].time), (42, 100_030));
+        assert_eq!(e[2].time, 100_030 - 65_535);
+        // A receiver that knew holder 2 keeps it behind the incoming front.
+        let mut s = VecStore::new(64);
+        merge(&mut s, 1, &entry(0xabcd_ef01_2345, 90_000, &[2]));
+        merge(&mut s, 1, &b.entries[0].1);
+        let m = Entry::decode(&s.get(1).unwrap()).unwrap();
+        assert_eq!(
+            (m.holders().collect::<Vec<_>>(), m.time),
+            (vec![7, 2], 100_000)
+        );
+    }
+
+    #[test]
+    fn secret_comparison_and_query() {
+        assert!(ct_eq(b"abc", b"abc"));
+        assert!(!ct_eq(b"abc", b"abd"));
+        assert!(!ct_eq(b"abc", b"ab"));
+        assert!(!ct_eq(b"", b"a"));
+        assert_eq!(parse_query(b"since=42"), Some(Query::Since(42)));
+        assert_eq!(parse_query(b"slots=4096"), Some(Query::Slots(4096)));
+        for bad in [
+            &b""[..],
+            b"since=",
+            b"since=-1",
+            b"since=1&x=2",
+            b"x=1",
+            b"since=99999999999999999999999",
+            b"slots=4294967296",
+            b"slots=1&since=2",
+        ] {
+            assert_eq!(parse_query(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn a_snapshot_fills_gaps_only() {
+        let mut s = VecStore::new(16);
+        assert!(fill(&mut s, 1, &entry(5, 10, &[1])));
+        assert!(fill(&mut s, 1, &entry(5, 20, &[2])));
+        let e = Entry::decode(&s.get(1).unwrap()).unwrap();
+        assert_eq!((e.holders().collect::<Vec<_>>(), e.time), (vec![2, 1], 20));
+        // Another tag: the local entry stays.
+        assert!(!fill(&mut s, 1, &entry(6, 30, &[3])));
+        assert_eq!(Entry::decode(&s.get(1).unwrap()).unwrap().tag, 5);
     }
 }

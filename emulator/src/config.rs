@@ -96,14 +96,22 @@ pub struct EmulatorArgs {
     /// Fixed prefill cost per request, in milliseconds.
     #[arg(long, default_value_t = 5.0)]
     pub prefill_overhead_ms: f64,
-    /// Inter-token latency during decode, in milliseconds.
+    /// Fixed cost of one engine step, in milliseconds: the inter-token latency of a small batch.
     #[arg(long, default_value_t = 10.0)]
     pub decode_ms_per_token: f64,
+    /// Cost of each decoding sequence in an engine step, in microseconds (batch-size term of the
+    /// step time; 0 = a step costs the same for 1 or 64 sequences).
+    #[arg(long, default_value_t = 0.0)]
+    pub decode_us_per_seq: f64,
     /// Maximum concurrently running sequences (vLLM `--max-num-seqs`); more wait in FIFO order.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
-    /// Maximum concurrent prefills; 0 = unlimited (each sequence prefills on its own). With 1,
-    /// prefills are serialized like one compute-bound GPU: cache misses then delay everyone.
+    /// Token budget of one engine step: decode tokens + prefill chunks (vLLM
+    /// `--max-num-batched-tokens`); longer prompts are prefilled in chunks.
+    #[arg(long, default_value_t = 8192)]
+    pub max_num_batched_tokens: usize,
+    /// Maximum sequences prefilling in one engine step; 0 = unlimited (they share the step). With
+    /// 1, prefills are serialized like one compute-bound GPU: cache misses then delay everyone.
     #[arg(long, default_value_t = 0)]
     pub prefill_lanes: usize,
     /// Maximum prompt + output tokens of one request (vLLM `--max-model-len`); more is a 400.

@@ -1,24 +1,27 @@
-//! One sequence's life: queue -> admission (cache lookup) -> prefill -> decode, and the OpenAI
-//! response bodies (JSON and SSE) it produces.
+//! One sequence's life: submitted to the replica's engine (the shared engine model, driven in
+//! real time by [`crate::driver`]), then its events turned into the OpenAI response bodies (JSON
+//! and SSE).
 //!
-//! Timing model: a request waits in FIFO order for one of `--max-running` slots (tokio's fair
-//! semaphore), then (with `--prefill-lanes N > 0`) for a prefill lane. Prefill is one timer of
-//! `overhead + uncached_tokens * per_token`; the first token is emitted when it ends (TTFT); each
-//! further token follows `--decode-ms-per-token` later, scheduled against absolute deadlines so
-//! timer slack does not accumulate. No thread is held while waiting: a sequence is one task.
+//! Timing is the engine's: continuous batching with a token budget per step, chunked prefill,
+//! the prefix cache looked up when the request is scheduled, preemption when KV memory runs
+//! out; the first token comes at the end of the step that finishes the prefill (TTFT), each
+//! further token at the end of a later step. No thread is held while waiting: a sequence is one
+//! task awaiting its events.
 //!
-//! Every resource a sequence takes (slot, gauges, KV blocks) is owned by a guard whose `Drop`
-//! gives it back, so an abandoned request (client gone, task dropped) never leaks.
+//! Every resource a sequence takes (engine slot and KV blocks, LoRA waiting gauge) is owned by a
+//! guard whose `Drop` gives it back, so an abandoned request (client gone, task dropped) never
+//! leaks.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use engine_model::{EventKind, Request};
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::mpsc;
 
-use crate::cache::{block_hashes, root_hash, Allocation};
+use crate::cache::{block_hashes, root_hash};
 use crate::lock;
 use crate::prompt::Api;
 use crate::server::Emulator;
@@ -57,36 +60,24 @@ pub struct Outcome {
     pub aborted: bool,
 }
 
-/// Decrements a gauge (and a LoRA waiting count) on drop.
-struct GaugeGuard<'a> {
+/// Decrements a LoRA adapter's waiting count on drop (unless taken).
+struct LoraWaiting<'a> {
     emu: &'a Emulator,
-    running: bool,
-    lora_waiting: Option<String>,
+    lora: Option<String>,
 }
 
-impl Drop for GaugeGuard<'_> {
-    fn drop(&mut self) {
-        let m = &self.emu.metrics;
-        if self.running {
-            m.running.fetch_sub(1, Relaxed);
-        } else {
-            m.waiting.fetch_sub(1, Relaxed);
-        }
-        if let Some(l) = self.lora_waiting.take() {
+impl LoraWaiting<'_> {
+    fn done(&mut self) {
+        if let Some(l) = self.lora.take() {
+            let m = &self.emu.metrics;
             m.lora_add(&m.lora_waiting, &l, -1);
         }
     }
 }
 
-/// Releases a sequence's KV blocks on drop.
-struct BlocksGuard<'a> {
-    emu: &'a Emulator,
-    alloc: Allocation,
-}
-
-impl Drop for BlocksGuard<'_> {
+impl Drop for LoraWaiting<'_> {
     fn drop(&mut self) {
-        lock(&self.emu.cache).release(&mut self.alloc);
+        self.done();
     }
 }
 
@@ -212,7 +203,8 @@ impl Format<'_> {
 }
 
 /// Runs `job` to completion. With `sink`, each token is sent as an SSE event as it is produced
-/// (and the final usage/[DONE] events); a failed send means the client left: the sequence stops.
+/// (and the final usage/[DONE] events); a failed send means the client left: the sequence stops
+/// (and leaves the engine).
 pub async fn run(emu: Arc<Emulator>, job: Job, sink: Option<mpsc::Sender<Bytes>>) -> Outcome {
     let cfg = &emu.cfg;
     let m = &emu.metrics;
@@ -221,89 +213,59 @@ pub async fn run(emu: Arc<Emulator>, job: Job, sink: Option<mpsc::Sender<Bytes>>
         prompt_tokens: n,
         ..Default::default()
     };
-
-    // Queue (FIFO) for a running slot.
-    m.waiting.fetch_add(1, Relaxed);
     if let Some(l) = &job.lora {
         m.lora_add(&m.lora_waiting, l, 1);
     }
-    let mut gauge = GaugeGuard {
+    let mut lora_waiting = LoraWaiting {
         emu: &emu,
-        running: false,
-        lora_waiting: job.lora.clone(),
+        lora: job.lora.clone(),
     };
-    let _slot: OwnedSemaphorePermit = match emu.slots.clone().acquire_owned().await {
-        Ok(p) => p,
-        Err(_) => {
-            out.aborted = true;
-            return out;
-        }
+    // An adapter that is not resident is loaded when the request is first scheduled.
+    let extra_s = match &job.lora {
+        Some(l) if lock(&emu.lora).touch(l) => cfg.lora_load_ms.max(0.0) / 1e3,
+        _ => 0.0,
     };
-    m.waiting.fetch_sub(1, Relaxed);
-    m.running.fetch_add(1, Relaxed);
-    gauge.running = true;
-    if let Some(l) = gauge.lora_waiting.take() {
-        m.lora_add(&m.lora_waiting, &l, -1);
-    }
-    let admitted_at = Instant::now();
-    out.queued_ms = ms(admitted_at - job.arrived);
-    m.queue_time.observe(out.queued_ms / 1e3);
-
     let root = root_hash(job.lora.as_deref(), job.cache_salt.as_deref());
-    let hashes = block_hashes(&job.tokens, cfg.block_tokens, root);
-
-    // Prefill. The prefix cache is looked up when the prefill is scheduled (after the prefill
-    // lane is taken), as vLLM's scheduler does, not when the running slot is taken: a request
-    // queued behind another with the same prefix then reuses what that one just computed. The
-    // prompt's blocks are committed before the lane is released.
-    let blocks = {
-        let _lane = match &emu.prefill_lanes {
-            Some(lanes) => lanes.clone().acquire_owned().await.ok(),
-            None => None,
-        };
-        // Admission: prefix-cache lookup and KV allocation.
-        let admitted = lock(&emu.cache).admit(hashes, n, job.max_tokens);
-        out.cached_tokens = admitted.cached_tokens;
-        let blocks = BlocksGuard {
-            emu: &emu,
-            alloc: admitted.allocation,
-        };
-        m.prompt_tokens.fetch_add(n as u64, Relaxed);
-        let uncached = n - out.cached_tokens;
-        let mut us = cfg.prefill_overhead_ms * 1e3 + uncached as f64 * cfg.prefill_us_per_token;
-        if let Some(l) = &job.lora {
-            if lock(&emu.lora).touch(l) {
-                us += cfg.lora_load_ms.max(0.0) * 1e3; // adapter load (see `lora`)
-            }
-        }
-        if us > 0.0 {
-            tokio::time::sleep(Duration::from_micros(us as u64)).await;
-        }
-        lock(&emu.cache).commit(&blocks.alloc);
-        blocks
-    };
-    let first = Instant::now();
-    let ttft = first - job.arrived;
-    out.ttft_ms = Some(ms(ttft));
-    m.ttft.observe(ttft.as_secs_f64());
-
-    // Decode.
+    m.prompt_tokens.fetch_add(n as u64, Relaxed);
+    let sat = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    let mut ticket = emu.driver.submit(Request {
+        id: 0,
+        prompt_tokens: sat(n),
+        output_tokens: sat(job.max_tokens),
+        blocks: block_hashes(&job.tokens, cfg.block_tokens, root),
+        out_blocks: Vec::new(),
+        extra_s,
+    });
     let fmt = Format {
         job: &job,
         created: unix_now(),
     };
-    let step = Duration::from_secs_f64(cfg.decode_ms_per_token.max(0.0) / 1e3);
-    for i in 0..job.max_tokens {
-        if i > 0 && !step.is_zero() {
-            tokio::time::sleep_until((first + step * i as u32).into()).await;
-        }
-        let word = WORDS[i % WORDS.len()];
+    while let Some(ev) = ticket.next().await {
+        let index = match ev {
+            EventKind::Scheduled { .. } => {
+                out.queued_ms = ms(job.arrived.elapsed());
+                m.queue_time.observe(out.queued_ms / 1e3);
+                lora_waiting.done();
+                continue;
+            }
+            EventKind::FirstToken { cached } => {
+                out.cached_tokens = cached as usize;
+                let ttft = job.arrived.elapsed();
+                out.ttft_ms = Some(ms(ttft));
+                m.ttft.observe(ttft.as_secs_f64());
+                0
+            }
+            EventKind::Token { index } => index as usize,
+            EventKind::Preempted => continue,
+            EventKind::Finished => break,
+        };
+        let word = WORDS[index % WORDS.len()];
         out.text.push_str(word);
         out.completion_tokens += 1;
         m.generation_tokens.fetch_add(1, Relaxed);
         if let Some(tx) = &sink {
             if tx
-                .send(fmt.token_event(i, word, i + 1 == job.max_tokens))
+                .send(fmt.token_event(index, word, index + 1 == job.max_tokens))
                 .await
                 .is_err()
             {
@@ -312,9 +274,12 @@ pub async fn run(emu: Arc<Emulator>, job: Job, sink: Option<mpsc::Sender<Bytes>>
             }
         }
     }
+    if out.completion_tokens < job.max_tokens {
+        out.aborted = true;
+    }
     out.total_ms = ms(job.arrived.elapsed());
-    drop(blocks);
-    drop(gauge);
+    drop(ticket);
+    drop(lora_waiting);
     if out.aborted {
         m.count_finished("abort");
     } else {

@@ -8,6 +8,7 @@ pub mod cache;
 pub mod client;
 pub mod config;
 pub mod debuglog;
+pub mod driver;
 pub mod generate;
 pub mod load;
 pub mod lora;

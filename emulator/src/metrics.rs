@@ -2,7 +2,7 @@
 //!
 //! Every series carries the labels `model_name="<--model>",engine="0"` like vLLM v1. Counters are
 //! monotonic for the life of the process (`/admin/reset-cache` does not reset them). Rendering
-//! is O(series) and takes the cache lock once (done by the caller, see `server`).
+//! is O(series) and takes the engine lock once (done by the caller, see `server`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -228,7 +228,7 @@ impl Metrics {
             &mut o,
             "vllm:num_preemptions_total",
             "Cumulative number of preemptions.",
-            0,
+            s.cache.preemptions,
         );
         {
             let name = "vllm:request_success_total";

@@ -30,12 +30,13 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 
 use crate::body::EmuBody;
-use crate::cache::PrefixCache;
+use crate::cache::CacheStats;
 use crate::config::{EmulatorArgs, FailMode};
 use crate::debuglog::{DebugLog, Record};
+use crate::driver::{self, Driver};
 use crate::generate::{self, Format, Job, Outcome};
 use crate::lock;
 use crate::lora::LoraSlots;
@@ -50,10 +51,9 @@ pub const MAX_BODY: usize = 256 << 20;
 pub struct Emulator {
     pub cfg: EmulatorArgs,
     pub id: String,
-    pub cache: Mutex<PrefixCache>,
+    /// The replica's engine (shared engine model, stepped in real time).
+    pub driver: Arc<Driver>,
     pub metrics: crate::metrics::Metrics,
-    pub slots: Arc<Semaphore>,
-    pub prefill_lanes: Option<Arc<Semaphore>>,
     /// Resident LoRA adapters (see [`crate::lora`]).
     pub lora: Mutex<LoraSlots>,
     overrides: Mutex<Overrides>,
@@ -69,16 +69,8 @@ impl Emulator {
     pub fn new(cfg: EmulatorArgs, id: String) -> Self {
         Emulator {
             id,
-            cache: Mutex::new(PrefixCache::new(cfg.cache_blocks, cfg.block_tokens)),
+            driver: Arc::new(Driver::new(driver::params(&cfg))),
             metrics: Default::default(),
-            slots: Arc::new(Semaphore::new(
-                cfg.max_running.clamp(1, Semaphore::MAX_PERMITS),
-            )),
-            prefill_lanes: (cfg.prefill_lanes > 0).then(|| {
-                Arc::new(Semaphore::new(
-                    cfg.prefill_lanes.min(Semaphore::MAX_PERMITS),
-                ))
-            }),
             lora: Mutex::new(LoraSlots::new(cfg.max_loras, &cfg.lora_adapters)),
             overrides: Mutex::new(Overrides {
                 waiting: cfg.report_waiting,
@@ -99,9 +91,15 @@ impl Emulator {
     }
 
     fn snapshot_metrics(&self) -> String {
-        let (kv_usage, cached_blocks, stats) = {
-            let c = lock(&self.cache);
-            (c.usage(), c.cached_blocks(), c.stats())
+        let e = self.driver.metrics();
+        self.metrics.running.store(i64::from(e.running), Relaxed);
+        self.metrics.waiting.store(i64::from(e.waiting), Relaxed);
+        let (kv_usage, cached_blocks) = (e.kv_usage, e.cached_blocks as usize);
+        let stats = CacheStats {
+            queries: e.queries,
+            hits: e.hits,
+            evictions: e.evictions,
+            preemptions: e.preemptions,
         };
         let lora = lock(&self.lora).clone();
         self.metrics.render(&Snapshot {
@@ -318,7 +316,7 @@ async fn route(emu: &Arc<Emulator>, req: Request<Incoming>) -> Resp {
             }
         }
         (&Method::POST, "/admin/reset-cache") => {
-            lock(&emu.cache).reset();
+            emu.driver.reset_cache();
             json_resp(StatusCode::OK, &json!({"id": emu.id, "reset": true}))
         }
         (&Method::GET, "/admin/state") => json_resp(StatusCode::OK, &state(emu)),
@@ -376,7 +374,7 @@ fn models(emu: &Emulator) -> Value {
 }
 
 fn state(emu: &Emulator) -> Value {
-    let c = lock(&emu.cache);
+    let e = emu.driver.metrics();
     let cfg = &emu.cfg;
     json!({
         "id": emu.id,
@@ -389,19 +387,23 @@ fn state(emu: &Emulator) -> Value {
         "prefill_overhead_ms": cfg.prefill_overhead_ms,
         "decode_ms_per_token": cfg.decode_ms_per_token,
         "max_running": cfg.max_running,
+        "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        "decode_us_per_seq": cfg.decode_us_per_seq,
         "prefill_lanes": cfg.prefill_lanes,
         "lora_adapters": cfg.lora_adapters,
         "max_loras": cfg.max_loras,
         "lora_resident": lock(&emu.lora).resident(),
         "lora_loads": lock(&emu.lora).loads(),
         "metrics_override": lock(&emu.overrides).to_json(),
-        "used_blocks": c.used_blocks(),
-        "cached_blocks": c.cached_blocks(),
-        "kv_usage": c.usage(),
-        "prefix_cache_queries": c.stats().queries,
-        "prefix_cache_hits": c.stats().hits,
-        "running": emu.metrics.running.load(Relaxed),
-        "waiting": emu.metrics.waiting.load(Relaxed),
+        "used_blocks": e.kv_used_blocks,
+        "cached_blocks": e.cached_blocks,
+        "kv_usage": e.kv_usage,
+        "prefix_cache_queries": e.queries,
+        "prefix_cache_hits": e.hits,
+        "preemptions": e.preemptions,
+        "engine_steps": e.steps,
+        "running": e.running,
+        "waiting": e.waiting,
     })
 }
 

@@ -533,3 +533,50 @@ fn cache_is_checked_when_the_prefill_is_scheduled() {
         );
     });
 }
+
+/// The engine is the shared engine model: a small KV cache preempts (recompute) and every
+/// request still completes with all its tokens; the step's token budget chunks a long prefill.
+#[test]
+fn kv_pressure_preempts_and_budget_chunks_the_prefill() {
+    let emu = Emu::start(&[
+        "--cache-blocks",
+        "20",
+        "--decode-ms-per-token",
+        "1",
+        "--prefill-overhead-ms",
+        "0",
+        "--prefill-us-per-token",
+        "0",
+        "--max-num-batched-tokens",
+        "64",
+    ]);
+    rt().block_on(async {
+        let c = Client::new(&emu.url()).unwrap();
+        let before = metrics(&c).await;
+        // Each grows to 96 + 120 tokens = 14 blocks: two cannot both fit in 20.
+        let mut a = chat_body(96, false, 120);
+        a["messages"][0]["content"] = json!("a".repeat(96 * 4 - 24));
+        let mut b = a.clone();
+        b["messages"][0]["content"] = json!("b".repeat(96 * 4 - 24));
+        let (ra, rb) = tokio::join!(
+            c.call(Method::POST, "/v1/chat/completions", a.to_string()),
+            c.call(Method::POST, "/v1/chat/completions", b.to_string())
+        );
+        for r in [ra, rb] {
+            let (s, body) = r.unwrap();
+            assert_eq!(s, 200);
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["usage"]["completion_tokens"], 120);
+        }
+        let after = metrics(&c).await;
+        let d =
+            |k: &str| after.get(k).copied().unwrap_or(-1.0) - before.get(k).copied().unwrap_or(0.0);
+        assert!(d("vllm:num_preemptions_total") >= 1.0, "{after:?}");
+        assert_eq!(after["vllm:kv_cache_usage_perc"], 0.0);
+
+        // 512 prompt tokens at 64 per step: at least 8 steps of 1 ms before the first token.
+        let s = stream(&c, "/v1/chat/completions", &chat_body(512, true, 1), &[]).await;
+        assert_eq!(s.status, 200);
+        assert!(s.events[0].0 >= 8.0, "TTFT {} ms", s.events[0].0);
+    });
+}

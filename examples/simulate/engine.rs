@@ -247,6 +247,8 @@ pub fn run(
                 );
             }
         }
+        outcomes.clear();
+        let mut from = 0u32;
         match ev.kind {
             Kind::Arrive(i) => {
                 let req = &reqs[i as usize];
@@ -271,49 +273,17 @@ pub fn run(
             }
             Kind::Engine(i, r) => {
                 let rep = &mut replicas[r as usize];
-                rep.enqueue(i, &reqs[i as usize]);
-                if !rep.busy {
-                    if let Some(d) = rep.start_step(now, reqs) {
-                        q.push(now + d, Kind::StepEnd(r));
-                    }
+                rep.enqueue_at(now, i, &reqs[i as usize]);
+                if let Some(t) = rep.advance(now, &mut outcomes) {
+                    q.push(t, Kind::StepEnd(r));
                 }
+                from = r;
             }
             Kind::StepEnd(r) => {
-                outcomes.clear();
-                replicas[r as usize].end_step(now, reqs, &mut outcomes);
-                for o in &outcomes {
-                    match *o {
-                        Outcome::FirstToken { req, cached } => {
-                            let rec = &mut records[req as usize];
-                            rec.ttft = now - rec.arrived;
-                            rec.cached = cached;
-                            policy.on_first_token(
-                                req,
-                                &reqs[req as usize],
-                                r as usize,
-                                rec.ttft,
-                                now,
-                            );
-                            policy.on_delivered(req, &reqs[req as usize], r as usize, cached);
-                        }
-                        Outcome::Done { req } => {
-                            in_flight[r as usize] = in_flight[r as usize].saturating_sub(1);
-                            policy.on_done(req, r as usize);
-                            records[req as usize].done = now;
-                            completed += 1;
-                            end = end.max(now);
-                            for &c in &children[req as usize] {
-                                if let Arrival::After { think, .. } = reqs[c as usize].arrival {
-                                    q.push(now + think, Kind::Arrive(c));
-                                }
-                            }
-                        }
-                    }
+                if let Some(t) = replicas[r as usize].advance(now, &mut outcomes) {
+                    q.push(t, Kind::StepEnd(r));
                 }
-                let rep = &mut replicas[r as usize];
-                if let Some(d) = rep.start_step(now, reqs) {
-                    q.push(now + d, Kind::StepEnd(r));
-                }
+                from = r;
             }
             Kind::Scrape => {
                 for (m, rep) in scraped.iter_mut().zip(&replicas) {
@@ -330,13 +300,37 @@ pub fn run(
                 }
             }
         }
+        let r = from;
+        for o in &outcomes {
+            match *o {
+                Outcome::FirstToken { req, cached } => {
+                    let rec = &mut records[req as usize];
+                    rec.ttft = now - rec.arrived;
+                    rec.cached = cached;
+                    policy.on_first_token(req, &reqs[req as usize], r as usize, rec.ttft, now);
+                    policy.on_delivered(req, &reqs[req as usize], r as usize, cached);
+                }
+                Outcome::Done { req } => {
+                    in_flight[r as usize] = in_flight[r as usize].saturating_sub(1);
+                    policy.on_done(req, r as usize);
+                    records[req as usize].done = now;
+                    completed += 1;
+                    end = end.max(now);
+                    for &c in &children[req as usize] {
+                        if let Arrival::After { think, .. } = reqs[c as usize].arrival {
+                            q.push(now + think, Kind::Arrive(c));
+                        }
+                    }
+                }
+            }
+        }
     }
     Ok(RunResult {
         records,
-        busy: replicas.iter().map(|r| r.busy_time).collect(),
+        busy: replicas.iter().map(Replica::busy_time).collect(),
         received: replicas.iter().map(|r| r.received).collect(),
-        prefill: replicas.iter().map(|r| r.prefill_time).collect(),
-        steps: replicas.iter().map(|r| r.steps).sum(),
+        prefill: replicas.iter().map(Replica::prefill_time).collect(),
+        steps: replicas.iter().map(Replica::steps).sum(),
         end,
         completed,
     })

@@ -10,7 +10,6 @@
 //! workloads and the policies.
 
 mod bound;
-mod cache;
 mod engine;
 mod levels;
 mod model;

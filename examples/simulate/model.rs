@@ -1,4 +1,5 @@
-//! Replica model parameters and their calibration.
+//! Replica model parameters and their calibration. The engine itself is the shared crate
+//! `engine-model` ([`ModelParams::engine`] maps these numbers onto it).
 //!
 //! Target: **Llama-3.1-70B-Instruct, bf16, on one 8×H100-80GB node (TP=8), vLLM
 //! V1 with automatic prefix caching** — the setup of AWS's SageMaker
@@ -66,10 +67,27 @@ impl Default for ModelParams {
 }
 
 impl ModelParams {
-    /// Cost of prefilling positions `[from, to)`, seconds.
+    /// Cost of prefilling positions `[from, to)`, seconds (the engine model's formula).
     pub fn prefill_cost(&self, from: u32, to: u32) -> f64 {
-        let (a, b) = (f64::from(from), f64::from(to));
-        self.prefill_s_per_token * ((b - a) + (b * b - a * a) / (2.0 * self.attention_tokens))
+        self.engine().prefill_cost(from, to)
+    }
+
+    /// The shared engine model's parameters (16-token blocks, unlimited partial prefills, no
+    /// per-request overhead: the API server's delay is charged before the engine).
+    pub fn engine(&self) -> engine_model::Params {
+        engine_model::Params {
+            block_tokens: crate::text::KV_BLOCK_TOKENS,
+            kv_blocks: self.kv_blocks,
+            max_num_seqs: self.max_num_seqs,
+            max_batched_tokens: self.max_batched_tokens,
+            max_partial_prefills: 0,
+            prefill_s_per_token: self.prefill_s_per_token,
+            attention_tokens: self.attention_tokens,
+            step_base_s: self.step_base_s,
+            decode_s_per_seq: self.decode_s_per_seq,
+            decode_s_per_ctx_token: self.decode_s_per_ctx_token,
+            request_overhead_s: 0.0,
+        }
     }
 
     /// API-server delay for a prompt of `tokens`.

@@ -100,24 +100,5 @@ impl Zipf {
     }
 }
 
-/// Hasher for keys that are already uniform 64-bit hashes: passes them
-/// through (SipHash on millions of block hashes dominates otherwise).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
-}
-
-/// `HashMap` keyed by pre-hashed u64s.
-pub type IdMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+/// `HashMap` keyed by pre-hashed u64s (the engine model's pass-through hasher).
+pub use engine_model::IdMap;

@@ -38,6 +38,7 @@ use crate::decision::{Branch, Decision, KeySource};
 use crate::hash::hash_id;
 use crate::header_pairs;
 use crate::index::Known;
+use crate::peers_log::Publishing;
 use crate::router::{prompt_chars, Body, RoutingId, RoutingKey};
 use crate::select::Loads;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -369,9 +370,16 @@ impl RouterHttp {
         let mut slots = SharedSlots::new(&p.keys.prefix);
         let now_ms = host::now_nanos() / 1_000_000;
         {
-            let mut by_addr = AddrSlots::new(&mut slots, &view, &[]);
-            view.router
-                .record_affinity(&mut by_addr, &blocks, known.as_ref(), served, now_ms);
+            // With `peers`, the news among the writes is published (address ids).
+            let refresh = super::peers::refresh_ds(p);
+            let mut publishing = Publishing::new(&mut slots, refresh, p.peers.is_some());
+            {
+                let mut by_addr = AddrSlots::new(&mut publishing, &view, &[]);
+                view.router
+                    .record_affinity(&mut by_addr, &blocks, known.as_ref(), served, now_ms);
+            }
+            let new_blocks = blocks.len() - known.as_ref().map_or(0, |k| k.depth.min(blocks.len()));
+            super::peers::publish(p, &publishing, new_blocks * crate::hash::BLOCK_UNITS);
         }
         if slots.failures.get() > 0 {
             p.stats.failure(HostFailure::SharedData);
@@ -414,6 +422,14 @@ impl HttpContext for RouterHttp {
             .map_or(DEFAULT_TARGET_HEADER, |p| p.config().target_header.as_str());
         if let Err(e) = host::remove_request_header(target) {
             log::warn!("#{} cannot remove {target}: {e}", self.context_id);
+        }
+        // The peers' sync path is answered here, never routed.
+        if self
+            .plugin
+            .as_ref()
+            .is_some_and(|p| super::peers::intercept(p))
+        {
+            return Action::Pause;
         }
         let needs_body = self.plugin.as_ref().is_some_and(|p| p.needs_body());
         if end_of_stream || !needs_body {

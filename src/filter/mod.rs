@@ -9,6 +9,7 @@
 //!   requests and releases them exactly once in `on_log`;
 //! - [`host`]: host calls that return every status instead of panicking;
 //! - [`poll`]: the admin poll under a lease (`cluster` set);
+//! - [`peers`]: peer exchange of index writes between gateways (`peers` set);
 //! - [`health`]: passive health (a primary that did not serve is marked down);
 //! - [`slots`]: the `affinity` prefix index's slot table in shared data;
 //! - [`secret`]: the per-process secret keying the index's slot hash;
@@ -23,6 +24,7 @@ mod delivered;
 mod health;
 mod host;
 mod http;
+mod peers;
 mod poll;
 mod root;
 mod secret;

@@ -32,6 +32,8 @@ pub struct Plugin {
     pub stats_generation: std::cell::Cell<u64>,
     /// Predicted vs delivered: metrics and eviction horizons.
     pub delivered: super::delivered::Shared,
+    /// Peer exchange state (`peers` set).
+    pub peers: Option<super::peers::Shared>,
 }
 
 impl Plugin {
@@ -54,6 +56,7 @@ impl Plugin {
 pub struct RouterRoot {
     plugin: Option<Rc<Plugin>>,
     poller: Poller,
+    puller: super::peers::Puller,
     context_id: u32,
 }
 
@@ -76,6 +79,9 @@ impl Context for RouterRoot {
         _num_trailers: usize,
     ) {
         if let Some(p) = self.plugin.clone() {
+            if self.puller.response(&p, token_id, body_size) {
+                return;
+            }
             if let Some(d) = &p.config().discovery {
                 self.poller.response(&p, d, token_id, body_size);
             }
@@ -127,24 +133,49 @@ impl RootContext for RouterRoot {
             config.concurrency_threshold,
             config.load_factor
         );
-        let secret = match super::secret::get_or_create(self.context_id) {
-            Ok(s) => s,
-            Err(e) => {
+        // With `peers`, every gateway keys the index with the secret derived
+        // from the shared one (same slots everywhere); else a per-process one.
+        let secret = match (&config.peers, super::secret::get_or_create(self.context_id)) {
+            (Some(pc), _) => pc.index_secret,
+            (None, Ok(s)) => s,
+            (None, Err(e)) => {
                 log::error!("cannot read or store the index secret: {e}");
                 return false;
             }
         };
+        let peers = match &config.peers {
+            Some(pc) => {
+                match super::peers::Shared::new(
+                    &keys.prefix,
+                    pc,
+                    config.affinity.index_slots,
+                    self.context_id,
+                ) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        log::error!("{e}");
+                        return false;
+                    }
+                }
+            }
+            None => None,
+        };
         let cost = RefCell::new(CostModel::new(Router::new(config.clone()).cost_config()));
-        // Ticks publish batched stats (every FLUSH_MS) and, with `cluster`,
-        // poll (the poller keeps its own period).
-        let tick = config.discovery.as_ref().map_or(u32::MAX, |d| {
+        // Ticks publish batched stats (every FLUSH_MS) and, with `cluster` or
+        // `peers`, poll and pull (each keeps its own period).
+        let poll_tick = config.discovery.as_ref().map(|d| {
             config
                 .engine
                 .as_ref()
                 .map_or(d.refresh_ms, |e| e.refresh_ms.min(d.refresh_ms))
         });
+        let pull_tick = config.peers.as_ref().map(|pc| pc.pull_ms);
         let flush_ms = u32::try_from(super::batch::FLUSH_MS).unwrap_or(u32::MAX);
-        if let Err(e) = host::set_tick_period_ms(tick.min(flush_ms)) {
+        let tick = [poll_tick, pull_tick]
+            .into_iter()
+            .flatten()
+            .fold(flush_ms, u32::min);
+        if let Err(e) = host::set_tick_period_ms(tick) {
             log::error!("cannot set the tick period: {e}");
             return false;
         }
@@ -158,6 +189,7 @@ impl RootContext for RouterRoot {
             ]
             .concat(),
         ));
+        self.puller = super::peers::Puller::new(self.poller.owner);
         self.plugin = Some(Rc::new(Plugin {
             follower,
             rr_key: format!("{}rr", keys.prefix),
@@ -165,6 +197,7 @@ impl RootContext for RouterRoot {
             keys,
             cost,
             stats,
+            peers,
             stats_generation: std::cell::Cell::new(0),
         }));
         true
@@ -175,6 +208,7 @@ impl RootContext for RouterRoot {
             if let Some(d) = &p.config().discovery {
                 self.poller.tick(&p, d);
             }
+            self.puller.tick(&p);
         }
         super::batch::flush();
     }

@@ -25,7 +25,8 @@ use std::hash::{BuildHasher, Hasher};
 /// Shared-data key of the secret (8 bytes, little endian).
 pub const KEY: &str = "prefix_router/index_secret";
 
-fn fresh(context_id: u32) -> u64 {
+/// A fresh unpredictable value (WASI random, time, context id).
+pub(super) fn fresh(context_id: u32) -> u64 {
     let mut h = RandomState::new().build_hasher();
     h.write_u64(host::now_nanos());
     h.write_u32(context_id);

@@ -21,6 +21,7 @@ mod bad_config;
 mod cluster;
 mod delivered;
 mod failover;
+mod gateways;
 mod hostile;
 mod load;
 mod routing;

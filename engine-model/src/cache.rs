@@ -1,18 +1,19 @@
-//! Block-level prefix cache of one replica (vLLM's automatic prefix caching).
+//! Block-level prefix cache of one engine (vLLM's automatic prefix caching).
 //!
-//! `capacity` physical blocks of 16 tokens. A block is either
-//! - **hashed**: in the map under its chained hash; pinned while running
-//!   sequences reference it (`refs > 0`), otherwise *evictable* and kept in an
-//!   LRU list (evicted from the front);
-//! - **private**: allocated to one running sequence and not (yet) shareable
-//!   (uncached prompt blocks until the prefill finishes, output blocks).
+//! `capacity` physical blocks. A block is either
+//! - **hashed**: in the map under its chained hash (block `i`'s hash covers every token up to
+//!   the end of block `i`, so a hit on block `i` implies the whole prefix); pinned while running
+//!   sequences reference it (`refs > 0`), otherwise *evictable* and kept in an LRU list
+//!   (evicted from the front);
+//! - **private**: allocated to one running sequence and not (yet) shareable (blocks still being
+//!   filled, output blocks whose hash is unknown).
 //!
 //! Invariant: `map.len() + private ≤ capacity`; free blocks are
 //! `capacity − map.len() − private`. Allocation takes free blocks first, then
 //! evicts evictable blocks in LRU order, as vLLM's free-block queue does.
 //! Cost: O(1) per block operation (hash map + intrusive list over a slab).
 
-use crate::rng::IdMap;
+use crate::IdMap;
 
 const NIL: u32 = u32::MAX;
 
@@ -35,6 +36,7 @@ pub struct BlockCache {
     tail: u32,
     lru_len: u32,
     private: u32,
+    evictions: u64,
 }
 
 impl BlockCache {
@@ -49,12 +51,34 @@ impl BlockCache {
             tail: NIL,
             lru_len: 0,
             private: 0,
+            evictions: 0,
         }
     }
 
     /// Capacity in blocks.
     pub fn capacity(&self) -> u32 {
         self.capacity
+    }
+
+    /// Hashed blocks (pinned or evictable).
+    pub fn cached_blocks(&self) -> u32 {
+        self.map.len() as u32
+    }
+
+    /// Hashed blocks evicted so far.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// Drops every evictable block (vLLM `reset_prefix_cache`; pinned blocks are in use and
+    /// stay). Returns how many were dropped.
+    pub fn drop_evictable(&mut self) -> u32 {
+        let mut n = 0;
+        while self.evict_one() {
+            n += 1;
+        }
+        self.evictions -= u64::from(n);
+        n
     }
 
     /// Blocks neither hashed nor private.
@@ -73,7 +97,6 @@ impl BlockCache {
     }
 
     /// Is `hash` cached (pinned or evictable)?
-    #[cfg(test)]
     pub fn contains(&self, hash: u64) -> bool {
         self.map.contains_key(&hash)
     }
@@ -158,6 +181,7 @@ impl BlockCache {
         let hash = self.nodes[i as usize].hash;
         self.map.remove(&hash);
         self.spare.push(i);
+        self.evictions += 1;
         true
     }
 

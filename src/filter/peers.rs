@@ -1,0 +1,607 @@
+//! Peer exchange through Envoy (`peers` set): publish this gateway's index
+//! writes, serve them to peers, pull the peers' writes on a tick and merge
+//! them. The pure parts are [`crate::peers`] (wire codec, merge, cursor) and
+//! [`crate::peers_log`] (the shared-data log); this file adds host calls.
+//!
+//! - **Publish** ([`publish`]): after an `affinity` record, the news writes
+//!   (collected by [`crate::peers_log::Publishing`] under the address-id
+//!   wrapper, so entries hold address ids) are appended to the log in shared
+//!   data: every worker's writes, one ring per Envoy, `log_capacity` items.
+//!   New blocks are published only when the record added at least
+//!   `min_publish_chars` beyond the prefix known at routing; placement
+//!   changes always ([`crate::peers_log::Publishing::outbox`]).
+//! - **Serve** ([`intercept`]): a request to `peers.path` is answered by the
+//!   filter itself (`proxy_send_local_response`), never forwarded: no or a
+//!   wrong `x-prefix-router-peer` secret (constant-time comparison) → 403;
+//!   another method or a query other than `since=<u64>` → 400; else 200 with
+//!   the batch after `since` (at most `max_batch` entries). Pull only: nothing
+//!   a client sends can write a table. Put `path` on an internal listener or
+//!   behind mTLS anyway (the secret is a bearer credential).
+//! - **Pull** ([`Puller`]): every `pull_ms`, the VM holding the peers lease
+//!   (CAS in shared data, as the admin poll) lists the peers cluster's hosts
+//!   from the admin `/clusters` (every `hosts_refresh_ms`) and calls each one
+//!   (`dispatch_http_call` through `peers.cluster`, whose `override_host`
+//!   policy sends the call to the host named in the target header) with its
+//!   cursor. The response is decoded (validated before anything is merged),
+//!   merged slot by slot into the local table, and the cursor advances (a
+//!   gap counts `writes_lost`, a new peer epoch restarts it). A pull that
+//!   fails, times out or returns garbage changes nothing but the counters; a
+//!   request never waits for a pull; a failing peer is retried after
+//!   `pull_ms · 2^failures` (at most 1 s). A batch carrying this process's
+//!   own epoch is our own listener: that host is skipped from then on.
+//! - **Cold start**: a new gateway's cursors start at 0, so its first pull of
+//!   each peer returns that peer's whole retained log; and it copies one live
+//!   peer's table (`?slots=START`, [`SNAPSHOT_SPAN`] slots per tick, filling
+//!   only empty or same-tag slots), since a log holds only its own gateway's
+//!   writes and a dead gateway's writes live on only in the survivors' tables.
+//!   Once per process (`peers/snapshot` in shared data).
+//!
+//! `dispatch_http_call` goes through the SDK (not a raw import like
+//! [`super::host`]): the SDK must register the token, or its dispatcher
+//! panics when the response arrives. Envoy returns only Ok, BadArgument
+//! (unknown cluster) or InternalFailure from `proxy_http_call`, which the SDK
+//! maps to `Result`; the admin poll relies on the same call.
+//!
+//! Stats (`prefix_router.peers.*`): counters `pull_ok`, `pull_fail`,
+//! `bad_batch`, `writes_applied`, `writes_lost`, `writes_published`,
+//! `served`, `served_bytes`, `pulled_bytes`, `unauthorized`, `bad_request`,
+//! `snapshot_bytes` (served), `snapshot_applied`; gauge `hosts`.
+
+use super::host::{self, MetricKind, BUFFER_HTTP_CALL_RESPONSE_BODY};
+use super::root::Plugin;
+use super::slots::SharedSlots;
+use super::stats::define;
+use crate::cluster::admin::parse_clusters;
+use crate::cluster::tables::try_lease;
+use crate::hash::hash_id;
+use crate::index::{SlotStore, SlotValue};
+use crate::peers::{
+    ct_eq, decode, encode, fill, merge, parse_query, PeerError, Query, SNAPSHOT_SPAN,
+};
+use crate::peers_config::{PeersParams, SECRET_HEADER};
+use crate::peers_log::{self, PeerKeys, Publishing};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Largest holder id + 1 (address ids, see [`crate::cluster::view::holder_id`]).
+const HOLDER_IDS: usize = 65_535;
+
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_send_local_response(
+        status_code: u32,
+        details: *const u8,
+        details_size: usize,
+        body: *const u8,
+        body_size: usize,
+        headers: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
+}
+
+/// Answer the current request locally; every status is returned.
+fn send_local(status: u32, headers: &[(&str, &str)], body: &[u8]) -> Result<(), host::HostError> {
+    // proxy-wasm header map: count, (key len, value len)*, (key \0 value \0)*.
+    let mut map = Vec::new();
+    map.extend_from_slice(&(headers.len() as u32).to_le_bytes());
+    for (k, v) in headers {
+        map.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        map.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    }
+    for (k, v) in headers {
+        map.extend_from_slice(k.as_bytes());
+        map.push(0);
+        map.extend_from_slice(v.as_bytes());
+        map.push(0);
+    }
+    let details = "prefix_router_peers";
+    // SAFETY: pointers and lengths of live buffers.
+    let code = unsafe {
+        proxy_send_local_response(
+            status,
+            details.as_ptr(),
+            details.len(),
+            body.as_ptr(),
+            body.len(),
+            map.as_ptr(),
+            map.len(),
+            -1,
+        )
+    };
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(host::HostError(code))
+    }
+}
+
+/// Per-VM peer state shared by the root and the HTTP contexts.
+pub struct Shared {
+    keys: PeerKeys,
+    /// This process's epoch.
+    pub epoch: u32,
+    layout: u32,
+    slots: u32,
+    ids: [Option<u32>; 14],
+}
+
+const S_PULL_OK: usize = 0;
+const S_PULL_FAIL: usize = 1;
+const S_BAD_BATCH: usize = 2;
+const S_APPLIED: usize = 3;
+const S_LOST: usize = 4;
+const S_PUBLISHED: usize = 5;
+const S_SERVED: usize = 6;
+const S_SERVED_BYTES: usize = 7;
+const S_PULLED_BYTES: usize = 8;
+const S_UNAUTHORIZED: usize = 9;
+const S_BAD_REQUEST: usize = 10;
+const S_HOSTS: usize = 11;
+const S_SNAPSHOT_BYTES: usize = 12;
+const S_SNAPSHOT_APPLIED: usize = 13;
+const NAMES: [&str; 14] = [
+    "pull_ok",
+    "pull_fail",
+    "bad_batch",
+    "writes_applied",
+    "writes_lost",
+    "writes_published",
+    "served",
+    "served_bytes",
+    "pulled_bytes",
+    "unauthorized",
+    "bad_request",
+    "hosts",
+    "snapshot_bytes",
+    "snapshot_applied",
+];
+
+impl Shared {
+    /// Set up at configure: epoch (created once per process), layout, stats.
+    ///
+    /// # Errors
+    /// Shared data failed (the configuration is refused).
+    pub fn new(
+        prefix: &str,
+        params: &PeersParams,
+        slots: u32,
+        context_id: u32,
+    ) -> Result<Shared, String> {
+        let keys = PeerKeys::new(prefix);
+        let fresh = hash_id(
+            &[
+                host::now_nanos().to_le_bytes(),
+                u64::from(context_id).to_le_bytes(),
+                super::secret::fresh(context_id).to_le_bytes(),
+            ]
+            .concat(),
+        ) as u32;
+        let epoch = peers_log::epoch(&host::HostShared, &keys, fresh.max(1))
+            .map_err(|e| format!("cannot read or store the peers epoch: {e:?}"))?;
+        let ids = std::array::from_fn(|i| {
+            let kind = if i == S_HOSTS {
+                MetricKind::Gauge
+            } else {
+                MetricKind::Counter
+            };
+            define(kind, &format!("prefix_router.peers.{}", NAMES[i]))
+        });
+        Ok(Shared {
+            keys,
+            epoch,
+            layout: params.layout(slots),
+            slots,
+            ids,
+        })
+    }
+
+    fn add(&self, stat: usize, n: u64) {
+        if let Some(Some(id)) = self.ids.get(stat) {
+            if n > 0 {
+                host::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
+    }
+
+    fn gauge(&self, stat: usize, v: u64) {
+        if let Some(Some(id)) = self.ids.get(stat) {
+            host::record_metric(*id, v);
+        }
+    }
+}
+
+/// Publish the news of one record that added `new_chars` characters beyond
+/// the known prefix (see [`Publishing::outbox`]).
+pub fn publish<S: SlotStore>(p: &Plugin, writes: &Publishing<'_, S>, new_chars: usize) {
+    let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
+        return;
+    };
+    let out = writes.outbox(new_chars, params.min_publish_chars as usize);
+    if out.is_empty() {
+        return;
+    }
+    match peers_log::append(&host::HostShared, &s.keys, params.log_capacity, &out) {
+        Ok(_) => s.add(S_PUBLISHED, out.len() as u64),
+        Err(_) => p.stats.failure(super::stats::HostFailure::SharedData),
+    }
+}
+
+/// The refresh horizon of [`crate::peers_log::Publishing`], deciseconds
+/// (`u32::MAX`, never, without `peers`).
+pub fn refresh_ds(p: &Plugin) -> u32 {
+    p.config()
+        .peers
+        .as_ref()
+        .map_or(u32::MAX, |c| c.refresh_publish_s.saturating_mul(10))
+}
+
+/// If the request is for the sync path, answer it here and return true (the
+/// caller stops the filter chain). Called first in `on_http_request_headers`.
+pub fn intercept(p: &Plugin) -> bool {
+    let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
+        return false;
+    };
+    let Ok(Some(path)) = host::request_header(":path") else {
+        return false;
+    };
+    let (route, query) = match path.iter().position(|&b| b == b'?') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (&path[..], &b""[..]),
+    };
+    if route != params.path.as_bytes() {
+        return false;
+    }
+    let deny = |status: u32, stat: usize, why: &str| {
+        s.add(stat, 1);
+        if let Err(e) = send_local(status, &[("content-type", "text/plain")], why.as_bytes()) {
+            log::warn!("peers: cannot answer {status}: {e}");
+        }
+    };
+    let secret = host::request_header(SECRET_HEADER).ok().flatten();
+    if !secret.is_some_and(|v| ct_eq(&v, params.secret.as_bytes())) {
+        deny(403, S_UNAUTHORIZED, "forbidden\n");
+        return true;
+    }
+    let get = matches!(host::request_header(":method"), Ok(Some(m)) if m == b"GET");
+    let read = match parse_query(query).filter(|_| get) {
+        Some(Query::Since(since)) => peers_log::read_since(
+            &host::HostShared,
+            &s.keys,
+            params.log_capacity,
+            since,
+            params.max_batch as usize,
+        )
+        .map(|r| (r, S_SERVED_BYTES)),
+        Some(Query::Slots(start)) => Ok((snapshot(p, start, s.slots), S_SNAPSHOT_BYTES)),
+        None => {
+            deny(
+                400,
+                S_BAD_REQUEST,
+                "expected GET ?since=<sequence> or ?slots=<start>\n",
+            );
+            return true;
+        }
+    };
+    match read {
+        Ok(((from, items), stat)) => {
+            let body = encode(from, items.iter(), s.layout, s.epoch);
+            s.add(S_SERVED, 1);
+            s.add(stat, body.len() as u64);
+            if let Err(e) = send_local(200, &[("content-type", "application/octet-stream")], &body)
+            {
+                log::warn!("peers: cannot answer a pull: {e}");
+            }
+        }
+        Err(_) => {
+            p.stats.failure(super::stats::HostFailure::SharedData);
+            let _ = send_local(503, &[], b"");
+        }
+    }
+    true
+}
+
+/// The non-empty slots of `[start, start + SNAPSHOT_SPAN)` (one get each),
+/// as `(start, items)`.
+fn snapshot(p: &Plugin, start: u32, slots: u32) -> (u64, Vec<(u32, SlotValue)>) {
+    let table = SharedSlots::new(&p.keys.prefix);
+    let end = start.saturating_add(SNAPSHOT_SPAN).min(slots);
+    let items = (start..end)
+        .filter_map(|slot| table.get(slot).map(|v| (slot, v)))
+        .collect();
+    (u64::from(start), items)
+}
+
+/// `GET path` to peer `addr` through the peers cluster (`override_host`
+/// reads the target header); the token, or `None` if Envoy refused.
+fn dispatch(
+    params: &PeersParams,
+    target: &str,
+    addr: &str,
+    path: &str,
+    timeout: u64,
+) -> Option<u32> {
+    let headers = vec![
+        (":method", "GET"),
+        (":path", path),
+        (":authority", addr),
+        (target, addr),
+        (SECRET_HEADER, params.secret.as_str()),
+    ];
+    proxy_wasm::hostcalls::dispatch_http_call(
+        &params.cluster,
+        headers,
+        None,
+        vec![],
+        Duration::from_millis(timeout),
+    )
+    .ok()
+}
+
+/// The next snapshot chunk to fetch (`None`: done, or shared data failed).
+fn snapshot_next(s: &Shared) -> Option<u32> {
+    match host::shared_get(&s.keys.snapshot) {
+        Ok((None, _)) => Some(0),
+        Ok((Some(v), _)) => <[u8; 4]>::try_from(v.as_slice())
+            .ok()
+            .map(u32::from_le_bytes)
+            .filter(|&n| n < s.slots),
+        Err(_) => None,
+    }
+}
+
+/// A snapshot chunk arrived: fill the gaps of the local table with it and
+/// move on to the next chunk (a refused chunk is fetched again).
+fn snapshot_apply(p: &Plugin, s: &Shared, start: u32, body: &[u8]) {
+    let Ok(batch) = decode(body, s.layout, SNAPSHOT_SPAN as usize, s.slots, HOLDER_IDS) else {
+        s.add(S_BAD_BATCH, 1);
+        return;
+    };
+    if batch.epoch == s.epoch || batch.from_seq != u64::from(start) {
+        s.add(S_BAD_BATCH, 1);
+        return;
+    }
+    let mut table = SharedSlots::new(&p.keys.prefix);
+    let applied = batch
+        .entries
+        .iter()
+        .filter(|(slot, v)| fill(&mut table, *slot, v))
+        .count();
+    s.add(S_SNAPSHOT_APPLIED, applied as u64);
+    let next = start.saturating_add(SNAPSHOT_SPAN);
+    let next = if next >= s.slots { u32::MAX } else { next };
+    if host::shared_set(&s.keys.snapshot, &next.to_le_bytes(), 0).is_err()
+        || table.failures.get() > 0
+    {
+        p.stats.failure(super::stats::HostFailure::SharedData);
+    }
+}
+
+/// What an outstanding call of the puller is.
+enum Call {
+    Hosts,
+    Pull(String),
+    /// A snapshot chunk starting at this slot.
+    Snapshot(u32),
+}
+
+/// Pull state of one VM (the lease holder pulls).
+#[derive(Default)]
+pub struct Puller {
+    owner: u64,
+    hosts: RefCell<Vec<String>>,
+    hosts_at: Cell<u64>,
+    last_tick: Cell<u64>,
+    calls: RefCell<HashMap<u32, (Call, u64)>>,
+    /// Failing peers: address → (consecutive failures, next try at ms).
+    backoff: RefCell<HashMap<String, (u32, u64)>>,
+}
+
+/// Longest wait before pulling a failing peer again, ms.
+const MAX_BACKOFF_MS: u64 = 1_000;
+
+impl Puller {
+    /// A puller with lease owner id `owner`.
+    pub fn new(owner: u64) -> Puller {
+        Puller {
+            owner,
+            ..Puller::default()
+        }
+    }
+
+    /// On tick: if a pull round is due and this VM holds the lease, refresh
+    /// the peer list when due and pull every peer without an outstanding call.
+    pub fn tick(&self, p: &Plugin) {
+        let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
+            return;
+        };
+        let now = host::now_nanos() / 1_000_000;
+        let period = u64::from(params.pull_ms);
+        if now.saturating_sub(self.last_tick.get()) < period {
+            return;
+        }
+        self.last_tick.set(now);
+        let mut lease_keys = p.keys.clone();
+        lease_keys.lease.clone_from(&s.keys.lease);
+        if !matches!(
+            try_lease(&host::HostShared, &lease_keys, self.owner, now, 3 * period),
+            Ok(true)
+        ) {
+            return;
+        }
+        let Ok(mut calls) = self.calls.try_borrow_mut() else {
+            return;
+        };
+        let timeout = u64::from(params.timeout_ms);
+        // Forget calls Envoy never answered (it always does, after the time-out).
+        calls.retain(|_, (_, sent)| now.saturating_sub(*sent) < 2 * timeout + period);
+        let hosts_due =
+            now.saturating_sub(self.hosts_at.get()) >= u64::from(params.hosts_refresh_ms);
+        if hosts_due && !calls.values().any(|(c, _)| matches!(c, Call::Hosts)) {
+            let headers = vec![
+                (":method", "GET"),
+                (":path", "/clusters?format=json"),
+                (":authority", "envoy-admin"),
+            ];
+            match proxy_wasm::hostcalls::dispatch_http_call(
+                &params.admin_cluster,
+                headers,
+                None,
+                vec![],
+                Duration::from_millis(timeout.max(100)),
+            ) {
+                Ok(token) => {
+                    calls.insert(token, (Call::Hosts, now));
+                    self.hosts_at.set(now);
+                }
+                Err(e) => log::warn!("peers: cannot call {:?}: {e:?}", params.admin_cluster),
+            }
+        }
+        let target = p.config().target_header.as_str();
+        let Ok(hosts) = self.hosts.try_borrow() else {
+            return;
+        };
+        let backoff = self
+            .backoff
+            .try_borrow()
+            .map(|b| b.clone())
+            .unwrap_or_default();
+        let mut live_peer = None;
+        for addr in hosts.iter() {
+            let cursor = peers_log::cursor(&host::HostShared, &s.keys, addr);
+            if cursor.epoch == Some(s.epoch) {
+                continue; // our own listener
+            }
+            if cursor.epoch.is_some() && !backoff.contains_key(addr) {
+                live_peer.get_or_insert(addr);
+            }
+            let busy = calls
+                .values()
+                .any(|(c, _)| matches!(c, Call::Pull(a) if a == addr));
+            if busy || backoff.get(addr).is_some_and(|&(_, at)| now < at) {
+                continue;
+            }
+            let path = format!("{}?since={}", params.path, cursor.seq);
+            match dispatch(params, target, addr, &path, timeout) {
+                Some(token) => {
+                    calls.insert(token, (Call::Pull(addr.clone()), now));
+                }
+                None => self.failed(s, addr, period),
+            }
+        }
+        // Cold start: copy a live peer's table, one chunk per tick.
+        let next = snapshot_next(s);
+        let busy = calls.values().any(|(c, _)| matches!(c, Call::Snapshot(_)));
+        if let (Some(start), Some(addr), false) = (next, live_peer, busy) {
+            let path = format!("{}?slots={start}", params.path);
+            if let Some(token) = dispatch(params, target, addr, &path, timeout) {
+                calls.insert(token, (Call::Snapshot(start), now));
+            }
+        }
+    }
+
+    /// A `dispatch_http_call` response; true if it was this puller's.
+    pub fn response(&self, p: &Plugin, token: u32, body_size: usize) -> bool {
+        let Some((call, _)) = self
+            .calls
+            .try_borrow_mut()
+            .ok()
+            .and_then(|mut c| c.remove(&token))
+        else {
+            return false;
+        };
+        let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
+            return true;
+        };
+        let status = host::http_call_response_header(":status").ok().flatten();
+        let body = match (
+            status.as_deref(),
+            host::buffer(BUFFER_HTTP_CALL_RESPONSE_BODY, 0, body_size),
+        ) {
+            (Some(b"200"), Ok(b)) => b.unwrap_or_default(),
+            _ => {
+                if let Call::Pull(addr) = &call {
+                    self.failed(s, addr, u64::from(params.pull_ms));
+                }
+                return true;
+            }
+        };
+        match call {
+            Call::Hosts => match parse_clusters(&body, &params.cluster) {
+                Ok(hosts) => {
+                    let list: Vec<String> = hosts.into_iter().map(|h| h.addr).collect();
+                    s.gauge(S_HOSTS, list.len() as u64);
+                    if let Ok(mut h) = self.hosts.try_borrow_mut() {
+                        *h = list;
+                    }
+                }
+                Err(e) => log::warn!("peers: admin /clusters: {e}"),
+            },
+            Call::Pull(addr) => self.apply(p, params, s, &addr, &body),
+            Call::Snapshot(start) => snapshot_apply(p, s, start, &body),
+        }
+        true
+    }
+
+    /// A pull of `addr` failed: count it and wait `period · 2^failures`
+    /// (at most [`MAX_BACKOFF_MS`]) before the next one, so a dead peer
+    /// costs a connection attempt a second, not one every tick, and a peer that
+    /// comes back is pulled again within a second.
+    fn failed(&self, s: &Shared, addr: &str, period: u64) {
+        s.add(S_PULL_FAIL, 1);
+        let now = host::now_nanos() / 1_000_000;
+        if let Ok(mut b) = self.backoff.try_borrow_mut() {
+            let e = b.entry(addr.to_string()).or_insert((0, 0));
+            e.0 = e.0.saturating_add(1);
+            e.1 = now + (period << e.0.min(4)).min(MAX_BACKOFF_MS);
+        }
+    }
+
+    /// Decode, merge and advance the cursor of `addr`.
+    fn apply(&self, p: &Plugin, params: &PeersParams, s: &Shared, addr: &str, body: &[u8]) {
+        s.add(S_PULLED_BYTES, body.len() as u64);
+        if let Ok(mut b) = self.backoff.try_borrow_mut() {
+            b.remove(addr);
+        }
+        let batch = match decode(
+            body,
+            s.layout,
+            params.max_batch as usize,
+            s.slots,
+            HOLDER_IDS,
+        ) {
+            Ok(b) => b,
+            Err(e) => {
+                if e == PeerError::Layout {
+                    log::warn!("peers: {addr} has another layout (secret or index_slots differ)");
+                }
+                s.add(S_BAD_BATCH, 1);
+                return;
+            }
+        };
+        let mut cursor = peers_log::cursor(&host::HostShared, &s.keys, addr);
+        if batch.epoch == s.epoch {
+            // Our own listener: remember it and skip it from now on.
+            cursor.epoch = Some(s.epoch);
+            let _ = peers_log::store_cursor(&host::HostShared, &s.keys, addr, &cursor);
+            return;
+        }
+        s.add(S_PULL_OK, 1);
+        let lost = cursor.advance(&batch);
+        s.add(S_LOST, lost);
+        let mut slots = SharedSlots::new(&p.keys.prefix);
+        let mut applied = 0;
+        for (slot, value) in &batch.entries {
+            if merge(&mut slots, *slot, value) {
+                applied += 1;
+            }
+        }
+        s.add(S_APPLIED, applied);
+        if slots.failures.get() > 0
+            || peers_log::store_cursor(&host::HostShared, &s.keys, addr, &cursor).is_err()
+        {
+            p.stats.failure(super::stats::HostFailure::SharedData);
+        }
+    }
+}

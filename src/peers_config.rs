@@ -1,0 +1,334 @@
+//! The `peers` object of the plugin configuration: peer exchange of index
+//! writes between gateway Envoys (issue 11; see `docs/multi-gateway.md`).
+//!
+//! ```json
+//! "peers": {"cluster": "prefix_router_peers", "secret": "…at least 16 chars…",
+//!           "admin_cluster": "envoy_admin", "path": "/prefix-router/peers",
+//!           "pull_ms": 100, "timeout_ms": 250, "hosts_refresh_ms": 1000,
+//!           "max_batch": 2048, "log_capacity": 16384,
+//!           "min_publish_chars": 512, "refresh_publish_s": 120}
+//! ```
+//!
+//! `cluster` and `secret` are required; `admin_cluster` defaults to the
+//! top-level one (discovery), else it is required (the peer list is read from
+//! Envoy's admin `/clusters`). Validation names the field (`peers.pull_ms` …),
+//! like every other field of [`crate::config`].
+//!
+//! Keys: with `peers` the `affinity` index's slot hash is keyed by
+//! [`PeersParams::index_secret`], derived from `secret`, instead of the
+//! per-process random secret, so every gateway with the same `secret` places
+//! a prefix in the same slot and entries mean the same thing everywhere
+//! (holders are address ids, the same in every Envoy). The secret itself
+//! never travels: a pull carries it in a header only as a credential (compared
+//! in constant time), and the batch `layout` carries a fingerprint of the
+//! derived key, so gateways configured with different secrets refuse each
+//! other's batches.
+
+use crate::config::{cluster_name, err, int_in_range, ConfigError};
+use crate::hash::hash_id;
+use serde::Deserialize;
+
+/// The `peers` object as written by the user.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPeers {
+    /// See [`PeersParams::cluster`].
+    pub cluster: Option<String>,
+    /// See [`PeersParams::admin_cluster`].
+    pub admin_cluster: Option<String>,
+    /// See [`PeersParams::path`].
+    pub path: Option<String>,
+    /// Shared secret of the gateways (≥ 16 characters).
+    pub secret: Option<String>,
+    /// See [`PeersParams::pull_ms`].
+    pub pull_ms: Option<i64>,
+    /// See [`PeersParams::timeout_ms`].
+    pub timeout_ms: Option<i64>,
+    /// See [`PeersParams::hosts_refresh_ms`].
+    pub hosts_refresh_ms: Option<i64>,
+    /// See [`PeersParams::max_batch`].
+    pub max_batch: Option<i64>,
+    /// See [`PeersParams::log_capacity`].
+    pub log_capacity: Option<i64>,
+    /// See [`PeersParams::min_publish_chars`].
+    pub min_publish_chars: Option<i64>,
+    /// See [`PeersParams::refresh_publish_s`].
+    pub refresh_publish_s: Option<i64>,
+}
+
+/// Default path of the sync endpoint.
+pub const DEFAULT_PATH: &str = "/prefix-router/peers";
+/// Header carrying the shared secret on a pull.
+pub const SECRET_HEADER: &str = "x-prefix-router-peer";
+
+/// Validated `peers` parameters.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PeersParams {
+    /// Envoy cluster of the gateways (STRICT_DNS over a headless service in
+    /// Kubernetes) with the `override_host` load-balancing policy.
+    pub cluster: String,
+    /// Cluster of Envoy's admin listener (the peer list comes from `/clusters`).
+    pub admin_cluster: String,
+    /// Path of the sync endpoint each gateway answers itself.
+    pub path: String,
+    /// The shared secret (credential of a pull; never logged).
+    pub secret: String,
+    /// Pull period, ms (each peer once per period, one VM per Envoy).
+    pub pull_ms: u32,
+    /// Time-out of one pull, ms.
+    pub timeout_ms: u32,
+    /// Period of the admin poll that lists the peers, ms.
+    pub hosts_refresh_ms: u32,
+    /// Largest entries per batch (served and accepted).
+    pub max_batch: u32,
+    /// Writes kept in the shared-data log (the memory bound: 28 B each).
+    pub log_capacity: u32,
+    /// New index blocks of a record are published only if the record added
+    /// at least this many characters beyond the prefix known at routing: a
+    /// short new tail is cheap to prefill again, and short unique prompts
+    /// or questions would dominate the sync traffic. Placement changes are
+    /// always published.
+    pub min_publish_chars: u32,
+    /// A slot write that changes neither the tag nor the holders (a warm
+    /// repeat) is published only if the peers' copy is older than this (s).
+    pub refresh_publish_s: u32,
+    /// Seed of the index slot hash, derived from `secret`.
+    pub index_secret: u64,
+}
+
+impl std::fmt::Debug for PeersParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeersParams")
+            .field("cluster", &self.cluster)
+            .field("admin_cluster", &self.admin_cluster)
+            .field("path", &self.path)
+            .field("secret", &"<redacted>")
+            .field("pull_ms", &self.pull_ms)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("max_batch", &self.max_batch)
+            .field("log_capacity", &self.log_capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PeersParams {
+    /// The batch layout id: slots and a fingerprint of the derived index key
+    /// (see the module docs).
+    pub fn layout(&self, slots: u32) -> u32 {
+        let fp = format!("{:016x}", hash_id(&self.index_secret.to_le_bytes()));
+        crate::peers::layout(slots, &[fp])
+    }
+}
+
+/// Derive the index slot-hash seed from the shared secret.
+pub fn derive_index_secret(secret: &str) -> u64 {
+    hash_id(format!("prefix-router/index-secret/v1\n{secret}").as_bytes())
+}
+
+/// Validate the `peers` object; `admin_default` is the top-level `admin_cluster`.
+///
+/// # Errors
+/// A [`ConfigError`] naming the field (`peers.<name>`).
+pub fn validate(
+    raw: Option<RawPeers>,
+    admin_default: Option<&str>,
+) -> Result<Option<PeersParams>, ConfigError> {
+    let Some(r) = raw else { return Ok(None) };
+    let cluster = match r.cluster.as_deref() {
+        Some(c) => cluster_name("peers.cluster", c)?,
+        None => {
+            return Err(err(
+                "peers.cluster",
+                "is required: the Envoy cluster of the gateways (override_host policy)",
+            ))
+        }
+    };
+    let admin_cluster = match r.admin_cluster.as_deref().or(admin_default) {
+        Some(a) => cluster_name("peers.admin_cluster", a)?,
+        None => {
+            return Err(err(
+                "peers.admin_cluster",
+                "is required without a top-level `admin_cluster`: a cluster whose host is Envoy's admin listener",
+            ))
+        }
+    };
+    if admin_cluster == cluster {
+        return Err(err(
+            "peers.admin_cluster",
+            "must differ from `peers.cluster`",
+        ));
+    }
+    let path = r.path.unwrap_or_else(|| DEFAULT_PATH.to_string());
+    if !path.starts_with('/')
+        || path.len() > 256
+        || path
+            .bytes()
+            .any(|b| !(0x21..0x7f).contains(&b) || b == b'?')
+    {
+        return Err(err(
+            "peers.path",
+            format!("must be an absolute URL path without a query, got {path:?}"),
+        ));
+    }
+    let secret = match r.secret {
+        Some(s)
+            if s.len() >= 16
+                && s.len() <= 4096
+                && !s.bytes().any(|b| !(0x21..0x7f).contains(&b)) =>
+        {
+            s
+        }
+        Some(_) => {
+            return Err(err(
+                "peers.secret",
+                "must be 16 to 4096 printable ASCII characters without spaces",
+            ))
+        }
+        None => {
+            return Err(err(
+                "peers.secret",
+                "is required: the shared secret of the gateways (sent as a header on pulls)",
+            ))
+        }
+    };
+    let pull_ms = int_in_range("peers.pull_ms", r.pull_ms, (20u32, 60_000), 100)?;
+    let timeout_ms = int_in_range("peers.timeout_ms", r.timeout_ms, (10u32, 60_000), 250)?;
+    let hosts_refresh_ms = int_in_range(
+        "peers.hosts_refresh_ms",
+        r.hosts_refresh_ms,
+        (100u32, 600_000),
+        1000,
+    )?;
+    let max_batch = int_in_range("peers.max_batch", r.max_batch, (1u32, 65_536), 2048)?;
+    let log_capacity = int_in_range(
+        "peers.log_capacity",
+        r.log_capacity,
+        (16u32, 1 << 20),
+        16_384,
+    )?;
+    let min_publish_chars = int_in_range(
+        "peers.min_publish_chars",
+        r.min_publish_chars,
+        (0u32, 1 << 24),
+        512,
+    )?;
+    let refresh_publish_s = int_in_range(
+        "peers.refresh_publish_s",
+        r.refresh_publish_s,
+        (0u32, 86_400),
+        120,
+    )?;
+    Ok(Some(PeersParams {
+        index_secret: derive_index_secret(&secret),
+        cluster,
+        admin_cluster,
+        path,
+        secret,
+        pull_ms,
+        timeout_ms,
+        hosts_refresh_ms,
+        max_batch,
+        log_capacity,
+        min_publish_chars,
+        refresh_publish_s,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    const EPS: &str = r#""endpoints":["127.0.0.1:1"]"#;
+
+    fn parse(peers: &str) -> Result<Config, crate::config::ConfigError> {
+        Config::from_json(format!(r#"{{{EPS},"peers":{peers}}}"#).as_bytes())
+    }
+
+    #[test]
+    fn defaults_and_derived_key() {
+        let c =
+            parse(r#"{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdef"}"#).unwrap();
+        let p = c.peers.unwrap();
+        assert_eq!(p.path, super::DEFAULT_PATH);
+        assert_eq!(
+            (p.pull_ms, p.max_batch, p.log_capacity),
+            (100, 2048, 16_384)
+        );
+        assert_eq!(
+            p.index_secret,
+            super::derive_index_secret("0123456789abcdef")
+        );
+        assert_ne!(
+            p.index_secret,
+            super::derive_index_secret("0123456789abcdeX")
+        );
+        assert!(!format!("{p:?}").contains("0123456789abcdef"));
+        // Same secret → same layout; another secret → another layout.
+        let q = parse(r#"{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdeX"}"#)
+            .unwrap()
+            .peers
+            .unwrap();
+        assert_eq!(p.layout(64), p.clone().layout(64));
+        assert_ne!(p.layout(64), q.layout(64));
+        // admin_cluster from the top level (discovery).
+        let d = Config::from_json(
+            br#"{"cluster":"llm","admin_cluster":"adm","peers":{"cluster":"p","secret":"0123456789abcdef"}}"#,
+        )
+        .unwrap();
+        assert_eq!(d.peers.unwrap().admin_cluster, "adm");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let s = r#""secret":"0123456789abcdef""#;
+        for (peers, field) in [
+            (format!(r#"{{"admin_cluster":"a",{s}}}"#), "peers.cluster"),
+            (
+                r#"{"cluster":"p","admin_cluster":"a"}"#.to_string(),
+                "peers.secret",
+            ),
+            (
+                r#"{"cluster":"p","admin_cluster":"a","secret":"short"}"#.to_string(),
+                "peers.secret",
+            ),
+            (format!(r#"{{"cluster":"p",{s}}}"#), "peers.admin_cluster"),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"p",{s}}}"#),
+                "peers.admin_cluster",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","path":"x",{s}}}"#),
+                "peers.path",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","path":"/a?b",{s}}}"#),
+                "peers.path",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","pull_ms":1,{s}}}"#),
+                "peers.pull_ms",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","max_batch":0,{s}}}"#),
+                "peers.max_batch",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","log_capacity":1,{s}}}"#),
+                "peers.log_capacity",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","timeout_ms":0,{s}}}"#),
+                "peers.timeout_ms",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","bogus":1,{s}}}"#),
+                "peers",
+            ),
+        ] {
+            let e = parse(&peers).unwrap_err();
+            assert_eq!(e.field, field, "{peers}: {e}");
+        }
+    }
+}

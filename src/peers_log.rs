@@ -1,0 +1,436 @@
+//! The peer-exchange state of one Envoy in shared data (pure: works on any
+//! [`SharedData`], the filter passes the host's): this gateway's log of its
+//! own index writes, its epoch, and the pull cursors of its peers.
+//!
+//! Keys (under the plugin namespace `prefix_router/<plugin>/`, see [`PeerKeys`]):
+//! - `peers/epoch`: u32, random per process, created once (CAS);
+//! - `peers/head`: u64, the next write sequence (CAS increment, one per
+//!   published record: a record reserves its `n` sequences at once);
+//! - `peers/log/<seq mod capacity>`: `seq u64 ‖ slot u32 ‖ entry 16 B`
+//!   (28 B). A ring: shared data has no delete, so memory is bounded by
+//!   `capacity` keys. A reader drops an item whose stored `seq` is not the
+//!   one it expects, so a wrapped ring never serves a stale item;
+//! - `peers/cursor/<peer IP:port>`: `epoch u32 ‖ seq u64`, where the puller
+//!   is in that peer's log (kept in shared data so that a lease moving to
+//!   another VM does not restart every cursor at 0);
+//! - `peers/snapshot`: u32, the next slot of the cold-start snapshot
+//!   (`u32::MAX` once done): a new gateway also copies the peers' tables, in
+//!   [`crate::peers::SNAPSHOT_SPAN`]-slot chunks, since their logs hold only
+//!   their own recent writes (what a dead gateway published lives on only in
+//!   the survivors' tables).
+//!
+//! Concurrency: writers on several workers reserve disjoint sequence ranges
+//! by CAS, then write their items; a reader that meets a reserved but not
+//! yet written item stops its batch there (the next pull gets it). A hole
+//! left by a failed write is skipped once it is older than [`HOLE_AGE`]
+//! writes, and the puller counts it as lost.
+//!
+//! Publication filter ([`Publishing`], [`news`]): a slot write is **news**
+//! when the slot was empty or held another tag (a new block), or its holders
+//! changed, or its time is older than the refresh horizon (so peers' copies
+//! do not expire while this gateway keeps a prefix warm). Warm repeats (same
+//! tag, same holders, a recent time) are not logged: they would tell peers
+//! nothing. New blocks are published only for records that add a long
+//! enough new extent (see [`Publishing`]).
+//!
+//! Costs: publishing a record = 1 CAS increment + 1 set per news write (+ 1
+//! get per write, for the news test); serving a batch = 1 get of `head` + 1
+//! get per item; all O(items).
+
+use crate::cluster::shared::{update, ShareError, SharedData};
+use crate::index::{Entry, SlotStore, SlotValue, ENTRY_BYTES};
+use crate::peers::Cursor;
+
+/// Bytes of one log item in shared data.
+pub const LOG_ITEM_BYTES: usize = 8 + 4 + ENTRY_BYTES;
+/// A missing item older than this many writes is a hole (skipped, lost).
+pub const HOLE_AGE: u64 = 1024;
+
+/// Shared-data key names of the peer exchange.
+#[derive(Debug, Clone)]
+pub struct PeerKeys {
+    /// Process epoch.
+    pub epoch: String,
+    /// Next sequence.
+    pub head: String,
+    /// Prefix of log items (`<log><hex index>`).
+    pub log: String,
+    /// Prefix of cursors (`<cursor><IP:port>`).
+    pub cursor: String,
+    /// Pull lease.
+    pub lease: String,
+    /// Snapshot progress of a cold start (next slot, `u32::MAX` when done).
+    pub snapshot: String,
+}
+
+impl PeerKeys {
+    /// Keys under the plugin namespace `prefix` (ending in `/`).
+    pub fn new(prefix: &str) -> PeerKeys {
+        PeerKeys {
+            epoch: format!("{prefix}peers/epoch"),
+            head: format!("{prefix}peers/head"),
+            log: format!("{prefix}peers/log/"),
+            cursor: format!("{prefix}peers/cursor/"),
+            lease: format!("{prefix}peers/lease"),
+            snapshot: format!("{prefix}peers/snapshot"),
+        }
+    }
+
+    fn item(&self, seq: u64, capacity: u32) -> String {
+        format!("{}{:x}", self.log, seq % u64::from(capacity.max(1)))
+    }
+}
+
+fn u64_of(v: Option<&[u8]>) -> u64 {
+    v.and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+/// The process epoch: the stored one, or `fresh` stored now (a lost race
+/// reads the winner's).
+///
+/// # Errors
+/// Shared data failed.
+pub fn epoch<S: SharedData + ?Sized>(s: &S, k: &PeerKeys, fresh: u32) -> Result<u32, ShareError> {
+    let read = |v: Option<Vec<u8>>| {
+        v.and_then(|b| <[u8; 4]>::try_from(b.as_slice()).ok())
+            .map(u32::from_le_bytes)
+    };
+    let (v, cas) = s.get(&k.epoch)?;
+    if let Some(e) = read(v) {
+        return Ok(e);
+    }
+    let _ = s.set(&k.epoch, &fresh.to_le_bytes(), cas);
+    Ok(read(s.get(&k.epoch)?.0).unwrap_or(fresh))
+}
+
+/// Append `writes` to the log (`capacity` items kept). Returns the sequence
+/// of the first one.
+///
+/// # Errors
+/// Shared data failed (the writes are not published; some may be, partly).
+pub fn append<S: SharedData + ?Sized>(
+    s: &S,
+    k: &PeerKeys,
+    capacity: u32,
+    writes: &[(u32, SlotValue)],
+) -> Result<u64, ShareError> {
+    if writes.is_empty() {
+        return Ok(0);
+    }
+    let mut first = 0;
+    update(s, &k.head, |v| {
+        first = u64_of(v);
+        Some(
+            first
+                .wrapping_add(writes.len() as u64)
+                .to_le_bytes()
+                .to_vec(),
+        )
+    })?;
+    let mut item = [0u8; LOG_ITEM_BYTES];
+    for (i, (slot, value)) in writes.iter().enumerate() {
+        let seq = first + i as u64;
+        item[..8].copy_from_slice(&seq.to_le_bytes());
+        item[8..12].copy_from_slice(&slot.to_le_bytes());
+        item[12..].copy_from_slice(value);
+        s.set(&k.item(seq, capacity), &item, 0)?;
+    }
+    Ok(first)
+}
+
+/// The writes a peer whose cursor is at `since` pulls: at most `max` items
+/// from `max(since, oldest kept)`, as `(from_seq, items)` (contiguous).
+///
+/// # Errors
+/// Shared data failed.
+pub fn read_since<S: SharedData + ?Sized>(
+    s: &S,
+    k: &PeerKeys,
+    capacity: u32,
+    since: u64,
+    max: usize,
+) -> Result<(u64, Vec<(u32, SlotValue)>), ShareError> {
+    let head = u64_of(s.get(&k.head)?.0.as_deref());
+    let oldest = head.saturating_sub(u64::from(capacity));
+    let mut from = since.clamp(oldest, head);
+    let mut items = Vec::new();
+    let mut seq = from;
+    while seq < head && items.len() < max {
+        let (v, _) = s.get(&k.item(seq, capacity))?;
+        let parsed = v.as_deref().and_then(|b| {
+            let b = <&[u8; LOG_ITEM_BYTES]>::try_from(b).ok()?;
+            let stored = u64::from_le_bytes(b[..8].try_into().ok()?);
+            let slot = u32::from_le_bytes(b[8..12].try_into().ok()?);
+            let value = SlotValue::try_from(&b[12..]).ok()?;
+            Some((stored, slot, value))
+        });
+        match parsed {
+            Some((stored, slot, value)) if stored == seq => items.push((slot, value)),
+            // Not written yet (reserved by a writer) or overwritten: stop;
+            // an old hole at the start of the batch is skipped instead.
+            _ if items.is_empty() && head - seq > HOLE_AGE => from = seq + 1,
+            _ => break,
+        }
+        seq += 1;
+    }
+    Ok((from, items))
+}
+
+/// The cursor of peer `addr` (default: nothing pulled yet).
+pub fn cursor<S: SharedData + ?Sized>(s: &S, k: &PeerKeys, addr: &str) -> Cursor {
+    let key = format!("{}{addr}", k.cursor);
+    match s.get(&key) {
+        Ok((Some(b), _)) if b.len() == 12 => Cursor {
+            epoch: b[..4].try_into().ok().map(u32::from_le_bytes),
+            seq: u64_of(b.get(4..)),
+        },
+        _ => Cursor::default(),
+    }
+}
+
+/// Store the cursor of peer `addr`.
+///
+/// # Errors
+/// Shared data failed.
+pub fn store_cursor<S: SharedData + ?Sized>(
+    s: &S,
+    k: &PeerKeys,
+    addr: &str,
+    c: &Cursor,
+) -> Result<(), ShareError> {
+    let mut v = Vec::with_capacity(12);
+    v.extend_from_slice(&c.epoch.unwrap_or(0).to_le_bytes());
+    v.extend_from_slice(&c.seq.to_le_bytes());
+    s.set(&format!("{}{addr}", k.cursor), &v, 0)
+}
+
+/// What a slot write tells the peers (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum News {
+    /// A warm repeat: same tag, same holders, a recent time.
+    None,
+    /// Same tag, other holders (a spill or a migration), or a time older
+    /// than the refresh horizon: always published.
+    Placement,
+    /// A new block (the slot was empty or held another tag): published
+    /// when the record's new extent is long enough (see [`Publishing`]).
+    Block,
+}
+
+/// Classify writing `new` over `old` (`refresh_ds`: the refresh horizon in
+/// deciseconds).
+pub fn news(old: Option<&SlotValue>, new: &SlotValue, refresh_ds: u32) -> News {
+    let (Some(o), Some(n)) = (old.and_then(Entry::decode), Entry::decode(new)) else {
+        return News::Block;
+    };
+    if o.tag != n.tag {
+        News::Block
+    } else if o.holders != n.holders || n.time.wrapping_sub(o.time) >= refresh_ds {
+        News::Placement
+    } else {
+        News::None
+    }
+}
+
+/// A [`SlotStore`] that collects the news among the writes going through it
+/// (wrap the raw table, under [`crate::cluster::view::AddrSlots`], so that
+/// logged entries hold address ids, the same in every gateway).
+///
+/// [`Publishing::outbox`] keeps every [`News::Placement`] write and the
+/// [`News::Block`] writes only if the record added at least `min_new_chars`
+/// characters beyond the prefix known at routing: a short new tail (a new
+/// question after a shared system prompt, a unique short prompt) is cheap to
+/// prefill again and would dominate the sync traffic, while the shared part
+/// it follows was published when it was new.
+pub struct Publishing<'a, S: SlotStore> {
+    inner: &'a mut S,
+    refresh_ds: u32,
+    enabled: bool,
+    /// News writes, in order, with their kind.
+    pub writes: Vec<(u32, SlotValue, News)>,
+}
+
+impl<'a, S: SlotStore> Publishing<'a, S> {
+    /// Wrap `inner`; `refresh_ds` as in [`news`]. Not `enabled`: a plain
+    /// pass-through (no extra get, nothing collected).
+    pub fn new(inner: &'a mut S, refresh_ds: u32, enabled: bool) -> Publishing<'a, S> {
+        Publishing {
+            inner,
+            refresh_ds,
+            enabled,
+            writes: Vec::new(),
+        }
+    }
+
+    /// The writes to publish for a record that added `new_chars` characters
+    /// beyond the known prefix (see the type docs).
+    pub fn outbox(&self, new_chars: usize, min_new_chars: usize) -> Vec<(u32, SlotValue)> {
+        let blocks = new_chars >= min_new_chars;
+        self.writes
+            .iter()
+            .filter(|w| w.2 == News::Placement || (blocks && w.2 == News::Block))
+            .map(|w| (w.0, w.1))
+            .collect()
+    }
+}
+
+impl<S: SlotStore> SlotStore for Publishing<'_, S> {
+    fn get(&self, slot: u32) -> Option<SlotValue> {
+        self.inner.get(slot)
+    }
+
+    fn set(&mut self, slot: u32, value: SlotValue) {
+        if !self.enabled {
+            self.inner.set(slot, value);
+            return;
+        }
+        let old = self.inner.get(slot);
+        self.inner.set(slot, value);
+        let kind = news(old.as_ref(), &value, self.refresh_ds);
+        if kind != News::None {
+            self.writes.push((slot, value, kind));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::shared::MockShared;
+    use crate::index::{IndexConfig, PrefixIndex, VecStore};
+    use crate::peers::{self, decode, encode, entry, layout, merge};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn log_round_trip_bounded_and_wrapping() {
+        let s = MockShared::new();
+        let k = PeerKeys::new("prefix_router/p/");
+        let w: Vec<(u32, SlotValue)> = (0..10u32)
+            .map(|i| (i, entry(u64::from(i) + 1, i, &[i as u16])))
+            .collect();
+        assert_eq!(append(&s, &k, 8, &w[..3]).unwrap(), 0);
+        assert_eq!(append(&s, &k, 8, &w[3..]).unwrap(), 3);
+        // 10 written, capacity 8: the oldest kept is seq 2.
+        let (from, items) = read_since(&s, &k, 8, 0, 100).unwrap();
+        assert_eq!((from, items.len()), (2, 8));
+        assert_eq!(items[0], w[2]);
+        assert_eq!(items[7], w[9]);
+        let (from, items) = read_since(&s, &k, 8, 7, 2).unwrap();
+        assert_eq!((from, items), (7, w[7..9].to_vec()));
+        let (from, items) = read_since(&s, &k, 8, 10, 100).unwrap();
+        assert_eq!((from, items.len()), (10, 0));
+        // The log never holds more than `capacity` item keys (+ head).
+        assert_eq!(
+            s.keys().iter().filter(|x| x.contains("peers/log/")).count(),
+            8
+        );
+        // Through the wire codec: what a peer pulls decodes and merges.
+        let lay = layout(64, &[]);
+        let wire = encode(from, items.iter(), lay, 5);
+        assert_eq!(decode(&wire, lay, 100, 64, 65_535).unwrap().from_seq, 10);
+    }
+
+    #[test]
+    fn a_reserved_but_unwritten_item_stops_the_batch_and_an_old_hole_is_skipped() {
+        let s = MockShared::new();
+        let k = PeerKeys::new("x/");
+        append(&s, &k, 4096, &[(1, entry(1, 1, &[0]))]).unwrap();
+        // A writer reserved seqs 1..3 but has not written them yet.
+        s.set(&k.head, &3u64.to_le_bytes(), 0).unwrap();
+        let (from, items) = read_since(&s, &k, 4096, 0, 10).unwrap();
+        assert_eq!((from, items.len()), (0, 1));
+        let (from, items) = read_since(&s, &k, 4096, 1, 10).unwrap();
+        assert_eq!((from, items.len()), (1, 0));
+        // Much later the hole is skipped (the puller counts it lost).
+        let w: Vec<(u32, SlotValue)> = (0..HOLE_AGE as u32 + 2)
+            .map(|i| (i, entry(7, i, &[1])))
+            .collect();
+        append(&s, &k, 4096, &w).unwrap();
+        let (from, items) = read_since(&s, &k, 4096, 1, 10).unwrap();
+        assert_eq!((from, items.len()), (3, 10));
+    }
+
+    #[test]
+    fn epoch_is_created_once_and_cursors_round_trip() {
+        let s = MockShared::new();
+        let k = PeerKeys::new("x/");
+        assert_eq!(epoch(&s, &k, 11).unwrap(), 11);
+        assert_eq!(epoch(&s, &k, 22).unwrap(), 11);
+        assert_eq!(cursor(&s, &k, "127.0.0.1:1"), Cursor::default());
+        let c = Cursor {
+            epoch: Some(9),
+            seq: 1234,
+        };
+        store_cursor(&s, &k, "127.0.0.1:1", &c).unwrap();
+        assert_eq!(cursor(&s, &k, "127.0.0.1:1"), c);
+        assert_eq!(cursor(&s, &k, "127.0.0.1:2"), Cursor::default());
+    }
+
+    #[test]
+    fn only_news_is_published() {
+        let a = entry(5, 100, &[1]);
+        assert_eq!(news(None, &a, 1200), News::Block);
+        assert_eq!(news(Some(&a), &entry(5, 150, &[1]), 1200), News::None);
+        assert_eq!(news(Some(&a), &entry(5, 1300, &[1]), 1200), News::Placement);
+        assert_eq!(
+            news(Some(&a), &entry(5, 150, &[2, 1]), 1200),
+            News::Placement
+        );
+        assert_eq!(news(Some(&a), &entry(6, 150, &[1]), 1200), News::Block);
+        // Through the index: a first record is all news, a warm repeat is none,
+        // and the published writes rebuild the same knowledge on a peer.
+        let idx = PrefixIndex::new(IndexConfig {
+            slots: 4096,
+            ..IndexConfig::default()
+        });
+        let blocks: Vec<u64> = (1..=24u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        let mut table = VecStore::new(4096);
+        let mut p = Publishing::new(&mut table, 1200, true);
+        let sets = idx.record(&mut p, &blocks, None, 3, 10_000);
+        assert_eq!(p.outbox(24 * 256, 1024).len(), sets);
+        // A short prompt (new extent under the threshold) publishes nothing new.
+        assert!(p.outbox(3 * 256, 1024).is_empty());
+        let first = p.outbox(24 * 256, 1024);
+        let known = idx.lookup(&table, &blocks, 11_000);
+        let mut p = Publishing::new(&mut table, 1200, true);
+        idx.record(&mut p, &blocks, known.as_ref(), 3, 11_000);
+        assert!(
+            p.writes.is_empty(),
+            "a warm repeat is not news: {:?}",
+            p.writes.len()
+        );
+        // The same prefix served by another replica: a placement change,
+        // published even though nothing new was added.
+        let mut p = Publishing::new(&mut table, 1200, true);
+        idx.record(&mut p, &blocks, known.as_ref(), 4, 11_500);
+        let moved = p.outbox(0, 1024);
+        assert!(!moved.is_empty());
+        assert_eq!(moved.len(), p.writes.len());
+        // A 2-block extension of the known prefix: new blocks, under the threshold.
+        let mut longer = blocks.clone();
+        longer.extend([77, 78]);
+        let known = idx.lookup(&table, &longer, 12_000);
+        assert_eq!(known.map(|k| k.depth), Some(24));
+        let mut p = Publishing::new(&mut table, 1200, true);
+        idx.record(&mut p, &longer, known.as_ref(), 4, 12_000);
+        assert!(p.writes.iter().any(|w| w.2 == News::Block));
+        assert!(p.outbox(2 * 256, 1024).iter().all(|w| p
+            .writes
+            .iter()
+            .any(|x| x.0 == w.0 && x.2 == News::Placement)));
+        let mut peer = VecStore::new(4096);
+        for (slot, v) in &first {
+            peers::merge(&mut peer, *slot, v);
+        }
+        assert_eq!(
+            idx.lookup(&peer, &blocks, 11_000).map(|k| k.depth),
+            Some(24)
+        );
+        // merge is also what the puller applies: idempotent.
+        assert!(!merge(&mut peer, first[0].0, &first[0].1));
+    }
+}
