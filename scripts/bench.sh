@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # prefix-router benchmarks (kept out of the test suite). Run from anywhere:
-#   ./build.sh bench [overhead|profile|routing|llama|quick|all]     (default: all)
+#   ./build.sh bench [overhead|profile|hostcalls|routing|llama|quick|all]     (default: all)
 # Parts:
 #   overhead  the filter's added latency, throughput and CPU cost: one real Envoy, listeners
-#             with the filter (prefix, affinity) and one without, same upstream, bodies
-#             1 KiB..256 KiB, and two floor listeners (no-op wasm, pause+read wasm) (wrk; ~6 min)
+#             with the filter (prefix, affinity, affinity with read_usage off) and one without,
+#             same upstream, bodies 1 KiB..256 KiB, and two floor listeners (no-op wasm,
+#             pause+read wasm); prints the ratios and the load average (wrk; ~7.5 min)
 #   profile   where the Envoy CPU per request goes (perf sampling; not part of `all`; ~2 min)
+#   hostcalls host calls per request by kind, per listener (debug log tally; not part of `all`)
 #   routing   routing quality through Envoy: 7 emulated replicas, round_robin vs least_request
 #             vs prefix vs affinity on a SageMaker-style 8k-token workload, the demo mix at
 #             scale and unique prompts (~7 min)
@@ -27,12 +29,12 @@ source scripts/bench/routing.sh
 
 part="${1:-all}"
 case "$part" in
-  overhead|profile|routing|llama|all) ;;
+  overhead|profile|hostcalls|routing|llama|all) ;;
   quick)
     export OVERHEAD_LAT_ROUNDS="${OVERHEAD_LAT_ROUNDS:-3}" OVERHEAD_TPUT_ROUNDS="${OVERHEAD_TPUT_ROUNDS:-1}"
     export ROUTING_WORKLOADS="${ROUTING_WORKLOADS:-sagemaker unique}" ;;
-  -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-  *) echo "usage: ./build.sh bench [overhead|profile|routing|llama|quick|all]" >&2; exit 2 ;;
+  -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+  *) echo "usage: ./build.sh bench [overhead|profile|hostcalls|routing|llama|quick|all]" >&2; exit 2 ;;
 esac
 
 proc_install_trap
@@ -69,7 +71,7 @@ case "$part" in
   *) run_part "$part" ;;
 esac
 
-if [ "$part" != profile ]; then
+if [ "$part" != profile ] && [ "$part" != hostcalls ]; then
   # The plots of every part that wrote its JSON during this run (docs/img/*.svg).
   "$(bench_python)" scripts/bench/plot.py .work/bench docs/img --since "$started_at" \
     --command "$run_label" --machine "$(machine_line)" || rc=1

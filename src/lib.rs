@@ -51,6 +51,7 @@ pub mod engine;
 pub mod extract;
 pub mod feedback;
 pub mod hash;
+pub mod header_pairs;
 pub mod index;
 pub mod json;
 pub mod paths;

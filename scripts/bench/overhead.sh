@@ -8,6 +8,7 @@
 #   Envoy under test (--concurrency 1, admin +0), one cluster of those 7 addresses:
 #     listener A (+1) = wasm filter, strategy prefix + router
 #     listener C (+3) = wasm filter, strategy affinity (the shipped default) + router
+#     listener U (+14) = as C with read_usage: false (responses not scanned: the usage feature's cost)
 #     listener B (+2) = router only
 #     listener N (+11) = floor: no-op proxy-wasm filter + router (scripts/bench/floor, "noop")
 #     listener R (+12) = floor: pause, buffer and read the body, nothing else + router ("read")
@@ -70,12 +71,12 @@ overhead_wrk() {
 
 # overhead_start DIR — render the two Envoy configs into DIR and start them (all five listeners),
 # check every listener answers a chat POST and the filter counted it. Sets OV_ADMIN, OV_A, OV_B,
-# OV_C, OV_N, OV_R, OV_H (listener ports), OV_UP_PID, OV_PX_PID and OV_BEFORE (decisions so far).
+# OV_C, OV_U, OV_N, OV_R, OV_H (listener ports), OV_UP_PID, OV_PX_PID and OV_BEFORE (decisions so far).
 overhead_start() {
   local dir="$1"
   local base="${BENCH_PORT_BASE:-19400}"
   OV_ADMIN=$base OV_A=$((base + 1)) OV_B=$((base + 2)) OV_C=$((base + 3)) OV_N=$((base + 11)) OV_R=$((base + 12))
-  OV_H=$((base + 13))
+  OV_H=$((base + 13)) OV_U=$((base + 14))
   local up=$((base + 4)) ups=() eps=() i
   for ((i = 0; i < 7; i++)); do ups+=("UP$((i + 1))=$((up + i))"); eps+=("\"127.0.0.1:$((up + i))\""); done
   local endpoints; endpoints="$(IFS=,; echo "${eps[*]}")"
@@ -86,31 +87,32 @@ overhead_start() {
   [ -f "$wasm" ] || build_wasm
   build_floor
   rm -rf "$dir"; mkdir -p "$dir/runs"
-  require_free_ports "$OV_ADMIN" "$OV_A" "$OV_B" "$OV_C" "$OV_N" "$OV_R" "$OV_H" $(seq "$up" $((up + 6)))
+  require_free_ports "$OV_ADMIN" "$OV_A" "$OV_B" "$OV_C" "$OV_U" "$OV_N" "$OV_R" "$OV_H" $(seq "$up" $((up + 6)))
 
-  log "overhead: upstream Envoy (direct_response) on :$up-$((up + 6)); Envoy under test: A :$OV_A $strategy_a, C :$OV_C affinity, B :$OV_B no filter, N :$OV_N no-op wasm, R :$OV_R pause+read wasm"
+  log "overhead: upstream Envoy (direct_response) on :$up-$((up + 6)); Envoy under test: A :$OV_A $strategy_a, C :$OV_C affinity, U :$OV_U affinity read_usage off, B :$OV_B no filter, N :$OV_N no-op wasm, R :$OV_R pause+read wasm"
   render "$BENCH_DIR_SELF/overhead-upstream.yaml.tmpl" "$dir/upstream.yaml" "${ups[@]}"
   render "$BENCH_DIR_SELF/overhead-proxy.yaml.tmpl" "$dir/proxy.yaml" "${ups[@]}" \
-    "ADMIN_PORT=$OV_ADMIN" "PORT_A=$OV_A" "PORT_B=$OV_B" "PORT_C=$OV_C" "PORT_N=$OV_N" "PORT_R=$OV_R" "PORT_H=$OV_H" \
+    "ADMIN_PORT=$OV_ADMIN" "PORT_A=$OV_A" "PORT_B=$OV_B" "PORT_C=$OV_C" "PORT_U=$OV_U" "PORT_N=$OV_N" "PORT_R=$OV_R" "PORT_H=$OV_H" \
     "WASM=$wasm" "FLOOR_WASM=$FLOOR_WASM" "ENDPOINTS=$endpoints" \
     "WASM_A=${OVERHEAD_COMPARE_WASM:-$wasm}" "STRATEGY_A=$strategy_a"
   start_envoy upstream "$dir/upstream.yaml" "$dir/upstream.log" --concurrency 1
   OV_UP_PID=$LAST_PID
-  start_envoy proxy "$dir/proxy.yaml" "$dir/proxy.log" --concurrency 1
+  # shellcheck disable=SC2086  # OV_PROXY_ARGS: extra Envoy flags, word-split on purpose
+  start_envoy proxy "$dir/proxy.yaml" "$dir/proxy.log" --concurrency 1 ${OV_PROXY_ARGS:-}
   OV_PX_PID=$LAST_PID
   wait_http "http://127.0.0.1:$up/" 30 "$OV_UP_PID" || { tail -20 "$dir/upstream.log" >&2; return 1; }
   wait_http "http://127.0.0.1:$OV_ADMIN/ready" 30 "$OV_PX_PID" || { tail -20 "$dir/proxy.log" >&2; return 1; }
   wait_http "http://127.0.0.1:$OV_A/" 10 "$OV_PX_PID" || { tail -20 "$dir/proxy.log" >&2; return 1; }
 
-  # Sanity: every listener answers 200 to a chat POST, and A and C really ran the filter.
+  # Sanity: every listener answers 200 to a chat POST, and A, C and U really ran the filter.
   local l code
-  for l in "$OV_A" "$OV_B" "$OV_C" "$OV_N" "$OV_R" "$OV_H"; do
+  for l in "$OV_A" "$OV_B" "$OV_C" "$OV_U" "$OV_N" "$OV_R" "$OV_H"; do
     code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'content-type: application/json' \
       -d '{"model":"m","messages":[{"role":"user","content":"hello"}]}' "http://127.0.0.1:$l/v1/chat/completions")"
     [ "$code" = 200 ] || { echo "error: listener :$l answered $code, expected 200" >&2; tail -20 "$dir/proxy.log" >&2; return 1; }
   done
   OV_BEFORE="$(envoy_stats "$OV_ADMIN" 'wasmcustom.prefix_router.branch' | awk -F': ' '{s+=$2} END{print s+0}')"
-  [ "$OV_BEFORE" -ge 2 ] || { echo "error: the filter counted $OV_BEFORE decisions for 2 requests on A and C" >&2; return 1; }
+  [ "$OV_BEFORE" -ge 3 ] || { echo "error: the filter counted $OV_BEFORE decisions for 3 requests on A, C and U" >&2; return 1; }
 }
 
 bench_overhead() {
@@ -119,30 +121,33 @@ bench_overhead() {
   local sizes="${OVERHEAD_SIZES:-1024 16384 65536 262144}"
   local dir="$ROOT/.work/bench/overhead" started=$SECONDS
   local py; py="$(bench_python)"
+  # Other jobs on the machine ruin latency figures: the load average goes into the report.
+  local load_start; load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
   overhead_start "$dir" || return 1
-  local admin=$OV_ADMIN a=$OV_A b=$OV_B c=$OV_C fn=$OV_N fr=$OV_R
+  local admin=$OV_ADMIN a=$OV_A b=$OV_B c=$OV_C u=$OV_U fn=$OV_N fr=$OV_R
   local up_pid=$OV_UP_PID px_pid=$OV_PX_PID before=$OV_BEFORE l
 
   log "overhead: warm-up (2 s on each listener)"
   overhead_wrk "$a" 16384 1 2 "$dir/runs/warm-a.json"
   overhead_wrk "$c" 16384 1 2 "$dir/runs/warm-c.json"
+  overhead_wrk "$u" 16384 1 2 "$dir/runs/warm-u.json"
   overhead_wrk "$b" 16384 1 2 "$dir/runs/warm-b.json"
   overhead_wrk "$fn" 16384 1 2 "$dir/runs/warm-n.json"
   overhead_wrk "$fr" 16384 1 2 "$dir/runs/warm-r.json"
 
   local total=0 n=0 size r mode conn rounds order lis
-  local orders=("A C B N R" "C B N R A" "B N R A C" "N R A C B" "R A C B N")
-  for size in $sizes; do total=$((total + 5 * (lat_rounds + tput_rounds))); done
+  local orders=("A C U B N R" "C U B N R A" "U B N R A C" "B N R A C U" "N R A C U B" "R A C U B N")
+  for size in $sizes; do total=$((total + 6 * (lat_rounds + tput_rounds))); done
   for size in $sizes; do
     for mode in latency throughput; do
       if [ "$mode" = latency ]; then conn=1; rounds=$lat_rounds; else conn=$conns; rounds=$tput_rounds; fi
       for ((r = 1; r <= rounds; r++)); do
-        order="${orders[$(((r - 1) % 5))]}"
+        order="${orders[$(((r - 1) % 6))]}"
         for lis in $order; do
           n=$((n + 1))
           progress "$(printf '[%2d/%d] %6d B body, %-10s c=%d, round %d, listener %s' \
             "$n" "$total" "$size" "$mode" "$conn" "$r" "$lis")"
-          case "$lis" in A) l=$a ;; B) l=$b ;; C) l=$c ;; N) l=$fn ;; R) l=$fr ;; esac
+          case "$lis" in A) l=$a ;; B) l=$b ;; C) l=$c ;; U) l=$u ;; N) l=$fn ;; R) l=$fr ;; esac
           overhead_wrk "$l" "$size" "$conn" "$secs" "$dir/runs/$size-$mode-$lis-$r.json" "$px_pid"
         done
       done
@@ -158,7 +163,8 @@ bench_overhead() {
 
   "$py" "$BENCH_DIR_SELF/report.py" overhead "$dir" "$ROOT/.work/bench/overhead.json" \
     --decisions $((after - before)) --seconds "$secs" --conns "$conns" \
-    --machine "$(machine_line)" --elapsed $((SECONDS - started))
+    --machine "$(machine_line); load average (1/5/15 min) $load_start at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end" \
+    --elapsed $((SECONDS - started))
 }
 
 # bench_profile (`./build.sh bench profile`) — where the Envoy CPU per request goes, per listener:
@@ -181,11 +187,16 @@ bench_profile() {
   overhead_start "$dir" || return 1
   local a_name=prefix
   [ -z "${OVERHEAD_COMPARE_WASM:-}" ] || a_name=compare
-  for x in "$a_name:$OV_A" "affinity:$OV_C" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
+  for x in "$a_name:$OV_A" "affinity:$OV_C" "nousage:$OV_U" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
     overhead_wrk "${x#*:}" "$size" 8 2 "$dir/runs/warm-${x%%:*}.json"
   done
+  # The order rotates every round (A C U B N R H, C U B N R H A, ...): a fixed order showed a
+  # position effect (the listener right after A measured ~20 µs more in wasm frames with the
+  # same build on both) that would bias before/after comparisons.
+  local list=("$a_name:$OV_A" "affinity:$OV_C" "nousage:$OV_U" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H") i
   for ((r = 1; r <= rounds; r++)); do
-    for x in "$a_name:$OV_A" "affinity:$OV_C" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
+    for ((i = 0; i < ${#list[@]}; i++)); do
+      x="${list[$(((i + r - 1) % ${#list[@]}))]}"
       name="${x%%:*}" port="${x#*:}"
       progress "profile round $r/$rounds: $name ($size B, c=8, ${secs} s)"
       run_tracked perf perf record -q -g -e cpu-clock -F 2000 -p "$OV_PX_PID" \
@@ -229,11 +240,77 @@ print()
 print("| listener | Envoy CPU/request | in wasm + host calls | wasm code alone | above pause+read (total / wasm+host / wasm) |")
 print("|---|---:|---:|---:|---:|")
 base = med.get("read")
-for n in ("none", "noop", "read", "hostcalls", "prefix", "compare", "affinity"):
+for n in ("none", "noop", "read", "hostcalls", "prefix", "compare", "affinity", "nousage"):
     if n not in med:
         continue
     t, inc, self_ = med[n]
     above = (f"{t - base[0]:+.0f} / {inc - base[1]:+.0f} / {self_ - base[2]:+.0f} µs" if base else "-")
     print(f"| {n} | {t:.0f} µs | {inc:.0f} µs | {self_:.0f} µs | {above} |")
+PY
+}
+
+# bench_hostcalls (`./build.sh bench hostcalls`) — host calls per request, by kind, for each
+# prefix-router listener (A prefix, C affinity, U affinity with read_usage off): the Envoy under
+# test runs with `--component-log-level wasm:debug` and the filter writes, at the end of each
+# request, the host calls its VM made since the previous such line (src/filter/tally.rs). wrk
+# drives one listener at a time for HOSTCALLS_SECONDS (default 3) with HOSTCALLS_SIZE-byte bodies
+# (default 16384, 64 distinct prefixes): with c=1 each line is exactly one request (the table
+# shows the most common tally and its share: the first requests of a VM define metrics, a miss
+# writes more index slots than a hit); with c=8 the lines sum to the calls of all requests, so
+# the mean per request shows what batching saves under load. Counts do not depend on machine
+# load (only the number of requests does).
+bench_hostcalls() {
+  local size="${HOSTCALLS_SIZE:-16384}" secs="${HOSTCALLS_SECONDS:-3}"
+  local dir="$ROOT/.work/bench/hostcalls" x conns
+  OV_PROXY_ARGS="--component-log-level wasm:debug" overhead_start "$dir" || return 1
+  : >"$dir/marks"
+  for conns in 1 8; do
+    for x in "prefix_router:$OV_A" "prefix_router_affinity:$OV_C" "prefix_router_affinity_nousage:$OV_U"; do
+      progress "host calls: ${x%%:*} ($size B, c=$conns, ${secs} s)"
+      echo "$conns ${x%%:*} $(wc -l <"$dir/proxy.log")" >>"$dir/marks"
+      overhead_wrk "${x#*:}" "$size" "$conns" "$secs" "$dir/runs/${x%%:*}-c$conns.json"
+      sleep 0.5
+      echo "end - $(wc -l <"$dir/proxy.log")" >>"$dir/marks"
+    done
+  done
+  progress_end
+  proc_stop "$OV_PX_PID"; proc_stop "$OV_UP_PID"; proc_untrack "$OV_PX_PID"; proc_untrack "$OV_UP_PID"
+  "$(bench_python)" - "$dir" "$size" <<'PY'
+import collections, json, os, re, sys
+d, size = sys.argv[1], int(sys.argv[2])
+lines = open(os.path.join(d, "proxy.log"), errors="replace").read().splitlines()
+marks = [l.split() for l in open(os.path.join(d, "marks"))]
+names = {"prefix_router": "prefix", "prefix_router_affinity": "affinity",
+         "prefix_router_affinity_nousage": "affinity, read_usage off"}
+rows = []
+for (conns, vm, start), (_, _, end) in zip(marks[::2], marks[1::2]):
+    tallies = []
+    for line in lines[int(start):int(end)]:
+        m = re.search(r" (\S+): prefix-router: #\d+ host calls: (.*)$", line)
+        if m and m.group(1) == vm:
+            tallies.append(dict(kv.split("=") for kv in m.group(2).split()))
+    req = json.load(open(os.path.join(d, "runs", f"{vm}-c{conns}.json")))["requests"]
+    rows.append((names[vm], int(conns), tallies, req))
+print(f"Host calls per request at {size} B body (wrk; c=1: most common tally and its share of "
+      "requests; c=8: all calls / requests):")
+print()
+print("| listener | c | requests | host calls per request | by kind |")
+print("|---|---:|---:|---:|---|")
+for label, conns, tallies, req in rows:
+    if not tallies:
+        print(f"| {label} | {conns} | {req} | - | no tally lines (is wasm debug logging on?) |")
+        continue
+    if conns == 1:
+        key = collections.Counter(tuple(sorted(t.items())) for t in tallies).most_common(1)[0]
+        t, n = dict(key[0]), key[1]
+        kinds = " ".join(f"{k}={v}" for k, v in t.items() if k != "total")
+        print(f"| {label} | 1 | {len(tallies)} | {t['total']} ({n / len(tallies):.0%} of requests) | {kinds} |")
+    else:
+        sums = collections.Counter()
+        for t in tallies:
+            sums.update({k: int(v) for k, v in t.items()})
+        n = max(len(tallies), 1)
+        kinds = " ".join(f"{k}={v / n:.2f}" for k, v in sums.items() if k != "total")
+        print(f"| {label} | {conns} | {n} | {sums['total'] / n:.2f} | {kinds} |")
 PY
 }

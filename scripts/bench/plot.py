@@ -35,6 +35,7 @@ COLOURS = {
     "prefix": "#e6862e",
     "session": "#b05fb0",
     "affinity": "#2f6fb3",
+    "affinity, read_usage off": "#8fb3dc",
     "floor: no-op wasm": "#9bbf6a",
     "floor: pause+read wasm": "#4f8f3a",
 }

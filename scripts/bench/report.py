@@ -82,7 +82,7 @@ TARGET_THROUGHPUT_RATIO = 0.85
 TARGET_P99_256K_MS = 1.0
 
 # Listener letters of the overhead part: the filter's strategy on each filtered listener.
-FILTERED = {"A": "prefix", "C": "affinity"}
+FILTERED = {"A": "prefix", "C": "affinity", "U": "affinity, read_usage off"}
 # Floor listeners (scripts/bench/floor): what any wasm filter / any body-reading filter costs.
 FLOORS = {"N": "floor: no-op wasm", "R": "floor: pause+read wasm"}
 
@@ -167,7 +167,8 @@ def overhead(args):
         "machine": args.machine,
         "setup": {
             "envoy_under_test": "Envoy 1.40.0 --concurrency 1; one listener per filter strategy "
-            "(prefix-router wasm + router), one with the router only and two floor listeners "
+            "(prefix-router wasm + router; `affinity, read_usage off` = affinity without the "
+            "response scan), one with the router only and two floor listeners "
             "(scripts/bench/floor: a no-op proxy-wasm filter, a pause-and-read-only one), one "
             "cluster of 7 upstream addresses",
             "upstream": "Envoy 1.40.0 --concurrency 1, buffer filter + direct_response 200",
@@ -258,7 +259,25 @@ def overhead_markdown(o):
                 goal("added_p99_256k_ms", f"256 KiB added p99 ≤ {TARGET_P99_256K_MS:g} ms:",
                      lambda v: f"{v:+.3f} ms"),
             ]) + ".")
+    ratios = []
+    for r in o["rows"]:
+        if r["body_bytes"] != 16384 or r["strategy"] not in FILTERED.values():
+            continue
+        lat, tp = r["latency"], r["throughput"]
+        lr, tr = lat.get("above_read") or {}, tp.get("above_read") or {}
+        ratios.append(
+            f"{r['strategy']}: throughput {tp['throughput_ratio']:.2f} of no filter, "
+            f"{tr.get('throughput_ratio', 0.0):.2f} of pause+read; added p50 "
+            f"{lat['added_p50_ms'] * 1000:+.0f} µs vs no filter, "
+            f"{lr.get('added_p50_ms', 0.0) * 1000:+.0f} µs vs pause+read; CPU "
+            f"{fmt_us(tp['added_cpu_us_per_request'], sign=True)} vs no filter, "
+            f"{fmt_us(tr.get('added_cpu_us_per_request'), sign=True)} vs pause+read")
+    if ratios:
+        lines.append("")
+        lines.append("Ratios at 16 KiB (throughput and CPU at c=" +
+                     f"{o['setup']['throughput_connections']}, p50 at c=1): " + "; ".join(ratios) + ".")
     lines.append("")
+    lines.append(f"Machine: {o.get('machine', '-')}.")
     lines.append(f"Load: {o['setup']['load']}. Envoy under test: {o['setup']['envoy_under_test']}; "
                  f"upstream: {o['setup']['upstream']}. Envoy CPU/request = the proxy's CPU time "
                  "(/proc) over the throughput runs divided by their requests.")

@@ -46,7 +46,7 @@
 //! prefix there), the confirmed depth is written
 //! ([`crate::index::PrefixIndex::confirm`], ≤ 5 sets, only then).
 
-use super::host::{self, HostError, MetricKind};
+use super::host::{self, MetricKind};
 use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::{define, endpoint_label};
@@ -70,19 +70,6 @@ const CAS_ATTEMPTS: usize = 8;
 /// Most endpoints given per-endpoint metrics (addresses seen over the
 /// plugin's life, with membership churn); later ones only count in totals.
 const MAX_ENDPOINT_STATS: usize = 4096;
-
-#[link(wasm_import_module = "env")]
-extern "C" {
-    fn proxy_set_property(path: *const u8, path_size: usize, data: *const u8, size: usize) -> u32;
-}
-
-fn set_property(name: &str, value: &str) -> Result<(), HostError> {
-    // SAFETY: pointers and lengths of live strs.
-    match unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) } {
-        0 => Ok(()),
-        e => Err(HostError(e)),
-    }
-}
 
 /// Metric ids of one endpoint.
 struct EndpointStats {
@@ -135,7 +122,7 @@ pub struct Shared {
 
 fn add(id: Option<u32>, v: u64) {
     if let Some(id) = id {
-        host::increment_metric(id, i64::try_from(v).unwrap_or(i64::MAX));
+        super::batch::add(id, i64::try_from(v).unwrap_or(i64::MAX));
     }
 }
 
@@ -529,7 +516,7 @@ impl Delivery {
             fmt(prompt),
             surprise.unwrap_or("-")
         );
-        if let Err(e) = set_property(PROPERTY, &value) {
+        if let Err(e) = host::set_property(PROPERTY, &value) {
             log::debug!("cannot set {PROPERTY}: {e}");
         }
     }

@@ -4,9 +4,9 @@
 //! "Did not serve": at response headers, `upstream.address` names another
 //! host (Envoy retried on the secondary after a connect failure, reset or
 //! 503, or the fallback policy picked), or no upstream was reached and the
-//! response is a 503 (`UF`/`URX`, `no healthy upstream`). One `get` of
-//! `upstream.address` (already read for the in-flight move) and, on a
-//! failure only, one CAS update of the `down` table.
+//! response is a 503 (`UF`/`URX`, `no healthy upstream`). No host call of its
+//! own on success (`upstream.address` and `:status` are read once by the
+//! caller); on a failure, one CAS update of the `down` table.
 
 use super::host::{self, HostShared};
 use super::root::Plugin;
@@ -14,13 +14,13 @@ use super::stats::HostFailure;
 use crate::cluster::request::Slot;
 use crate::cluster::sync::mark_failed;
 
-/// Check the request's primary against the upstream that answered.
-pub fn check_primary(p: &Plugin, slot: &Slot, upstream: Option<&str>) {
-    let status_503 = || matches!(host::response_header(":status"), Ok(Some(s)) if s == b"503");
+/// Check the request's primary against the upstream that answered
+/// (`status`: the response's `:status`, read by the caller).
+pub fn check_primary(p: &Plugin, slot: &Slot, upstream: Option<&str>, status: Option<&[u8]>) {
     let Some(primary) = slot.primary.as_deref() else {
         return;
     };
-    if !slot.primary_failed(upstream, upstream.is_none() && status_503()) {
+    if !slot.primary_failed(upstream, upstream.is_none() && status == Some(b"503")) {
         return;
     }
     let now = host::now_nanos() / 1_000_000;

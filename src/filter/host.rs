@@ -8,6 +8,7 @@
 //! (a boxed slice of exactly `size` bytes), which is reclaimed here as a `Vec`
 //! of the same length and capacity, as the SDK itself does.
 
+use super::tally::{count, HostCall};
 use crate::cluster::shared::{ShareError, SharedData};
 use std::fmt;
 use std::ptr::{null, null_mut};
@@ -103,6 +104,7 @@ extern "C" {
         value_size: usize,
     ) -> u32;
     fn proxy_remove_header_map_value(map: u32, key: *const u8, key_size: usize) -> u32;
+    fn proxy_get_header_map_pairs(map: u32, data: *mut *mut u8, size: *mut usize) -> u32;
     fn proxy_get_property(
         path: *const u8,
         path_size: usize,
@@ -127,16 +129,19 @@ extern "C" {
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
     fn proxy_record_metric(id: u32, value: u64) -> u32;
     fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+    fn proxy_set_property(path: *const u8, path_size: usize, data: *const u8, size: usize) -> u32;
 }
 
 /// Ask for `on_tick` every `ms` milliseconds (0 stops it).
 pub fn set_tick_period_ms(ms: u32) -> Result<(), HostError> {
+    count(HostCall::Other);
     // SAFETY: plain value.
     status(unsafe { proxy_set_tick_period_milliseconds(ms) })
 }
 
 /// A header of the current `dispatch_http_call` response (`:status` …).
 pub fn http_call_response_header(name: &str) -> Result<Option<Vec<u8>>, HostError> {
+    count(HostCall::HeaderGet);
     // SAFETY: pointer and length of a live str; valid out pointers.
     fetch(|d, s| unsafe {
         proxy_get_header_map_value(
@@ -211,6 +216,7 @@ pub fn log(level: Level, message: &str) {
 
 /// The host's current log level (Info if it cannot be read).
 pub fn log_level() -> Level {
+    count(HostCall::Other);
     let mut l: u32 = Level::Info as u32;
     // SAFETY: valid out pointer.
     let code = unsafe { proxy_get_log_level(&mut l) };
@@ -228,6 +234,7 @@ pub fn log_level() -> Level {
 
 /// Host time in nanoseconds since the epoch (0 if unavailable).
 pub fn now_nanos() -> u64 {
+    count(HostCall::Clock);
     let mut t: u64 = 0;
     // SAFETY: valid out pointer.
     let code = unsafe { proxy_get_current_time_nanoseconds(&mut t) };
@@ -240,28 +247,39 @@ pub fn now_nanos() -> u64 {
 
 /// Bytes `[start, start+max)` of a buffer.
 pub fn buffer(kind: u32, start: usize, max: usize) -> Result<Option<Vec<u8>>, HostError> {
+    count(HostCall::BufferGet);
     // SAFETY: out pointers are valid for the duration of the call.
     fetch(|d, s| unsafe { proxy_get_buffer_bytes(kind, start, max, d, s) })
 }
 
 /// A request header's value (first instance), raw bytes.
 pub fn request_header(name: &str) -> Result<Option<Vec<u8>>, HostError> {
+    count(HostCall::HeaderGet);
     // SAFETY: pointer and length of a live str; valid out pointers.
     fetch(|d, s| unsafe {
         proxy_get_header_map_value(MAP_REQUEST_HEADERS, name.as_ptr(), name.len(), d, s)
     })
 }
 
-/// A response header's value (first instance), raw bytes.
-pub fn response_header(name: &str) -> Result<Option<Vec<u8>>, HostError> {
-    // SAFETY: pointer and length of a live str; valid out pointers.
-    fetch(|d, s| unsafe {
-        proxy_get_header_map_value(MAP_RESPONSE_HEADERS, name.as_ptr(), name.len(), d, s)
-    })
+/// Every request header in one call, serialised
+/// ([`crate::header_pairs`] reads it).
+pub fn request_headers() -> Result<Option<Vec<u8>>, HostError> {
+    count(HostCall::HeaderGet);
+    // SAFETY: valid out pointers.
+    fetch(|d, s| unsafe { proxy_get_header_map_pairs(MAP_REQUEST_HEADERS, d, s) })
+}
+
+/// Every response header in one call, serialised
+/// ([`crate::header_pairs`] reads it).
+pub fn response_headers() -> Result<Option<Vec<u8>>, HostError> {
+    count(HostCall::HeaderGet);
+    // SAFETY: valid out pointers.
+    fetch(|d, s| unsafe { proxy_get_header_map_pairs(MAP_RESPONSE_HEADERS, d, s) })
 }
 
 /// Set (replace every instance of) a request header.
 pub fn set_request_header(name: &str, value: &str) -> Result<(), HostError> {
+    count(HostCall::HeaderSet);
     // SAFETY: pointers and lengths of live strs.
     status(unsafe {
         proxy_replace_header_map_value(
@@ -276,6 +294,7 @@ pub fn set_request_header(name: &str, value: &str) -> Result<(), HostError> {
 
 /// Remove every instance of a request header.
 pub fn remove_request_header(name: &str) -> Result<(), HostError> {
+    count(HostCall::HeaderRemove);
     // SAFETY: pointer and length of a live str.
     match unsafe { proxy_remove_header_map_value(MAP_REQUEST_HEADERS, name.as_ptr(), name.len()) } {
         OK | NOT_FOUND => Ok(()),
@@ -285,13 +304,22 @@ pub fn remove_request_header(name: &str) -> Result<(), HostError> {
 
 /// A property (`["upstream", "address"]` …); path segments are NUL-separated.
 pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, HostError> {
+    count(HostCall::PropertyGet);
     let joined = path.join("\0");
     // SAFETY: pointer and length of a live String; valid out pointers.
     fetch(|d, s| unsafe { proxy_get_property(joined.as_ptr(), joined.len(), d, s) })
 }
 
+/// Set a property (filter state `wasm.<name>`, e.g. for the access log).
+pub fn set_property(name: &str, value: &str) -> Result<(), HostError> {
+    count(HostCall::PropertySet);
+    // SAFETY: pointers and lengths of live strs.
+    status(unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
+}
+
 /// Shared data value and its CAS token; a missing key is `(None, 0)`.
 pub fn shared_get(key: &str) -> Result<(Option<Vec<u8>>, u32), HostError> {
+    count(HostCall::SharedGet);
     let mut data: *mut u8 = null_mut();
     let mut size: usize = 0;
     let mut cas: u32 = 0;
@@ -309,6 +337,7 @@ pub fn shared_get(key: &str) -> Result<(Option<Vec<u8>>, u32), HostError> {
 /// Write shared data; `cas == 0` writes unconditionally, otherwise the write
 /// fails with [`CAS_MISMATCH`] if the value changed since it was read.
 pub fn shared_set(key: &str, value: &[u8], cas: u32) -> Result<(), HostError> {
+    count(HostCall::SharedSet);
     let ptr = if value.is_empty() {
         null()
     } else {
@@ -320,6 +349,7 @@ pub fn shared_set(key: &str, value: &[u8], cas: u32) -> Result<(), HostError> {
 
 /// Define a metric; returns its id.
 pub fn define_metric(kind: MetricKind, name: &str) -> Result<u32, HostError> {
+    count(HostCall::MetricDefine);
     let mut id: u32 = 0;
     // SAFETY: pointer and length of a live str; valid out pointer.
     status(unsafe { proxy_define_metric(kind as u32, name.as_ptr(), name.len(), &mut id) })?;
@@ -329,12 +359,14 @@ pub fn define_metric(kind: MetricKind, name: &str) -> Result<u32, HostError> {
 /// Add `offset` to a counter or gauge; failures are ignored by callers that
 /// cannot do anything about them, so this returns nothing.
 pub fn increment_metric(id: u32, offset: i64) {
+    count(HostCall::MetricIncrement);
     // SAFETY: plain values.
     let _ = unsafe { proxy_increment_metric(id, offset) };
 }
 
 /// Set a gauge.
 pub fn record_metric(id: u32, value: u64) {
+    count(HostCall::MetricRecord);
     // SAFETY: plain values.
     let _ = unsafe { proxy_record_metric(id, value) };
 }

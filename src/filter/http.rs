@@ -36,6 +36,7 @@ use crate::cluster::view::{AddrSlots, View};
 use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
 use crate::decision::{Branch, Decision, KeySource};
 use crate::hash::hash_id;
+use crate::header_pairs;
 use crate::index::Known;
 use crate::peers_log::Publishing;
 use crate::router::{prompt_chars, Body, RoutingId, RoutingKey};
@@ -76,6 +77,8 @@ pub struct RouterHttp {
     upstream: Option<String>,
     /// Predicted vs delivered cached tokens.
     delivery: Delivery,
+    /// Counts this context among the VM's live requests (metric batching).
+    _live: super::batch::Live,
 }
 
 fn next_local_ticket() -> u64 {
@@ -102,6 +105,7 @@ impl RouterHttp {
             streaming: false,
             upstream: None,
             delivery: Delivery::default(),
+            _live: super::batch::Live::new(),
         }
     }
 
@@ -355,14 +359,14 @@ impl RouterHttp {
 
     /// `affinity`: the upstream answered; record the prefix for the host that
     /// served it (`served`, else the primary) if the answer is 2xx (an engine
-    /// that accepted the prompt has it cached). At most once per request.
+    /// that accepted the prompt has it cached; `status`: the response's
+    /// `:status`). At most once per request.
     /// Holders are written as address ids through the routing-time view.
-    fn record_if_accepted(&mut self, p: &Plugin, served: Option<&str>) {
+    fn record_if_accepted(&mut self, p: &Plugin, served: Option<&str>, status: Option<&[u8]>) {
         let Some((blocks, known)) = self.pending_record.take() else {
             return;
         };
-        let ok =
-            matches!(host::response_header(":status"), Ok(Some(s)) if s.first() == Some(&b'2'));
+        let ok = status.is_some_and(|s| s.first() == Some(&b'2'));
         let Some(view) = self.view.clone().filter(|_| ok) else {
             return;
         };
@@ -407,10 +411,12 @@ impl RouterHttp {
 
 /// Does the request open a tunnel (`Upgrade:` header, e.g. WebSocket, or
 /// `CONNECT`)? Its stream never ends, so the filter must not wait for a body.
-/// Header read failures count as "no" (the request then pauses as usual).
-fn is_tunnel() -> bool {
-    matches!(host::request_header("upgrade"), Ok(Some(v)) if !v.is_empty())
-        || matches!(host::request_header(":method"), Ok(Some(m)) if m.eq_ignore_ascii_case(b"CONNECT"))
+/// `headers`: the serialised request headers ([`header_pairs`]; empty if
+/// they could not be read: "no", the request then pauses as usual).
+fn is_tunnel(headers: &[u8]) -> bool {
+    header_pairs::value(headers, b"upgrade").is_some_and(|v| !v.is_empty())
+        || header_pairs::value(headers, b":method")
+            .is_some_and(|m| m.eq_ignore_ascii_case(b"CONNECT"))
 }
 
 impl Context for RouterHttp {}
@@ -435,7 +441,13 @@ impl HttpContext for RouterHttp {
             return Action::Pause;
         }
         let needs_body = self.plugin.as_ref().is_some_and(|p| p.needs_body());
-        if end_of_stream || !needs_body || is_tunnel() {
+        if end_of_stream || !needs_body {
+            self.route(Body::None, 0);
+            return Action::Continue;
+        }
+        // One host call for the headers read here (`upgrade`, `:method`, `:path`).
+        let headers = host::request_headers().ok().flatten().unwrap_or_default();
+        if is_tunnel(&headers) {
             self.route(Body::None, 0);
             return Action::Continue;
         }
@@ -444,8 +456,8 @@ impl HttpContext for RouterHttp {
             .as_ref()
             .filter(|p| p.config().strategy == Strategy::Affinity)
         {
-            self.api_path = matches!(host::request_header(":path"),
-                Ok(Some(path)) if crate::paths::is_api_path(&p.config().paths, &path));
+            self.api_path = header_pairs::value(&headers, b":path")
+                .is_some_and(|path| crate::paths::is_api_path(&p.config().paths, path));
         }
         Action::Pause
     }
@@ -495,11 +507,27 @@ impl HttpContext for RouterHttp {
             // Another host's time to first token says nothing about the primary.
             self.pending_cost = None;
         }
-        self.record_if_accepted(&p, upstream.as_deref());
+        // One host call for the headers read here (`:status`, `content-type`),
+        // only if one of them is needed.
+        let wants_type = self.pending_cost.is_some() || self.delivery.wants_headers(&p);
+        let wants_status =
+            self.pending_record.is_some() || (upstream.is_none() && self.slot.primary.is_some());
+        let headers = if wants_type || wants_status {
+            host::response_headers().ok().flatten()
+        } else {
+            None
+        };
+        let header = |name: &[u8]| {
+            headers
+                .as_deref()
+                .and_then(|m| header_pairs::value(m, name))
+        };
+        let status = header(b":status");
+        self.record_if_accepted(&p, upstream.as_deref(), status);
         // Passive health: the primary did not serve (a retry or the fallback
         // used another host, or no host was reached): mark it down for every
         // worker until a poll shows it recovered.
-        super::health::check_primary(&p, &self.slot, upstream.as_deref());
+        super::health::check_primary(&p, &self.slot, upstream.as_deref(), status);
         // A retry or the fallback used another host: count the request there.
         if let Some(actual) = upstream {
             match self.slot.moved(&HostShared, &p.keys, &actual) {
@@ -512,12 +540,7 @@ impl HttpContext for RouterHttp {
             }
         }
         // One read of the content type serves the usage scanner and the cost model.
-        let content_type = if self.pending_cost.is_some() || self.delivery.wants_headers(&p) {
-            host::response_header("content-type").ok().flatten()
-        } else {
-            None
-        };
-        let ct = content_type.as_deref();
+        let ct = header(b"content-type");
         self.delivery.on_headers(&p, ct);
         if self.pending_cost.is_some() {
             self.streaming = ct.is_some_and(|v| {
@@ -557,12 +580,28 @@ impl HttpContext for RouterHttp {
     }
 
     fn on_log(&mut self) {
+        self.log_end();
+        super::batch::flush_at_request_end();
+        if log::log_enabled!(log::Level::Debug) {
+            // After the request's last host call (the debug line is not counted).
+            log::debug!(
+                "#{} host calls: {}",
+                self.context_id,
+                super::tally::take_line()
+            );
+        }
+    }
+}
+
+impl RouterHttp {
+    /// `on_log`: the response-end bookkeeping and the in-flight release.
+    fn log_end(&mut self) {
         let Some(p) = self.plugin.clone() else { return };
         self.load_upstream();
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());
         match self.slot.release(&HostShared, &p.keys) {
-            Some(Ok((addr, now))) => p.stats.in_flight(&addr, now),
+            Some(Ok((addr, now))) => p.stats.in_flight_now(&addr, now),
             Some(Err(e)) => {
                 log::warn!("#{} cannot release in-flight count: {e:?}", self.context_id);
                 p.stats.failure(HostFailure::SharedData);

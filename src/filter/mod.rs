@@ -14,9 +14,12 @@
 //! - [`slots`]: the `affinity` prefix index's slot table in shared data;
 //! - [`secret`]: the per-process secret keying the index's slot hash;
 //! - [`stats`]: Envoy stats;
+//! - [`batch`]: counter and gauge updates batched in the VM, published in bursts;
+//! - [`tally`]: host calls per request by kind (debug log, a measuring instrument);
 //! - [`delivered`]: predicted vs delivered cached tokens, read from the
 //!   response as it passes, and the index feedback.
 
+mod batch;
 mod delivered;
 mod health;
 mod host;
@@ -27,6 +30,7 @@ mod root;
 mod secret;
 mod slots;
 mod stats;
+mod tally;
 
 proxy_wasm::main! {{
     host::init_logging();

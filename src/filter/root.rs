@@ -86,6 +86,7 @@ impl Context for RouterRoot {
                 self.poller.response(&p, d, token_id, body_size);
             }
         }
+        super::batch::flush();
     }
 }
 
@@ -160,6 +161,8 @@ impl RootContext for RouterRoot {
             None => None,
         };
         let cost = RefCell::new(CostModel::new(Router::new(config.clone()).cost_config()));
+        // Ticks publish batched stats (every FLUSH_MS) and, with `cluster` or
+        // `peers`, poll and pull (each keeps its own period).
         let poll_tick = config.discovery.as_ref().map(|d| {
             config
                 .engine
@@ -167,15 +170,14 @@ impl RootContext for RouterRoot {
                 .map_or(d.refresh_ms, |e| e.refresh_ms.min(d.refresh_ms))
         });
         let pull_tick = config.peers.as_ref().map(|pc| pc.pull_ms);
-        let tick = match (poll_tick, pull_tick) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        if let Some(tick) = tick {
-            if let Err(e) = host::set_tick_period_ms(tick) {
-                log::error!("cannot set the poll period: {e}");
-                return false;
-            }
+        let flush_ms = u32::try_from(super::batch::FLUSH_MS).unwrap_or(u32::MAX);
+        let tick = [poll_tick, pull_tick]
+            .into_iter()
+            .flatten()
+            .fold(flush_ms, u32::min);
+        if let Err(e) = host::set_tick_period_ms(tick) {
+            log::error!("cannot set the tick period: {e}");
+            return false;
         }
         let follower = Follower::new(config).with_index_secret(secret);
         follower.adopt(&HostShared, &keys);
@@ -208,6 +210,7 @@ impl RootContext for RouterRoot {
             }
             self.puller.tick(&p);
         }
+        super::batch::flush();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

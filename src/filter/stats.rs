@@ -16,9 +16,13 @@
 //! `.engine_scrape_failed`, and per request `.engine_stale` (hosts without a
 //! fresh sample), `.engine_saturated` (hosts left out), `.engine_lora`
 //! (requests narrowed to an adapter tier).
+//! Counter increments and gauge writes are batched in the VM and published
+//! at the end of a request or on a tick ([`super::batch`]): a request's
+//! counts appear in `/stats` when it ends, not when it is routed.
 //! Envoy exposes wasm-defined stats as they are named here (Prometheus:
 //! `/stats/prometheus` lists them with `.` → `_`).
 
+use super::batch;
 use super::host::{self, MetricKind};
 use crate::cluster::engines::Effect;
 use crate::cluster::sync::PollOutcome;
@@ -140,6 +144,9 @@ impl Stats {
         let Ok(mut hosts) = self.hosts.try_borrow_mut() else {
             return (None, None);
         };
+        if let Some(ids) = hosts.get(addr) {
+            return *ids; // the common case: no key allocation
+        }
         *hosts.entry(addr.to_string()).or_insert_with(|| {
             let label = endpoint_label(addr);
             (
@@ -191,7 +198,7 @@ impl Stats {
             (C_LORA, usize::from(e.lora_tier.is_some())),
         ] {
             if let (Some(id), true) = (self.cluster[i], n > 0) {
-                host::increment_metric(id, n as i64);
+                batch::add(id, n as i64);
             }
         }
     }
@@ -205,7 +212,7 @@ impl Stats {
     pub fn polled(&self, o: &PollOutcome) {
         Self::bump(self.cluster[C_POLL_OK]);
         if let Some(id) = self.cluster[C_RECONCILED] {
-            host::increment_metric(id, o.reconciled.len() as i64);
+            batch::add(id, o.reconciled.len() as i64);
         }
         for (addr, n) in &o.reconciled {
             self.in_flight(addr, *n);
@@ -216,14 +223,14 @@ impl Stats {
             (C_AVAILABLE, o.available as u64),
         ] {
             if let Some(id) = self.cluster[i] {
-                host::record_metric(id, v);
+                batch::gauge(id, v);
             }
         }
     }
 
     fn bump(id: Option<u32>) {
         if let Some(id) = id {
-            host::increment_metric(id, 1);
+            batch::add(id, 1);
         }
     }
 
@@ -262,15 +269,22 @@ impl Stats {
             (self.wait_us_per_request, wait_ms_per_request),
         ] {
             if let Some(id) = id {
-                host::record_metric(id, (ms * 1000.0).max(0.0) as u64);
+                batch::gauge(id, (ms * 1000.0).max(0.0) as u64);
             }
         }
     }
 
-    /// Publish an endpoint's in-flight count.
+    /// Publish an endpoint's in-flight count now (a request released it).
+    pub fn in_flight_now(&self, endpoint: &str, value: u32) {
+        if let Some(id) = self.host(endpoint).1 {
+            batch::gauge_now(id, u64::from(value));
+        }
+    }
+
+    /// Publish an endpoint's in-flight count (batched).
     pub fn in_flight(&self, endpoint: &str, value: u32) {
         if let Some(id) = self.host(endpoint).1 {
-            host::record_metric(id, u64::from(value));
+            batch::gauge(id, u64::from(value));
         }
     }
 }
