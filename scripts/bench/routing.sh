@@ -13,6 +13,9 @@
 #   mixed      the demo mix at scale: 50 % on 12 shared 2,000-token prompts, 30 % multi-turn
 #              chats (40 x 5 turns), 20 % unique; 640 requests at 16 req/s
 #   unique     unique 128-token prompts ("do no harm" vs least_request); 320 requests at 16 req/s
+#   sagemaker56  the same shape with 56 groups (8 per replica), 1,120 requests at 12 req/s and
+#              16,384-block caches (every replica can hold its 8 prefixes): the per-replica
+#              share test (SageMaker reports 13.3-15.4 % per instance for 7 instances)
 # Strategies (ROUTING_STRATEGIES, default "round_robin least_request prefix affinity"); prefix
 # runs with its own default prefix_length (see cluster_render_envoy).
 #
@@ -32,6 +35,16 @@
 ROUTING_EMULATOR_ARGS=(--prefill-us-per-token 50 --prefill-overhead-ms 2 --prefill-lanes 1
   --decode-ms-per-token 10 --cache-blocks 2048 --block-tokens 16)
 
+# routing_emulator_args NAME — prints the emulator flags for workload NAME (one per line).
+routing_emulator_args() {
+  local a prev=
+  for a in "${ROUTING_EMULATOR_ARGS[@]}"; do
+    [ "$1" = sagemaker56 ] && [ "$prev" = --cache-blocks ] && a=16384
+    printf '%s\n' "$a"
+    prev=$a
+  done
+}
+
 # routing_workload_args NAME — prints "TOTAL ARGS..." for prefix-load.
 routing_workload_args() {
   case "$1" in
@@ -40,6 +53,8 @@ routing_workload_args() {
     mixed) echo 640 --workload mixed --requests 640 --groups 12 --prefix-tokens 2000 \
       --conversations 40 --turns 5 --rate 16 ;;
     unique) echo 320 --workload unique --requests 320 --suffix-tokens 128 --rate 16 ;;
+    sagemaker56) echo 1120 --workload sagemaker --requests 1120 --groups 56 --prefix-tokens 8000 \
+      --suffix-tokens 64 --rate 12 ;;
     *) echo "error: unknown routing workload '$1'" >&2; return 1 ;;
   esac
 }
@@ -47,7 +62,7 @@ routing_workload_args() {
 bench_routing() {
   local workloads="${ROUTING_WORKLOADS:-sagemaker mixed unique}"
   local strategies="${ROUTING_STRATEGIES:-round_robin least_request prefix affinity}"
-  local dir="$ROOT/.work/bench/routing" started=$SECONDS w s spec total files=() n=0 count=0
+  local dir="$ROOT/.work/bench/routing" started=$SECONDS w s spec total files=() n=0 count=0 emu=()
   build_tools 2>&1 | tail -1 >&2
   [ -f "$WASM" ] || build_wasm
   cluster_ports_free
@@ -59,7 +74,8 @@ bench_routing() {
     for s in $strategies; do
       n=$((n + 1))
       log "routing [$n/$count] workload $w, strategy $s: fresh replicas + Envoy"
-      cluster_start_replicas "$dir/logs-$w-$s" "${ROUTING_EMULATOR_ARGS[@]}"
+      mapfile -t emu < <(routing_emulator_args "$w")
+      cluster_start_replicas "$dir/logs-$w-$s" "${emu[@]}"
       cluster_start_envoy "$s" "$dir/logs-$w-$s"
       # shellcheck disable=SC2086
       cluster_run "$w/$s" "$total" "$dir/$w-$s.json" ${spec#* } --max-tokens 16 --seed 11 \
