@@ -94,6 +94,7 @@ overhead_start() {
   render "$BENCH_DIR_SELF/overhead-proxy.yaml.tmpl" "$dir/proxy.yaml" "${ups[@]}" \
     "ADMIN_PORT=$OV_ADMIN" "PORT_A=$OV_A" "PORT_B=$OV_B" "PORT_C=$OV_C" "PORT_U=$OV_U" "PORT_N=$OV_N" "PORT_R=$OV_R" "PORT_H=$OV_H" \
     "WASM=$wasm" "FLOOR_WASM=$FLOOR_WASM" "ENDPOINTS=$endpoints" \
+    "FLOOR_H_MODE=$( [ "${OVERHEAD_FLOOR_H:-}" = override ] && echo "override=127.0.0.1:$up" || echo hostcalls)" \
     "WASM_A=${OVERHEAD_COMPARE_WASM:-$wasm}" "STRATEGY_A=$strategy_a"
   start_envoy upstream "$dir/upstream.yaml" "$dir/upstream.log" --concurrency 1
   OV_UP_PID=$LAST_PID

@@ -11,6 +11,10 @@
 //!   increments; on response headers the `upstream.address` property and the
 //!   `content-type` header; on log a get + set of the counts and a gauge. So
 //!   `hostcalls - read` is the price of those host calls alone.
+//! - `override=ADDR`: `hostcalls`, but the target is written under the real
+//!   `x-gateway-destination-endpoint` header with ADDR, so Envoy's
+//!   `override_host` lookup sends the request to ADDR as the filter would;
+//!   `override - hostcalls` is what Envoy spends on honouring the target.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -33,6 +37,8 @@ enum Mode {
 struct FloorRoot {
     mode: Mode,
     metrics: [u32; 4],
+    /// `Some(ADDR)` in `override=ADDR` mode.
+    target: Option<String>,
 }
 
 const COUNTS: &str = "bench_floor/inflight";
@@ -42,9 +48,14 @@ impl Context for FloorRoot {}
 
 impl RootContext for FloorRoot {
     fn on_configure(&mut self, _size: usize) -> bool {
-        self.mode = match self.get_plugin_configuration().as_deref() {
-            Some(b"read") => Mode::Read,
-            Some(b"hostcalls") => Mode::HostCalls,
+        let conf = self.get_plugin_configuration().unwrap_or_default();
+        self.target = conf
+            .strip_prefix(b"override=")
+            .map(|a| String::from_utf8_lossy(a).into_owned());
+        self.mode = match conf.as_slice() {
+            b"read" => Mode::Read,
+            b"hostcalls" => Mode::HostCalls,
+            _ if self.target.is_some() => Mode::HostCalls,
             _ => Mode::Noop,
         };
         if self.mode == Mode::HostCalls {
@@ -68,6 +79,7 @@ impl RootContext for FloorRoot {
         Some(Box::new(FloorHttp {
             mode: self.mode,
             metrics: self.metrics,
+            target: self.target.clone(),
         }))
     }
 
@@ -79,6 +91,7 @@ impl RootContext for FloorRoot {
 struct FloorHttp {
     mode: Mode,
     metrics: [u32; 4],
+    target: Option<String>,
 }
 
 impl FloorHttp {
@@ -125,10 +138,15 @@ impl HttpContext for FloorHttp {
             let _ = hostcalls::record_metric(self.metrics[3], 1);
             // Same size as a real target; another name, so Envoy routes as usual
             // (what the override_host policy does with the header is not counted).
-            self.set_http_request_header(
-                "x-bench-floor-destination",
-                Some("127.0.0.1:19404,127.0.0.1:19405"),
-            );
+            match self.target.as_deref() {
+                Some(addr) => {
+                    self.set_http_request_header("x-gateway-destination-endpoint", Some(addr))
+                }
+                None => self.set_http_request_header(
+                    "x-bench-floor-destination",
+                    Some("127.0.0.1:19404,127.0.0.1:19405"),
+                ),
+            }
             self.set_http_request_header("x-prefix-router-decision", Some("hit"));
             for id in &self.metrics[..3] {
                 let _ = hostcalls::increment_metric(*id, 1);
