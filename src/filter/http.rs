@@ -432,21 +432,22 @@ impl HttpContext for RouterHttp {
         if let Err(e) = host::remove_request_header(target) {
             log::warn!("#{} cannot remove {target}: {e}", self.context_id);
         }
+        // One host call for every header read here (the peers' sync path,
+        // `upgrade`, `:method`, `:path`), made only when one is needed.
+        let read_headers = || host::request_headers().ok().flatten().unwrap_or_default();
+        let mut headers = None;
         // The peers' sync path is answered here, never routed.
-        if self
-            .plugin
-            .as_ref()
-            .is_some_and(|p| super::peers::intercept(p))
-        {
-            return Action::Pause;
+        if let Some(p) = self.plugin.as_ref().filter(|p| p.peers.is_some()) {
+            if super::peers::intercept(p, headers.insert(read_headers())) {
+                return Action::Pause;
+            }
         }
         let needs_body = self.plugin.as_ref().is_some_and(|p| p.needs_body());
         if end_of_stream || !needs_body {
             self.route(Body::None, 0);
             return Action::Continue;
         }
-        // One host call for the headers read here (`upgrade`, `:method`, `:path`).
-        let headers = host::request_headers().ok().flatten().unwrap_or_default();
+        let headers = headers.unwrap_or_else(read_headers);
         if is_tunnel(&headers) {
             self.route(Body::None, 0);
             return Action::Continue;

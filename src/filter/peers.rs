@@ -238,17 +238,19 @@ pub fn refresh_ds(p: &Plugin) -> u32 {
 }
 
 /// If the request is for the sync path, answer it here and return true (the
-/// caller stops the filter chain). Called first in `on_http_request_headers`.
-pub fn intercept(p: &Plugin) -> bool {
+/// caller stops the filter chain). Called first in `on_http_request_headers`
+/// with the request's serialised headers ([`crate::header_pairs`], read once
+/// for the whole callback).
+pub fn intercept(p: &Plugin, headers: &[u8]) -> bool {
     let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
         return false;
     };
-    let Ok(Some(path)) = host::request_header(":path") else {
+    let Some(path) = crate::header_pairs::value(headers, b":path") else {
         return false;
     };
     let (route, query) = match path.iter().position(|&b| b == b'?') {
         Some(i) => (&path[..i], &path[i + 1..]),
-        None => (&path[..], &b""[..]),
+        None => (path, &b""[..]),
     };
     if route != params.path.as_bytes() {
         return false;
@@ -259,12 +261,12 @@ pub fn intercept(p: &Plugin) -> bool {
             log::warn!("peers: cannot answer {status}: {e}");
         }
     };
-    let secret = host::request_header(SECRET_HEADER).ok().flatten();
-    if !secret.is_some_and(|v| ct_eq(&v, params.secret.as_bytes())) {
+    let secret = crate::header_pairs::value(headers, SECRET_HEADER.as_bytes());
+    if !secret.is_some_and(|v| ct_eq(v, params.secret.as_bytes())) {
         deny(403, S_UNAUTHORIZED, "forbidden\n");
         return true;
     }
-    let get = matches!(host::request_header(":method"), Ok(Some(m)) if m == b"GET");
+    let get = crate::header_pairs::value(headers, b":method") == Some(b"GET".as_slice());
     let read = match parse_query(query).filter(|_| get) {
         Some(Query::Since(since)) => peers_log::read_since(
             &host::HostShared,
