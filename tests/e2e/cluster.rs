@@ -371,8 +371,11 @@ fn lora_requests_prefer_replicas_with_the_adapter() {
         }
         m
     };
-    let lora = round("sql-lora");
+    // Base model first: cold placement spreads by recent placements (`spread_cold`),
+    // so a base round after 24 adapter requests would rightly favour the two
+    // replicas without the adapter and say nothing about narrowing.
     let base = round("base-model");
+    let lora = round("sql-lora");
     let stats = envoy.stats();
     eprintln!(
         "lora: adapter -> {lora:?}; base model -> {base:?}; lora-narrowed requests {}",

@@ -443,28 +443,52 @@ impl Envoy {
     }
 
     /// Start Envoy and wait until it is ready, its listener accepts and every cluster
-    /// member passed a health check. Panics with Envoy's log otherwise.
+    /// member passed a health check. Panics with Envoy's log otherwise. A start that
+    /// lost a port race (another test bound the "free" port first) is retried with new
+    /// ports, at most 3 attempts.
     pub fn start(dir: &std::path::Path, name: &str, cfg: &EnvoyConfig) -> Envoy {
-        let mut e = Envoy::spawn(dir, name, cfg);
-        e.wait_ready();
-        e
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut e = Envoy::spawn(dir, name, cfg);
+            match e.ready_or_exit() {
+                Err(log) if attempt < 3 && log.contains("ddress already in use") => {
+                    eprintln!("{name}: port race on start (attempt {attempt}), retrying");
+                }
+                Err(log) => panic!("{name} exited during start; log:\n{log}"),
+                Ok(()) => {
+                    e.wait_health(&e.endpoints.clone(), true, Duration::from_secs(15));
+                    return e;
+                }
+            }
+        }
     }
 
     /// Wait until ready (see [`Envoy::start`]).
     pub fn wait_ready(&mut self) {
+        if let Err(log) = self.ready_or_exit() {
+            panic!("{} exited during start; log:\n{log}", self.proc.name);
+        }
+        self.wait_health(&self.endpoints.clone(), true, Duration::from_secs(15));
+    }
+
+    /// Wait until `/ready` answers 200 and the listener accepts; `Err(log tail)` if
+    /// the process exited first. Panics if neither happens in 30 s.
+    fn ready_or_exit(&mut self) -> Result<(), String> {
         let admin = Client::new(Duration::from_secs(2));
         let ready_url = format!("http://127.0.0.1:{}/ready", self.admin_port);
+        let mut exited = None;
         let ok = wait_for(Duration::from_secs(30), || {
             if let Some(s) = self.proc.exited() {
-                panic!(
-                    "{} exited during start ({s}); log:\n{}",
-                    self.proc.name,
-                    self.proc.log_tail(6000)
-                );
+                exited = Some(format!("({s}) {}", self.proc.log_tail(6000)));
+                return Some(());
             }
             let ready = admin.get(&ready_url).is_ok_and(|r| r.status == 200);
             (ready && port_open(self.port)).then_some(())
         });
+        if let Some(log) = exited {
+            return Err(log);
+        }
         assert!(
             ok.is_some(),
             "{} not ready in 30 s (config {}); log:\n{}",
@@ -472,7 +496,7 @@ impl Envoy {
             self.config_path.display(),
             self.proc.log_tail(6000)
         );
-        self.wait_health(&self.endpoints.clone(), true, Duration::from_secs(15));
+        Ok(())
     }
 
     /// Wait until each of `endpoints` is healthy (`healthy = true`) or failing its
