@@ -43,32 +43,11 @@ pub const MAX_KEY: usize = 16;
 /// Longest response id kept; a longer id is ignored.
 pub const MAX_ID: usize = 64;
 
-/// Position of the first byte of `hay` equal to one of `needles` (SWAR: eight
-/// bytes per step; the lowest flagged byte of a word is always exact).
+/// Position of the first byte of `hay` equal to one of `needles` (SIMD,
+/// sixteen bytes per step: [`crate::bytescan::find`]).
+#[inline]
 fn find_any<const N: usize>(hay: &[u8], needles: [u8; N]) -> Option<usize> {
-    const LO: u64 = 0x0101_0101_0101_0101;
-    const HI: u64 = 0x8080_8080_8080_8080;
-    let mut chunks = hay.chunks_exact(8);
-    let mut base = 0;
-    for c in chunks.by_ref() {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(c);
-        let w = u64::from_le_bytes(w);
-        let mut hit = 0;
-        for n in needles {
-            let x = w ^ (LO * u64::from(n));
-            hit |= x.wrapping_sub(LO) & !x & HI;
-        }
-        if hit != 0 {
-            return Some(base + (hit.trailing_zeros() / 8) as usize);
-        }
-        base += 8;
-    }
-    chunks
-        .remainder()
-        .iter()
-        .position(|b| needles.contains(b))
-        .map(|p| base + p)
+    crate::bytescan::find(hay, needles, 0)
 }
 
 /// Can an SSE chunk hold a field the scanner wants, other than `id`? (Every
