@@ -20,14 +20,22 @@
 //!   choice and record, warm (known prefix) and cold (an index that never
 //!   remembers: ring placement every time);
 //! - `decide/<n>/{warm,cold}`: the same without the key (precomputed), to show
-//!   what grows with `n`.
+//!   what grows with `n`;
+//! - `usage/json1k`, `usage/json16k`, `usage/sse200`: the response scanner
+//!   (`read_usage`) over a non-streamed chat completion with a 1 or 16 KiB
+//!   answer, and over a 200-event stream (one chunk per event, the usage
+//!   last), per response.
 //!
 //! ```sh
 //! cargo run --release --example cost_probe            # list cases and allocations
 //! bash scripts/cost.sh                                # callgrind counts vs the baseline
 //! ```
+#[path = "common/responses.rs"]
+mod responses;
+
 use prefix_router::cost::CostModel;
 use prefix_router::index::{SlotStore, SlotValue, VecStore};
+use prefix_router::usage::UsageScanner;
 use prefix_router::{Body, Config, Loads, Router, RoutingKey};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -278,8 +286,24 @@ fn decision<S: SlotStore>(
     });
 }
 
+/// `usage/<shape>`: the response scanner (`read_usage`) over one whole
+/// response, chunk by chunk as Envoy hands them over.
+fn usage(name: &str, chunks: &[Vec<u8>], sse: bool) {
+    case(name, || {
+        let mut s = if sse {
+            UsageScanner::sse()
+        } else {
+            UsageScanner::new()
+        };
+        for c in chunks {
+            s.feed(black_box(c));
+        }
+        s.usage().cached().unwrap_or(0)
+    });
+}
+
 fn main() {
-    for kb in [1, 16, 64] {
+    for kb in [1, 16, 64, 256] {
         end_to_end("affinity", kb);
         end_to_end("prefix", kb);
     }
@@ -288,4 +312,7 @@ fn main() {
             fleet(n, with_key);
         }
     }
+    usage("usage/json1k", &responses::json(1024), false);
+    usage("usage/json16k", &responses::json(16 * 1024), false);
+    usage("usage/sse200", &responses::sse(200), true);
 }

@@ -17,66 +17,127 @@
 //! the hit never matter.
 
 /// Index of the first byte of `hay` equal to one of `needles` or (if `below`
-/// is not 0) less than `below` (at most 0x80).
+/// is not 0) less than `below` (at most 0x80). Long runs go 64 bytes per
+/// step: four 16-byte match vectors OR-ed and tested once (the exact
+/// position is only worked out at the hit).
 #[cfg(any(
     all(target_arch = "wasm32", target_feature = "simd128"),
     target_arch = "x86_64"
 ))]
 #[inline]
 pub fn find<const N: usize>(hay: &[u8], needles: [u8; N], below: u8) -> Option<usize> {
-    let mut chunks = hay.chunks_exact(16);
-    let mut base = 0;
-    for c in chunks.by_ref() {
-        let bits = mask16(c, needles, below);
-        if bits != 0 {
-            return Some(base + bits.trailing_zeros() as usize);
+    let mut i = 0;
+    while let Some(c) = hay.get(i..i + 64) {
+        let m = [
+            simd::matches(&c[..16], needles, below),
+            simd::matches(&c[16..32], needles, below),
+            simd::matches(&c[32..48], needles, below),
+            simd::matches(&c[48..64], needles, below),
+        ];
+        if simd::any(simd::or(simd::or(m[0], m[1]), simd::or(m[2], m[3]))) {
+            let bits = m
+                .iter()
+                .rev()
+                .fold(0u64, |acc, v| acc << 16 | u64::from(simd::bits(*v)));
+            return Some(i + bits.trailing_zeros() as usize);
         }
-        base += 16;
+        i += 64;
     }
-    find_swar(chunks.remainder(), needles, below).map(|p| base + p)
+    while let Some(c) = hay.get(i..i + 16) {
+        let bits = simd::bits(simd::matches(c, needles, below));
+        if bits != 0 {
+            return Some(i + bits.trailing_zeros() as usize);
+        }
+        i += 16;
+    }
+    find_swar(hay.get(i..)?, needles, below).map(|p| i + p)
 }
 
-/// Bit `i` set iff `c[i]` (of 16 bytes) matches: WebAssembly SIMD.
+/// The 16-byte steps of [`find`]: WebAssembly SIMD.
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-#[inline(always)]
-fn mask16<const N: usize>(c: &[u8], needles: [u8; N], below: u8) -> u32 {
-    use core::arch::wasm32::{u8x16, u8x16_bitmask, u8x16_eq, u8x16_lt, u8x16_splat, v128_or};
-    // Sixteen consecutive byte loads: LLVM emits one v128.load.
-    let v = u8x16(
-        c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12], c[13],
-        c[14], c[15],
-    );
-    let mut m = u8x16_lt(v, u8x16_splat(below));
-    for n in needles {
-        m = v128_or(m, u8x16_eq(v, u8x16_splat(n)));
+mod simd {
+    use core::arch::wasm32::{
+        u8x16, u8x16_bitmask, u8x16_eq, u8x16_lt, u8x16_splat, v128, v128_any_true, v128_or,
+    };
+
+    /// Byte `i` all ones iff `c[i]` (`c` holds at least 16 bytes) matches.
+    #[inline(always)]
+    pub fn matches<const N: usize>(c: &[u8], needles: [u8; N], below: u8) -> v128 {
+        // Sixteen consecutive byte loads: LLVM emits one v128.load.
+        let v = u8x16(
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12], c[13],
+            c[14], c[15],
+        );
+        let mut m = u8x16_lt(v, u8x16_splat(below));
+        for n in needles {
+            m = v128_or(m, u8x16_eq(v, u8x16_splat(n)));
+        }
+        m
     }
-    u32::from(u8x16_bitmask(m))
+
+    #[inline(always)]
+    pub fn or(a: v128, b: v128) -> v128 {
+        v128_or(a, b)
+    }
+
+    #[inline(always)]
+    pub fn any(m: v128) -> bool {
+        v128_any_true(m)
+    }
+
+    /// Bit `i` set iff byte `i` of `m` is set.
+    #[inline(always)]
+    pub fn bits(m: v128) -> u32 {
+        u32::from(u8x16_bitmask(m))
+    }
 }
 
-/// Bit `i` set iff `c[i]` (of 16 bytes) matches: SSE2.
+/// The 16-byte steps of [`find`]: SSE2 (part of the x86_64 baseline).
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn mask16<const N: usize>(c: &[u8], needles: [u8; N], below: u8) -> u32 {
+mod simd {
     use core::arch::x86_64::{
         __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128,
         _mm_set1_epi8, _mm_setzero_si128,
     };
-    debug_assert!(c.len() >= 16);
-    // SAFETY: SSE2 is part of the x86_64 baseline (the intrinsics are only
-    // `unsafe` for the target-feature rule); `c` holds at least 16 bytes (a
-    // `chunks_exact(16)` chunk) and `_mm_loadu_si128` needs no alignment.
-    unsafe {
-        let v = _mm_loadu_si128(c.as_ptr().cast::<__m128i>());
-        let mut m = if below == 0 {
-            _mm_setzero_si128()
-        } else {
-            // v < below (unsigned) ⇔ min(v, below - 1) == v.
-            _mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8((below - 1) as i8)), v)
-        };
-        for n in needles {
-            m = _mm_or_si128(m, _mm_cmpeq_epi8(v, _mm_set1_epi8(n as i8)));
+
+    /// Byte `i` all ones iff `c[i]` (`c` holds at least 16 bytes) matches.
+    #[inline(always)]
+    pub fn matches<const N: usize>(c: &[u8], needles: [u8; N], below: u8) -> __m128i {
+        assert!(c.len() >= 16);
+        // SAFETY: SSE2 is part of the x86_64 baseline (the intrinsics are
+        // only `unsafe` for the target-feature rule); `c` holds at least 16
+        // bytes (asserted) and `_mm_loadu_si128` needs no alignment.
+        unsafe {
+            let v = _mm_loadu_si128(c.as_ptr().cast::<__m128i>());
+            let mut m = if below == 0 {
+                _mm_setzero_si128()
+            } else {
+                // v < below (unsigned) ⇔ min(v, below - 1) == v.
+                _mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8((below - 1) as i8)), v)
+            };
+            for n in needles {
+                m = _mm_or_si128(m, _mm_cmpeq_epi8(v, _mm_set1_epi8(n as i8)));
+            }
+            m
         }
-        _mm_movemask_epi8(m) as u32
+    }
+
+    #[inline(always)]
+    pub fn or(a: __m128i, b: __m128i) -> __m128i {
+        // SAFETY: SSE2, as above.
+        unsafe { _mm_or_si128(a, b) }
+    }
+
+    #[inline(always)]
+    pub fn any(m: __m128i) -> bool {
+        bits(m) != 0
+    }
+
+    /// Bit `i` set iff byte `i` of `m` has its high bit set.
+    #[inline(always)]
+    pub fn bits(m: __m128i) -> u32 {
+        // SAFETY: SSE2, as above.
+        unsafe { _mm_movemask_epi8(m) as u32 }
     }
 }
 
