@@ -306,50 +306,48 @@ impl UsageScanner {
             && self.number.is_none()
     }
 
-    /// Inside a string from `chunk[i]`; returns where to go on.
+    /// Inside a string from `chunk[i]`; returns where to go on. The run up
+    /// to the next `"`, `\` or newline is found by a SIMD search and kept
+    /// (whole) only while it fits the key or id window.
     fn string_bytes(&mut self, chunk: &[u8], mut i: usize) -> usize {
-        while i < chunk.len() {
-            let b = chunk[i];
+        while let Some(rest) = chunk.get(i..).filter(|r| !r.is_empty()) {
             if self.escaped {
                 self.escaped = false;
                 i += 1;
                 continue;
             }
-            match b {
-                b'\\' => {
+            let run = find_any(rest, [b'"', b'\\', b'\n']).unwrap_or(rest.len());
+            if !self.spoiled {
+                let cap = if self.capturing_id { MAX_ID } else { MAX_KEY };
+                match (self.buf.get_mut(self.len..self.len + run), rest.get(..run)) {
+                    (Some(dst), Some(src)) if self.len + run <= cap => {
+                        dst.copy_from_slice(src);
+                        self.len += run;
+                    }
+                    _ => self.spoiled = true,
+                }
+            }
+            i += run;
+            match chunk.get(i) {
+                None => break,
+                Some(b'\\') => {
                     self.escaped = true;
                     self.spoiled = true;
                     i += 1;
                 }
-                b'"' => {
+                Some(b'"') => {
                     self.in_string = false;
                     self.close_string();
                     return i + 1;
                 }
-                b'\n' => {
-                    // JSON strings hold no raw newline: the event was cut;
-                    // start the next one afresh.
+                Some(_) => {
+                    // A raw newline: JSON strings hold none, so the event was
+                    // cut; start the next one afresh.
                     self.in_string = false;
                     self.capturing_id = false;
                     self.in_response = false;
                     self.depth = 0;
                     return i + 1;
-                }
-                _ if self.spoiled => {
-                    // Nothing to keep: jump to the next byte that matters.
-                    let skip =
-                        find_any(&chunk[i..], [b'"', b'\\', b'\n']).unwrap_or(chunk.len() - i);
-                    i += skip;
-                }
-                _ => {
-                    let cap = if self.capturing_id { MAX_ID } else { MAX_KEY };
-                    if self.len < cap {
-                        self.buf[self.len] = b;
-                        self.len += 1;
-                    } else {
-                        self.spoiled = true;
-                    }
-                    i += 1;
                 }
             }
         }
