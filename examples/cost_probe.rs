@@ -298,7 +298,7 @@ fn usage(name: &str, chunks: &[Vec<u8>], sse: bool) {
         for c in chunks {
             s.feed(black_box(c));
         }
-        s.usage().cached().unwrap_or(0)
+        s.into_usage().cached().unwrap_or(0)
     });
 }
 

@@ -204,7 +204,13 @@ impl UsageScanner {
     /// What was found so far (a number still being read at the very end of
     /// the data counts: the body may end right after it).
     pub fn usage(&self) -> Usage {
-        let mut u = self.usage.clone();
+        self.clone().into_usage()
+    }
+
+    /// [`UsageScanner::usage`] at the end of the response, without copying
+    /// the response id (no allocation).
+    pub fn into_usage(self) -> Usage {
+        let mut u = self.usage;
         if let Some((f, v, false)) = self.number {
             store(&mut u, f, v);
         }
@@ -516,6 +522,19 @@ mod tests {
         let u = scan(VLLM_JSON.as_bytes());
         assert_eq!(u, vllm_expected());
         assert_eq!((u.cached(), u.prompt()), (Some(1015), Some(1028)));
+    }
+
+    #[test]
+    fn into_usage_equals_usage() {
+        // Also when the body ends right after a number (it counts).
+        let cut = &VLLM_JSON[..VLLM_JSON.find("1015").map_or(0, |i| i + 4)];
+        for body in [VLLM_JSON, cut] {
+            let mut s = UsageScanner::new();
+            s.feed(body.as_bytes());
+            let u = s.usage();
+            assert_eq!(u.cached_tokens, Some(1015), "{body}");
+            assert_eq!(s.into_usage(), u);
+        }
     }
 
     #[test]
