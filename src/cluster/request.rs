@@ -2,7 +2,8 @@
 //! so it is unit-tested natively (the filter's `http.rs` only adds host
 //! calls, headers and stats around these):
 //! 1. [`picture`]: the loads and usable hosts the request is routed on
-//!    (in-flight table, down marks, engine samples: ≤ 3 gets);
+//!    (in-flight table, down marks, engine samples: ≤ 3 gets; the down
+//!    marks come from a per-VM [`DownCache`], read at most every 100 ms);
 //! 2. [`Slot::take`]: count the request on its primary (CAS on `inflight`);
 //! 3. [`Slot::moved`]: at response headers, a retry or the fallback used
 //!    another host: move the count there; [`Slot::primary_failed`] tells the
@@ -17,6 +18,73 @@ use super::shared::{ShareError, SharedData};
 use super::tables::{addr_hash, Down, InFlight, Keys};
 use super::view::View;
 use crate::config::Config;
+use std::cell::RefCell;
+
+/// The down marks as this VM last read them: `picture` reads the shared
+/// table at most once per [`DownCache::MAX_AGE_MS`] instead of once per
+/// request (one shared-data get, its copy into the VM and its decode saved
+/// on almost every request).
+///
+/// Invariants: a mark this VM writes (passive health) or clears (its poll)
+/// is seen by its next request ([`DownCache::invalidate`] after the write);
+/// a mark written by another worker is seen within `MAX_AGE_MS` (before
+/// this cache: at once). During that window the other worker's dead host may
+/// still be picked here, and Envoy's retry on the secondary serves the
+/// request, as it does for the request that found the host dead. A failed
+/// read is not cached (the next request reads again); expiry of a cached
+/// mark is checked against the request's own clock, so a mark never
+/// outlives its `until`.
+#[derive(Debug, Default)]
+pub struct DownCache {
+    cell: RefCell<Option<(Down, u64)>>,
+}
+
+impl DownCache {
+    /// How old the cached table may be (the stats/poll tick period).
+    pub const MAX_AGE_MS: u64 = 100;
+
+    /// Forget the cached table (this VM just wrote the marks).
+    pub fn invalidate(&self) {
+        if let Ok(mut c) = self.cell.try_borrow_mut() {
+            *c = None;
+        }
+    }
+
+    /// `f` on the marks as of at most `MAX_AGE_MS` before `now_ms` (read
+    /// from shared data if the cached copy is older, or absent). The bool is
+    /// true when the read failed (`f` then sees no marks).
+    pub fn with<S: SharedData + ?Sized, R>(
+        &self,
+        s: &S,
+        k: &Keys,
+        now_ms: u64,
+        f: impl FnOnce(&Down) -> R,
+    ) -> (R, bool) {
+        let Ok(mut c) = self.cell.try_borrow_mut() else {
+            // Re-entered (cannot happen in a single-threaded VM): read through.
+            return match Down::read(s, &k.down) {
+                Ok((d, _)) => (f(&d), false),
+                Err(_) => (f(&Down::default()), true),
+            };
+        };
+        let fresh = c
+            .as_ref()
+            .is_some_and(|(_, at)| *at <= now_ms && now_ms - *at < Self::MAX_AGE_MS);
+        if !fresh {
+            match Down::read(s, &k.down) {
+                Ok((d, _)) => *c = Some((d, now_ms)),
+                Err(_) => {
+                    *c = None;
+                    return (f(&Down::default()), true);
+                }
+            }
+        }
+        match c.as_ref() {
+            Some((d, _)) => (f(d), false),
+            None => (f(&Down::default()), false),
+        }
+    }
+}
 
 /// What one request is routed on.
 #[derive(Debug, Clone, Default)]
@@ -34,7 +102,8 @@ pub struct Picture {
     pub engine: Option<Effect>,
 }
 
-/// Read the picture for `view` at `now_ms`; `model` is the request's `model`.
+/// Read the picture for `view` at `now_ms`; `model` is the request's `model`;
+/// `downs`: this VM's cache of the down marks.
 pub fn picture<S: SharedData + ?Sized>(
     s: &S,
     k: &Keys,
@@ -42,20 +111,15 @@ pub fn picture<S: SharedData + ?Sized>(
     cfg: &Config,
     model: Option<&str>,
     now_ms: u64,
+    downs: &DownCache,
 ) -> Picture {
     let mut failures = 0;
     let snapshot = InFlight::read(s, &k.inflight)
         .map_err(|_| failures += 1)
         .ok();
     let mut loads = view.loads(snapshot.as_ref().map_or(&InFlight::default(), |x| &x.0));
-    let down = Down::read(s, &k.down).map_or_else(
-        |_| {
-            failures += 1;
-            Down::default()
-        },
-        |x| x.0,
-    );
-    let mut usable = view.usable(&down, now_ms);
+    let (mut usable, failed) = downs.with(s, k, now_ms, |down| view.usable(down, now_ms));
+    failures += u32::from(failed);
     let engine = cfg
         .engine
         .as_ref()
@@ -233,7 +297,15 @@ mod tests {
         /// Route like the filter: picture, affinity over address ids, take.
         fn route(&mut self, body: &str, now: u64) -> (Slot, Option<String>) {
             let view = self.f.current(&self.s, &self.k);
-            let p = picture(&self.s, &self.k, &view, self.f.config(), None, now);
+            let p = picture(
+                &self.s,
+                &self.k,
+                &view,
+                self.f.config(),
+                None,
+                now,
+                &DownCache::default(),
+            );
             let key = view.router.key(Body::Complete(body.as_bytes()), None);
             let cost = CostModel::new(view.router.cost_config());
             let mut slots = AddrSlots::new(&mut self.index, &view, &p.usable);
@@ -332,7 +404,15 @@ mod tests {
         let view = w.f.current(&w.s, &w.k);
         // Every read failing: a partial picture (zeros, all usable), counted.
         w.s.fail_next.set(2);
-        let p = picture(&w.s, &w.k, &view, w.f.config(), None, 5);
+        let p = picture(
+            &w.s,
+            &w.k,
+            &view,
+            w.f.config(),
+            None,
+            5,
+            &DownCache::default(),
+        );
         assert_eq!(
             (p.failures, p.loads, p.usable),
             (2, vec![0, 0], vec![true, true])
@@ -355,5 +435,47 @@ mod tests {
         a.moved(&w.s, &w.k, other).unwrap();
         a.release(&w.s, &w.k).unwrap().unwrap();
         assert_eq!((w.count(&held), w.count(other)), (0, 0));
+    }
+
+    #[test]
+    fn down_marks_are_cached_for_at_most_max_age() {
+        let w = World::new();
+        apply_admin(
+            &w.s,
+            &w.k,
+            doc(&[(1, true), (2, true)]).as_bytes(),
+            "llm",
+            0,
+        )
+        .unwrap();
+        let view = w.f.current(&w.s, &w.k);
+        let cache = DownCache::default();
+        let usable = |now| picture(&w.s, &w.k, &view, w.f.config(), None, now, &cache).usable;
+        assert_eq!(usable(1000), vec![true, true]);
+        // Another worker marks host 1 down: not seen until the cache is 100 ms old.
+        mark_failed(&w.s, &w.k, "10.0.0.1:1", 1010, 100_000).unwrap();
+        let calls = w.s.calls.get();
+        assert_eq!(usable(1050), vec![true, true]);
+        assert_eq!(usable(1099), vec![true, true]);
+        assert_eq!(
+            w.s.calls.get() - calls,
+            2,
+            "in-flight only: no down-mark get"
+        );
+        let marked = usable(1100);
+        assert_eq!(marked, vec![false, true]);
+        // This VM's own write is seen at once.
+        mark_failed(&w.s, &w.k, "10.0.0.1:2", 1110, 100_000).unwrap();
+        assert_eq!(usable(1120), vec![false, true], "cached");
+        cache.invalidate();
+        assert_eq!(usable(1121), vec![false, false]);
+        // A clock that goes back reads again; a failed read is not cached.
+        assert_eq!(usable(900), vec![false, false]);
+        w.s.fail_next.set(2);
+        let p = picture(&w.s, &w.k, &view, w.f.config(), None, 2000, &cache);
+        assert_eq!((p.failures, p.usable), (2, vec![true, true]));
+        let calls = w.s.calls.get();
+        assert_eq!(usable(2001), vec![false, false]);
+        assert_eq!(w.s.calls.get() - calls, 2, "a failed read is not cached");
     }
 }

@@ -11,8 +11,19 @@
 use super::host::{self, HostShared};
 use super::root::Plugin;
 use super::stats::HostFailure;
-use crate::cluster::request::Slot;
+use crate::cluster::request::{DownCache, Slot};
 use crate::cluster::sync::mark_failed;
+
+thread_local! {
+    /// This VM's copy of the down marks (read at most every 100 ms by
+    /// routing; dropped when this VM writes marks).
+    pub static DOWNS: DownCache = DownCache::default();
+}
+
+/// This VM wrote the down-mark table: its next request reads it again.
+pub fn marks_written() {
+    DOWNS.with(DownCache::invalidate);
+}
 
 /// Check the request's primary against the upstream that answered
 /// (`status`: the response's `:status`, read by the caller).
@@ -25,7 +36,9 @@ pub fn check_primary(p: &Plugin, slot: &Slot, upstream: Option<&str>, status: Op
     }
     let now = host::now_nanos() / 1_000_000;
     let refresh = p.config().discovery.as_ref().map_or(1000, |d| d.refresh_ms);
-    match mark_failed(&HostShared, &p.keys, primary, now, refresh) {
+    let marked = mark_failed(&HostShared, &p.keys, primary, now, refresh);
+    marks_written();
+    match marked {
         Ok(()) => p.stats.marked_down(),
         Err(_) => p.stats.failure(HostFailure::SharedData),
     }

@@ -166,14 +166,17 @@ impl RouterHttp {
         };
         let (key, model) = view.router.key_and_model(body, header_id.as_deref());
         self.routed_at_ms = host::now_nanos() / 1_000_000;
-        let pic = picture(
-            &HostShared,
-            &p.keys,
-            &view,
-            cfg,
-            model.as_deref(),
-            self.routed_at_ms,
-        );
+        let pic = super::health::DOWNS.with(|downs| {
+            picture(
+                &HostShared,
+                &p.keys,
+                &view,
+                cfg,
+                model.as_deref(),
+                self.routed_at_ms,
+                downs,
+            )
+        });
         if pic.failures > 0 {
             p.stats.failure(HostFailure::SharedData);
         }
@@ -423,32 +426,39 @@ impl Context for RouterHttp {}
 
 impl HttpContext for RouterHttp {
     fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
-        // Never trust a client-supplied target: remove it before anything else,
-        // so even a request that ends up unrouted cannot pick its host.
+        // Never trust a client-supplied target: it is removed before anything
+        // else, so even a request that ends up unrouted cannot pick its host.
+        // One host call for every header read here (the client's target, the
+        // peers' sync path, `upgrade`, `:method`, `:path`), made only when one
+        // is needed; the remove is made only if the client sent the target
+        // (or the headers could not be read).
         let target = self
             .plugin
             .as_ref()
             .map_or(DEFAULT_TARGET_HEADER, |p| p.config().target_header.as_str());
-        if let Err(e) = host::remove_request_header(target) {
-            log::warn!("#{} cannot remove {target}: {e}", self.context_id);
+        let needs_body = !end_of_stream && self.plugin.as_ref().is_some_and(|p| p.needs_body());
+        let wants_headers = needs_body || self.plugin.as_ref().is_some_and(|p| p.peers.is_some());
+        let headers = if wants_headers {
+            host::request_headers().ok().flatten()
+        } else {
+            None
+        };
+        if headers
+            .as_deref()
+            .is_none_or(|h| header_pairs::value(h, target.as_bytes()).is_some())
+        {
+            if let Err(e) = host::remove_request_header(target) {
+                log::warn!("#{} cannot remove {target}: {e}", self.context_id);
+            }
         }
-        // One host call for every header read here (the peers' sync path,
-        // `upgrade`, `:method`, `:path`), made only when one is needed.
-        let read_headers = || host::request_headers().ok().flatten().unwrap_or_default();
-        let mut headers = None;
+        let headers = headers.unwrap_or_default();
         // The peers' sync path is answered here, never routed.
         if let Some(p) = self.plugin.as_ref().filter(|p| p.peers.is_some()) {
-            if super::peers::intercept(p, headers.insert(read_headers())) {
+            if super::peers::intercept(p, &headers) {
                 return Action::Pause;
             }
         }
-        let needs_body = self.plugin.as_ref().is_some_and(|p| p.needs_body());
-        if end_of_stream || !needs_body {
-            self.route(Body::None, 0);
-            return Action::Continue;
-        }
-        let headers = headers.unwrap_or_else(read_headers);
-        if is_tunnel(&headers) {
+        if !needs_body || is_tunnel(&headers) {
             self.route(Body::None, 0);
             return Action::Continue;
         }
