@@ -368,20 +368,25 @@ for line in open(raw):
     for m in re.finditer(r"\| (read|hostcalls) \| (\d+) µs \| (\d+) µs \| (\d+) µs", rest):
         vals[m.group(1)] = tuple(int(m.group(i)) for i in (2, 3, 4))
     rows[mode] = vals
-base = rows.get("hostcalls", {}).get("hostcalls")
-print(f"Price of one host call (16 KiB, c=8; H with {n} extra calls of a kind vs H; µs of Envoy CPU per request):")
-print()
-print("| H mode | R total / in wasm | H total / in wasm | per call: total / in wasm (µs) |")
-print("|---|---:|---:|---:|")
-for mode, v in rows.items():
+def above(v):  # H - R of one run: the drift between runs cancels
     r, h = v.get("read"), v.get("hostcalls")
-    if not (r and h and base):
+    return (h[0] - r[0], h[1] - r[1]) if r and h else None
+base = above(rows.get("hostcalls", {}))
+print(f"Price of one host call (16 KiB, c=8; µs of Envoy CPU per request, total / in wasm frames;")
+print(f"H - R of each run, so drift between runs cancels; extra: ((H_K - R) - (H - R)) / {n}):")
+print()
+print("| H mode | R | H | H - R | per call (extra) or the kind's calls (skip) |")
+print("|---|---:|---:|---:|---:|")
+for mode, v in rows.items():
+    a = above(v)
+    if not (a and base):
         continue
+    r, h = v["read"], v["hostcalls"]
     per = "-"
     if "extra=" in mode:
-        per = f"{(h[0] - base[0]) / n:+.2f} / {(h[1] - base[1]) / n:+.2f}"
+        per = f"{(a[0] - base[0]) / n:+.1f} / {(a[1] - base[1]) / n:+.1f}"
     elif "skip=" in mode:
-        per = f"calls of the kind: {base[0] - h[0]:+d} / {base[1] - h[1]:+d} (H - H_skip)"
-    print(f"| `{mode.replace('_', ' ', 1)}` | {r[0]} / {r[1]} | {h[0]} / {h[1]} | {per} |")
+        per = f"{base[0] - a[0]:+d} / {base[1] - a[1]:+d}"
+    print(f"| `{mode.replace('_', ' ', 1)}` | {r[0]} / {r[1]} | {h[0]} / {h[1]} | {a[0]:+d} / {a[1]:+d} | {per} |")
 PY
 }

@@ -332,6 +332,9 @@ impl RouterHttp {
             (cfg.target_header.as_str(), target.as_str()),
             (cfg.decision_header.as_str(), d.branch.as_str()),
         ] {
+            if name.is_empty() {
+                continue; // `decision_header: ""`: not sent
+            }
             if let Err(e) = host::set_request_header(name, value) {
                 log::warn!("#{} cannot set {name}: {e}", self.context_id);
                 p.stats.failure(HostFailure::Header);
