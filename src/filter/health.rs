@@ -9,21 +9,11 @@
 //! caller); on a failure, one CAS update of the `down` table.
 
 use super::host::{self, HostShared};
+use super::local::marks_written;
 use super::root::Plugin;
 use super::stats::HostFailure;
-use crate::cluster::request::{DownCache, Slot};
+use crate::cluster::request::Slot;
 use crate::cluster::sync::mark_failed;
-
-thread_local! {
-    /// This VM's copy of the down marks (read at most every 100 ms by
-    /// routing; dropped when this VM writes marks).
-    pub static DOWNS: DownCache = DownCache::default();
-}
-
-/// This VM wrote the down-mark table: its next request reads it again.
-pub fn marks_written() {
-    DOWNS.with(DownCache::invalidate);
-}
 
 /// Check the request's primary against the upstream that answered
 /// (`status`: the response's `:status`, read by the caller).

@@ -166,7 +166,7 @@ impl RouterHttp {
         };
         let (key, model) = view.router.key_and_model(body, header_id.as_deref());
         self.routed_at_ms = host::now_nanos() / 1_000_000;
-        let pic = super::health::DOWNS.with(|downs| {
+        let pic = super::local::LOCAL.with(|local| {
             picture(
                 &HostShared,
                 &p.keys,
@@ -174,7 +174,7 @@ impl RouterHttp {
                 cfg,
                 model.as_deref(),
                 self.routed_at_ms,
-                downs,
+                local,
             )
         });
         if pic.failures > 0 {
@@ -215,8 +215,21 @@ impl RouterHttp {
             view.router.select(&key, l, ticket)
         };
         let primary = view.addr(decision.primary).unwrap_or_default().to_string();
-        match self.slot.take(&HostShared, &p.keys, &primary, pic.snapshot) {
-            Ok((addr, now)) => p.stats.in_flight(&addr, now),
+        let taken = super::local::LOCAL.with(|local| {
+            self.slot.take(
+                &HostShared,
+                &p.keys,
+                &primary,
+                pic.snapshot,
+                &local.releases,
+            )
+        });
+        match taken {
+            Ok(gauges) => {
+                for (addr, n) in gauges {
+                    p.stats.in_flight(&addr, n);
+                }
+            }
             Err(e) => {
                 log::warn!("#{} cannot count in-flight request: {e:?}", self.context_id);
                 p.stats.failure(HostFailure::SharedData);
@@ -446,10 +459,9 @@ impl HttpContext for RouterHttp {
         } else {
             None
         };
-        if headers
-            .as_deref()
-            .is_none_or(|h| header_pairs::value(h, target.as_bytes()).is_some())
-        {
+        if headers.as_deref().map_or(true, |h| {
+            header_pairs::value(h, target.as_bytes()).is_some()
+        }) {
             if let Err(e) = host::remove_request_header(target) {
                 log::warn!("#{} cannot remove {target}: {e}", self.context_id);
             }
@@ -614,13 +626,14 @@ impl RouterHttp {
         self.load_upstream();
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());
-        match self.slot.release(&HostShared, &p.keys) {
-            Some(Ok((addr, now))) => p.stats.in_flight_now(&addr, now),
-            Some(Err(e)) => {
-                log::warn!("#{} cannot release in-flight count: {e:?}", self.context_id);
-                p.stats.failure(HostFailure::SharedData);
-            }
-            None => return,
+        // The release waits for this VM's next take (or tick) while other
+        // requests of the VM are live; a request that leaves the VM idle
+        // writes it, and any waiting ones, at once (`local.rs`).
+        if !super::local::LOCAL.with(|local| self.slot.release_later(&local.releases)) {
+            return;
+        }
+        if !super::batch::others_live() {
+            super::local::flush_releases(&p);
         }
         // The primary was decided at routing; count requests another host served.
         if let (Some(addr), Some(primary)) =

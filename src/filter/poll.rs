@@ -211,7 +211,7 @@ impl Poller {
         };
         let now = host::now_nanos() / 1_000_000;
         let applied = apply_admin(&HostShared, &p.keys, &body, &d.cluster, now);
-        super::health::marks_written(); // recovered hosts' marks may be cleared
+        super::local::marks_written(); // recovered hosts' marks may be cleared
         match applied {
             Ok(o) => {
                 if o.changed {
