@@ -413,6 +413,20 @@ mod tests {
             }
         }
 
+        /// Two available hosts, 10.0.0.1:1 and :2, polled at 0.
+        fn with_two_hosts() -> World {
+            let w = World::new();
+            apply_admin(
+                &w.s,
+                &w.k,
+                doc(&[(1, true), (2, true)]).as_bytes(),
+                "llm",
+                0,
+            )
+            .unwrap();
+            w
+        }
+
         /// Route like the filter: picture, affinity over address ids, take.
         fn route(&mut self, body: &str, now: u64) -> (Slot, Option<String>) {
             let view = self.f.current(&self.s, &self.k);
@@ -517,15 +531,7 @@ mod tests {
 
     #[test]
     fn shared_data_failures_degrade_never_double_count() {
-        let mut w = World::new();
-        apply_admin(
-            &w.s,
-            &w.k,
-            doc(&[(1, true), (2, true)]).as_bytes(),
-            "llm",
-            0,
-        )
-        .unwrap();
+        let mut w = World::with_two_hosts();
         let view = w.f.current(&w.s, &w.k);
         // Every read failing: a partial picture (zeros, all usable), counted.
         w.s.fail_next.set(2);
@@ -564,15 +570,7 @@ mod tests {
 
     #[test]
     fn down_marks_are_cached_for_at_most_max_age() {
-        let w = World::new();
-        apply_admin(
-            &w.s,
-            &w.k,
-            doc(&[(1, true), (2, true)]).as_bytes(),
-            "llm",
-            0,
-        )
-        .unwrap();
+        let w = World::with_two_hosts();
         let view = w.f.current(&w.s, &w.k);
         let local = VmLocal::default();
         let cache = &local.downs;
@@ -607,15 +605,7 @@ mod tests {
 
     #[test]
     fn deferred_releases_ride_on_the_next_take_or_a_flush() {
-        let w = World::new();
-        apply_admin(
-            &w.s,
-            &w.k,
-            doc(&[(1, true), (2, true)]).as_bytes(),
-            "llm",
-            0,
-        )
-        .unwrap();
+        let w = World::with_two_hosts();
         let view = w.f.current(&w.s, &w.k);
         let local = VmLocal::default();
         let (a1, a2) = ("10.0.0.1:1", "10.0.0.1:2");
