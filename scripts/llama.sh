@@ -422,7 +422,9 @@ probe_capacity() {
   dir="$(mktemp -d /tmp/llama-probe.XXXXXX)"
   STACK_DIR="$dir"
   base="$($PY "$CLIENT" free-base 1)" || { echo "no free loopback port" >&2; return 1; }
-  LLAMA_CRAM="$cram" LLAMA_LOG_FLAGS="-lv 4" start_replicas 1 "$base" "$dir"
+  # (called in `if`: set -e does not apply here, so every failure returns explicitly)
+  LLAMA_CRAM="$cram" LLAMA_LOG_FLAGS="-lv 4" start_replicas 1 "$base" "$dir" \
+    || { stack_stop; STACK_DIR=""; echo "probe replica did not start; log in $dir" >&2; return 1; }
   log "probe: how many ~440-token prompts one replica keeps with -cram $cram (k = 1..$kmax)"
   $PY "$CAPACITY" probe "127.0.0.1:$base" "$kmax" "$dir/replica-$base.log" "$cram" "$out" \
     ${expect:+--expect "$expect"} || rc=$?
