@@ -468,6 +468,7 @@ cmd_bench() {
   if ! probe_capacity "$LLAMA_BENCH_CRAM" "$((LLAMA_BENCH_CAPACITY + 1))" "${out%.json}.probe.json" \
       "$LLAMA_BENCH_CAPACITY"; then
     echo "llama bench: FAILED before the run: the replicas do not keep $LLAMA_BENCH_CAPACITY prompts with -cram $LLAMA_BENCH_CRAM (see the probe above)" >&2
+    rm -rf "$dir"
     return 1
   fi
   for strategy in ${LLAMA_BENCH_STRATEGIES:-round_robin prefix affinity}; do
