@@ -11,10 +11,10 @@
 //! the response) if no other request of this VM is live or [`FLUSH_MS`]
 //! passed ([`flush_at_request_end`]). So a counter appears in `/stats` when
 //! its request ends at rest and within [`FLUSH_MS`] under load. The
-//! in-flight gauge of the host a request releases is written at once
-//! ([`gauge_now`]: exact when a request ends, as before, and it replaces the
-//! pending write of the routing-time count); a request held open shows in
-//! its host's gauge within [`FLUSH_MS`] of routing (it used to be at once).
+//! in-flight gauges are not batched ([`gauge_now`] at take, move and
+//! release): each value is the count right after one VM's update, and a
+//! value published at a later flush could overwrite a newer one from
+//! another worker (the e2e spill test saw a gauge stuck at 1 of 2).
 //! Histograms are not batched (each sample is a host call, as before).
 //!
 //! Bound: one entry per distinct metric id touched since the last flush; a

@@ -227,7 +227,7 @@ impl RouterHttp {
         match taken {
             Ok(gauges) => {
                 for (addr, n) in gauges {
-                    p.stats.in_flight(&addr, n);
+                    p.stats.in_flight_now(&addr, n);
                 }
             }
             Err(e) => {
@@ -559,7 +559,7 @@ impl HttpContext for RouterHttp {
             match self.slot.moved(&HostShared, &p.keys, &actual) {
                 Ok(gauges) => {
                     for (addr, n) in gauges {
-                        p.stats.in_flight(&addr, n);
+                        p.stats.in_flight_now(&addr, n);
                     }
                 }
                 Err(_) => p.stats.failure(HostFailure::SharedData),

@@ -215,7 +215,7 @@ impl Stats {
             batch::add(id, o.reconciled.len() as i64);
         }
         for (addr, n) in &o.reconciled {
-            self.in_flight(addr, *n);
+            self.in_flight_now(addr, *n);
         }
         for (i, v) in [
             (C_GENERATION, o.generation),
@@ -274,17 +274,14 @@ impl Stats {
         }
     }
 
-    /// Publish an endpoint's in-flight count now (a request released it).
+    /// Publish an endpoint's in-flight count now (a request took, moved or
+    /// released it). Not batched: the value is the count right after this VM's
+    /// CAS update, and a VM that published it 100 ms later could overwrite a
+    /// newer value published by another worker (a gauge is a set, not a sum).
+    /// A metric write is within the noise in the host-call price table.
     pub fn in_flight_now(&self, endpoint: &str, value: u32) {
         if let Some(id) = self.host(endpoint).1 {
             batch::gauge_now(id, u64::from(value));
-        }
-    }
-
-    /// Publish an endpoint's in-flight count (batched).
-    pub fn in_flight(&self, endpoint: &str, value: u32) {
-        if let Some(id) = self.host(endpoint).1 {
-            batch::gauge(id, u64::from(value));
         }
     }
 }
