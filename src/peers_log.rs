@@ -401,7 +401,7 @@ mod tests {
         );
         // Through the wire codec: what a peer pulls decodes and merges.
         let lay = layout(64, &[]);
-        let wire = encode(from, items.iter(), lay, 5);
+        let wire = encode(from, items.iter(), lay, 5, 64);
         assert_eq!(decode(&wire, lay, 100, 64, 65_535).unwrap().from_seq, 10);
     }
 

@@ -299,7 +299,7 @@ pub fn intercept(p: &Plugin, headers: &[u8]) -> bool {
     };
     match read {
         Ok(((from, items), stat)) => {
-            let body = encode(from, items.iter(), s.layout, s.epoch);
+            let body = encode(from, items.iter(), s.layout, s.epoch, s.slots);
             s.add(S_SERVED, 1);
             s.add(stat, body.len() as u64);
             if let Err(e) = send_local(200, &[("content-type", "application/octet-stream")], &body)

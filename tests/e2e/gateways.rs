@@ -567,7 +567,8 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
     // Sync traffic: what each surviving gateway served, per routed request.
     // Entries scale with requests; a pull's fixed cost (batch header + HTTP,
     // ~350 B) scales with time, so it is given at 1 000 req/s. The bound is
-    // checked on the steady-state fan-out: published writes x ITEM_BYTES x 2
+    // checked on the steady-state fan-out: published writes x ITEM_BYTES (the
+    // largest item; a typical one is 7 B, MIN_ITEM_BYTES, in runs) x 2
     // peers (the measured serving also includes the cold gateway's one-off
     // catch-up of the whole log).
     let all: Vec<&Outcome> = out1.iter().chain(&out2).chain(&out3).collect();

@@ -450,9 +450,9 @@ impl Gateways {
         let g = &mut self.gws[k];
         // Writes the bounded log forgot before this pull count as dropped.
         self.c.dropped += g.log.oldest_seq().saturating_sub(seq);
-        let wire = g.log.encode_since(seq, usize::MAX, layout, 0);
-        self.c.wire_bytes += (wire.len() - peers::HEADER_BYTES) as u64;
         let slots = self.index.config().slots;
+        let wire = g.log.encode_since(seq, usize::MAX, (layout, slots), 0);
+        self.c.wire_bytes += (wire.len() - peers::HEADER_BYTES) as u64;
         let replicas = g.in_flight.len();
         let Ok(batch) = peers::decode(&wire, layout, usize::MAX, slots, replicas) else {
             return;
