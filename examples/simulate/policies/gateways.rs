@@ -830,7 +830,7 @@ mod tests {
         assert_eq!(g.known_depth(1, blocks(0), 1100), 0);
         g.route_on(0, 2, &reqs[2], &view(1.2, &reps, &m));
         assert_eq!(g.known_depth(1, blocks(0), 1200), full);
-        assert!(g.c.wire_bytes >= (g.c.sets * peers::ITEM_BYTES as u64));
+        assert!(g.c.wire_bytes >= (g.c.sets * peers::MIN_ITEM_BYTES as u64));
         // An outbox of 4 slot writes keeps the last 4 of a record and counts the rest.
         let knobs = Knobs {
             max_pending: 4,
