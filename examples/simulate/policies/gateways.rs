@@ -66,6 +66,9 @@ pub struct Knobs {
     pub pub_pending: bool,
     /// Record at routing instead of at the response (no pending records).
     pub record_at_route: bool,
+    /// One set of `spread_cold` counters for all gateways (the upper bound
+    /// of publishing them; the filter keeps one set per Envoy).
+    pub shared_pressure: bool,
 }
 
 impl Default for Knobs {
@@ -79,6 +82,7 @@ impl Default for Knobs {
             refresh_s: shipped_peers().1,
             pub_pending: false,
             record_at_route: false,
+            shared_pressure: false,
         }
     }
 }
@@ -98,6 +102,7 @@ impl Knobs {
             "refresh_s" => self.refresh_s = u().ok_or_else(bad)? as u32,
             "pub_pending" => self.pub_pending = v == "1" || v == "true",
             "record_at_route" => self.record_at_route = v == "1" || v == "true",
+            "shared_pressure" => self.shared_pressure = v == "1" || v == "true",
             _ => return Err(format!("--gw: unknown knob {k}")),
         }
         Ok(())
@@ -309,6 +314,8 @@ pub struct Gateways {
     knobs: Knobs,
     rule: NewsRule,
     gws: Vec<Gateway>,
+    /// The `spread_cold` counters of every gateway with `shared_pressure`.
+    pressure: VecStore,
     scraped: Vec<u32>,
     next_scrape: f64,
     pending: Vec<Pending>,
@@ -374,6 +381,7 @@ impl Gateways {
             rule: NewsRule::refresh(knobs.refresh_s.saturating_mul(10))
                 .with_pending(cfg.max_age_ms),
             gws,
+            pressure: VecStore::new(1),
             scraped: vec![0; n],
             next_scrape: 0.0,
             pending: Vec::new(),
@@ -508,7 +516,12 @@ impl Gateways {
         g.ticket += 1;
         // spread_cold: this gateway's own counters (as in the filter: one
         // set per Envoy, never published).
-        let pressure = Pressure::for_request(&g.store, n, key, known.as_ref(), &self.cfg);
+        let counters = if self.knobs.shared_pressure {
+            &self.pressure
+        } else {
+            &g.store
+        };
+        let pressure = Pressure::for_request(counters, n, key, known.as_ref(), &self.cfg);
         let request = affinity::Request {
             key: rkey,
             prompt_chars: req.body_chars as usize,
@@ -614,7 +627,12 @@ impl Gateways {
         for (slot, v) in out {
             g.log.push(slot, v);
         }
-        Pressure::note(&mut g.store, n, known, served, &self.cfg);
+        let counters = if self.knobs.shared_pressure {
+            &mut self.pressure
+        } else {
+            &mut g.store
+        };
+        Pressure::note(counters, n, known, served, &self.cfg);
         if peer {
             self.publish(k, seq, now_ms);
         }
