@@ -8,17 +8,25 @@
 //! sequence); peers **pull** the writes after their cursor on a tick
 //! ([`DeltaLog::encode_since`] → [`decode`]) and **merge** them into their own
 //! table ([`merge`]). Only slot entries travel (never prompt text), in a
-//! compact form of 14 bytes: slot u32 ‖ 48-bit tag ‖ front holder u16 ‖ age
-//! u16 (deciseconds before the batch time). Only the **front** holder travels
+//! compact form: the writes of one record share their front holder and
+//! time, so the batch body is a sequence of **runs**: count (LEB128 varint)
+//! ‖ front holder u16 ‖ age (varint, deciseconds before the batch's newest
+//! write) ‖ count × (48-bit tag ‖ slot difference). The slot is implied by
+//! the tag (the index takes both from one keyed hash: slot `(k >> 32) %
+//! slots`, tag the low 48 bits), exactly for a power-of-two table of at most
+//! 2^16 slots, so the difference from `(tag >> 32) % slots` is a zigzag
+//! varint that is 0 there (one byte). A record's 24 ladder writes take
+//! 4 + 24 × 7 B instead of 24 × 14 B in the previous `PRX2` items (slot u32 ‖
+//! tag ‖ holder u16 ‖ age u16). Only the **front** holder travels
 //! (the replica that just served the prefix): the older holders were the front
 //! of earlier writes, published then, and [`merge`] keeps the receiver's
 //! existing holders behind the incoming one. The age is relative to the
 //! newest write of the batch (clamped at 109 minutes, beyond any index TTL),
 //! so a catch-up batch keeps every entry's true age.
 //!
-//! Batch format (little endian): `"PRX2"` ‖ layout u32 ‖ epoch u32 ‖
-//! from_seq u64 ‖ count u32 ‖ base time u32 (deciseconds) ‖ count × item
-//! ([`ITEM_BYTES`]). `layout`
+//! Batch format (little endian): `"PRX3"` ‖ layout u32 ‖ epoch u32 ‖
+//! from_seq u64 ‖ count u32 ‖ base time u32 (deciseconds) ‖ runs (at most
+//! [`ITEM_BYTES`], typically 7 B per entry). `layout`
 //! identifies the table geometry and the replica list (see [`layout`]): a
 //! batch from a peer with another layout is refused, since holder indices
 //! and slots would mean something else there. `epoch` is random per process:
@@ -40,11 +48,15 @@ use std::collections::VecDeque;
 use crate::index::{Entry, SlotStore, SlotValue, MAX_HOLDERS};
 
 /// Batch magic.
-pub const MAGIC: [u8; 4] = *b"PRX2";
+pub const MAGIC: [u8; 4] = *b"PRX3";
 /// Header bytes.
 pub const HEADER_BYTES: usize = 28;
-/// Bytes per entry on the wire (slot, tag, front holder, age).
-pub const ITEM_BYTES: usize = 4 + 6 + 2 + 2;
+/// Most bytes per entry on the wire: a run of one (count 1 B, front holder
+/// 2 B, age ≤ 3 B) with a 6-byte tag and a slot difference of ≤ 5 B; a
+/// typical entry takes 7 B (see the module docs).
+pub const ITEM_BYTES: usize = 1 + 2 + 3 + 6 + 5;
+/// Fewest bytes per entry on the wire (tag + a one-byte slot difference).
+pub const MIN_ITEM_BYTES: usize = 6 + 1;
 /// Wire value of "no holder".
 const NO_HOLDER: u16 = u16::MAX;
 
@@ -114,7 +126,13 @@ impl DeltaLog {
 
     /// The batch a peer whose cursor is at `seq` pulls: at most `max_count`
     /// writes starting at `max(seq, oldest)`. O(count).
-    pub fn encode_since(&self, seq: u64, max_count: usize, layout: u32, epoch: u32) -> Vec<u8> {
+    pub fn encode_since(
+        &self,
+        seq: u64,
+        max_count: usize,
+        (layout, slots): (u32, u32),
+        epoch: u32,
+    ) -> Vec<u8> {
         let from = seq.clamp(self.oldest_seq(), self.next_seq);
         let skip = (from - self.oldest_seq()) as usize;
         let count = self.items.len().saturating_sub(skip).min(max_count);
@@ -123,17 +141,19 @@ impl DeltaLog {
             self.items.iter().skip(skip).take(count),
             layout,
             epoch,
+            slots,
         )
     }
 }
 
 /// Encode a batch of `items` whose first write has sequence `from` (the
-/// wire format of the module docs). O(items).
+/// wire format of the module docs) for a table of `slots` slots. O(items).
 pub fn encode<'a>(
     from: u64,
     items: impl ExactSizeIterator<Item = &'a (u32, SlotValue)>,
     layout: u32,
     epoch: u32,
+    slots: u32,
 ) -> Vec<u8> {
     let count = items.len();
     let decoded: Vec<(u32, Option<Entry>)> = items.map(|(s, v)| (*s, Entry::decode(v))).collect();
@@ -149,17 +169,73 @@ pub fn encode<'a>(
     out.extend_from_slice(&from.to_le_bytes());
     out.extend_from_slice(&(count as u32).to_le_bytes());
     out.extend_from_slice(&base.to_le_bytes());
-    for (slot, e) in decoded {
-        out.extend_from_slice(&slot.to_le_bytes());
-        let (tag, front, age) = e.map_or((0, NO_HOLDER, 0), |e| {
+    let item = |(slot, e): &(u32, Option<Entry>)| {
+        e.map_or((0, NO_HOLDER, 0, *slot), |e| {
             let age = u16::try_from(base.saturating_sub(e.time)).unwrap_or(u16::MAX);
-            (e.tag, e.holders[0].unwrap_or(NO_HOLDER), age)
-        });
-        out.extend_from_slice(&tag.to_le_bytes()[..6]);
+            (e.tag, e.holders[0].unwrap_or(NO_HOLDER), age, *slot)
+        })
+    };
+    let mut i = 0;
+    while i < decoded.len() {
+        let (_, front, age, _) = decoded.get(i).map_or((0, NO_HOLDER, 0, 0), item);
+        let run = decoded[i..]
+            .iter()
+            .take_while(|d| {
+                let (_, f, a, _) = item(d);
+                (f, a) == (front, age)
+            })
+            .count()
+            .max(1);
+        put_varint(&mut out, run as u64);
         out.extend_from_slice(&front.to_le_bytes());
-        out.extend_from_slice(&age.to_le_bytes());
+        put_varint(&mut out, u64::from(age));
+        for d in &decoded[i..i + run] {
+            let (tag, _, _, slot) = item(d);
+            out.extend_from_slice(&tag.to_le_bytes()[..6]);
+            let predicted = i64::from(predicted_slot(tag, slots));
+            put_varint(&mut out, zigzag(i64::from(slot) - predicted));
+        }
+        i += run;
     }
     out
+}
+
+/// The slot a tag implies: the index puts key `k` in `(k >> 32) % slots`
+/// and keeps `k`'s low 48 bits as the tag, so for a power-of-two table of
+/// at most 2^16 slots the slot is `(tag >> 32) % slots` exactly (the wire
+/// then carries a zero difference, one byte); otherwise the difference.
+fn predicted_slot(tag: u64, slots: u32) -> u32 {
+    (((tag >> 32) & 0xffff) % u64::from(slots.max(1))) as u32
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// LEB128 at `*at` (at most 10 bytes); advances `at`.
+fn get_varint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for k in 0..10 {
+        let x = *b.get(*at)?;
+        *at += 1;
+        v |= u64::from(x & 0x7f) << (7 * k);
+        if x & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
 }
 
 /// A [`SlotStore`] that also logs every set into a [`DeltaLog`] (wrap the
@@ -242,28 +318,53 @@ pub fn decode(
     if count > max_count {
         return Err(PeerError::TooMany);
     }
-    if body.len() != count * ITEM_BYTES || from_seq.checked_add(count as u64).is_none() {
+    if body.len() < count * MIN_ITEM_BYTES || from_seq.checked_add(count as u64).is_none() {
         return Err(PeerError::Malformed);
     }
     let mut entries = Vec::with_capacity(count);
-    for item in body.chunks_exact(ITEM_BYTES) {
-        let slot = u32::from_le_bytes([item[0], item[1], item[2], item[3]]);
-        let mut t = [0u8; 8];
-        t[..6].copy_from_slice(&item[4..10]);
-        let tag = u64::from_le_bytes(t);
-        let front = u16::from_le_bytes([item[10], item[11]]);
-        let age = u16::from_le_bytes([item[12], item[13]]);
-        if slot >= slots || tag == 0 || front == NO_HOLDER || usize::from(front) >= replicas {
+    let mut at = 0;
+    while at < body.len() {
+        let run = get_varint(body, &mut at).ok_or(PeerError::Malformed)?;
+        let front = body
+            .get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .ok_or(PeerError::Malformed)?;
+        at += 2;
+        let age = get_varint(body, &mut at).ok_or(PeerError::Malformed)?;
+        let age = u16::try_from(age).map_err(|_| PeerError::Malformed)?;
+        if run == 0 || run > (count - entries.len()) as u64 {
+            return Err(PeerError::Malformed);
+        }
+        if front == NO_HOLDER || usize::from(front) >= replicas {
             return Err(PeerError::BadEntry);
         }
-        let mut holders = [None; MAX_HOLDERS];
-        holders[0] = Some(front);
-        let entry = Entry {
-            tag,
-            time: base.wrapping_sub(u32::from(age)),
-            holders,
-        };
-        entries.push((slot, entry.encode()));
+        for _ in 0..run {
+            let t = body.get(at..at + 6).ok_or(PeerError::Malformed)?;
+            at += 6;
+            let mut w = [0u8; 8];
+            w[..6].copy_from_slice(t);
+            let tag = u64::from_le_bytes(w);
+            let diff = unzigzag(get_varint(body, &mut at).ok_or(PeerError::Malformed)?);
+            let slot = i64::from(predicted_slot(tag, slots)).checked_add(diff);
+            let slot = slot
+                .and_then(|x| u32::try_from(x).ok())
+                .filter(|&x| x < slots)
+                .ok_or(PeerError::BadEntry)?;
+            if tag == 0 {
+                return Err(PeerError::BadEntry);
+            }
+            let mut holders = [None; MAX_HOLDERS];
+            holders[0] = Some(front);
+            let entry = Entry {
+                tag,
+                time: base.wrapping_sub(u32::from(age)),
+                holders,
+            };
+            entries.push((slot, entry.encode()));
+        }
+    }
+    if entries.len() != count {
+        return Err(PeerError::Malformed);
     }
     Ok(Batch {
         epoch,
@@ -440,8 +541,10 @@ mod tests {
         assert_eq!(log.len(), sets);
         assert!(idx.lookup(&b, &k, 1000).is_none());
         let lay = layout(4096, &["a".into(), "b".into()]);
-        let wire = log.encode_since(0, 512, lay, 9);
-        assert_eq!(wire.len(), HEADER_BYTES + sets * ITEM_BYTES);
+        let wire = log.encode_since(0, 512, (lay, 4096), 9);
+        // One run (one holder, one time): 4 bytes, then 7 per write (the
+        // slot is implied by the tag in a 2^12-slot table).
+        assert_eq!(wire.len(), HEADER_BYTES + 4 + sets * MIN_ITEM_BYTES);
         let batch = decode(&wire, lay, 512, 4096, 7).unwrap();
         let mut cur = Cursor::default();
         assert_eq!(cur.advance(&batch), 0);
@@ -453,7 +556,14 @@ mod tests {
         assert_eq!(known.depth, 40);
         assert_eq!(known.entry.holders().collect::<Vec<_>>(), vec![5]);
         // Nothing new: an empty batch from the cursor on.
-        let again = decode(&log.encode_since(cur.seq, 512, lay, 9), lay, 512, 4096, 7).unwrap();
+        let again = decode(
+            &log.encode_since(cur.seq, 512, (lay, 4096), 9),
+            lay,
+            512,
+            4096,
+            7,
+        )
+        .unwrap();
         assert!(again.entries.is_empty());
     }
 
@@ -483,7 +593,7 @@ mod tests {
         let lay = layout(64, &["x".into()]);
         let mut log = DeltaLog::new(8);
         log.push(3, entry(42, 1, &[0]));
-        let good = log.encode_since(0, 8, lay, 1);
+        let good = log.encode_since(0, 8, (lay, 64), 1);
         assert!(decode(&good, lay, 8, 64, 1).is_ok());
         let bad = |b: &[u8]| decode(b, lay, 8, 64, 1).unwrap_err();
         assert_eq!(bad(b""), PeerError::Malformed);
@@ -507,14 +617,30 @@ mod tests {
         );
         let mut l2 = DeltaLog::new(8);
         l2.push(3, entry(42, 1, &[1]));
-        assert_eq!(bad(&l2.encode_since(0, 8, lay, 1)), PeerError::BadEntry);
+        assert_eq!(
+            bad(&l2.encode_since(0, 8, (lay, 64), 1)),
+            PeerError::BadEntry
+        );
         let mut l3 = DeltaLog::new(8);
         l3.push(3, [0; ENTRY_BYTES]);
-        assert_eq!(bad(&l3.encode_since(0, 8, lay, 1)), PeerError::BadEntry);
+        assert_eq!(
+            bad(&l3.encode_since(0, 8, (lay, 64), 1)),
+            PeerError::BadEntry
+        );
         // A count that does not match the length.
         let mut lie = good.clone();
         lie[20] = 2;
         assert_eq!(bad(&lie), PeerError::Malformed);
+        // A run longer than the count, an endless varint, a run of 0.
+        let mut long_run = good.clone();
+        long_run[HEADER_BYTES] = 2;
+        assert_eq!(bad(&long_run), PeerError::Malformed);
+        let mut endless = good[..HEADER_BYTES].to_vec();
+        endless.extend([0xff; 14]);
+        assert_eq!(bad(&endless), PeerError::Malformed);
+        let mut zero = good.clone();
+        zero[HEADER_BYTES] = 0;
+        assert_eq!(bad(&zero), PeerError::Malformed);
     }
 
     #[test]
@@ -529,12 +655,19 @@ mod tests {
             epoch: Some(1),
             seq: 2,
         };
-        let b = decode(&log.encode_since(cur.seq, 3, lay, 1), lay, 3, 64, 1).unwrap();
+        let b = decode(&log.encode_since(cur.seq, 3, (lay, 64), 1), lay, 3, 64, 1).unwrap();
         assert_eq!((b.from_seq, b.entries.len()), (6, 3));
         assert_eq!(cur.advance(&b), 4);
         assert_eq!(cur.seq, 9);
         // A restarted peer (new epoch): the cursor follows without a loss.
-        let fresh = decode(&DeltaLog::new(4).encode_since(9, 3, lay, 2), lay, 3, 64, 1).unwrap();
+        let fresh = decode(
+            &DeltaLog::new(4).encode_since(9, 3, (lay, 64), 2),
+            lay,
+            3,
+            64,
+            1,
+        )
+        .unwrap();
         assert_eq!(cur.advance(&fresh), 0);
         assert_eq!(
             cur,
@@ -562,8 +695,8 @@ mod tests {
         log.push(2, entry(42, 100_030, &[3]));
         // Older than the age field: clamped to 65535 ds (109 min), past any TTL.
         log.push(3, entry(43, 100_030 - 70_000, &[3]));
-        let wire = log.encode_since(0, 8, lay, 1);
-        assert_eq!(wire.len(), HEADER_BYTES + 3 * ITEM_BYTES);
+        let wire = log.encode_since(0, 8, (lay, 64), 1);
+        assert!(wire.len() <= HEADER_BYTES + 3 * ITEM_BYTES);
         let b = decode(&wire, lay, 8, 64, 8).unwrap();
         let e: Vec<Entry> = b
             .entries

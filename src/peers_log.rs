@@ -216,22 +216,71 @@ pub enum News {
     /// A new block (the slot was empty or held another tag): published
     /// when the record's new extent is long enough (see [`Publishing`]).
     Block,
+    /// The confirmation of this gateway's own **pending** entry (same tag,
+    /// same holders, a time set back by the pending offset, see
+    /// [`crate::index::PrefixIndex::record_pending`]): pending entries are
+    /// never published, so to the peers this is as new as a [`News::Block`]
+    /// and follows its rule, unless the record moved a known prefix to
+    /// another replica (then it is a placement).
+    Confirmed,
 }
 
-/// Classify writing `new` over `old` (`refresh_ds`: the refresh horizon in
-/// deciseconds). A value that is not an index entry (the per-gateway
-/// counters of [`crate::pressure`], zero tag, outside the table) is never
-/// news: peers would refuse a batch carrying it.
-pub fn news(old: Option<&SlotValue>, new: &SlotValue, refresh_ds: u32) -> News {
+/// When a slot write is news (see [`news`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewsRule {
+    /// Refresh horizon, deciseconds: a warm repeat over an entry older than
+    /// this is published so that peers' copies do not expire.
+    pub refresh_ds: u32,
+    /// Offset of pending entries, deciseconds (`max_age − PENDING_MS`; 0:
+    /// no pending records). A same-tag, same-holders write over an entry
+    /// whose age is in `[offset, offset + PENDING_MS]` confirms a pending
+    /// entry.
+    pub pending_ds: u32,
+}
+
+impl NewsRule {
+    /// Only the refresh horizon (no pending records).
+    pub fn refresh(refresh_ds: u32) -> NewsRule {
+        NewsRule {
+            refresh_ds,
+            pending_ds: 0,
+        }
+    }
+
+    /// Pending entries written with `max_age_ms` (their offset is
+    /// `max_age_ms − PENDING_MS`).
+    pub fn with_pending(self, max_age_ms: u64) -> NewsRule {
+        let back = max_age_ms.saturating_sub(crate::index::PENDING_MS) / 100;
+        NewsRule {
+            pending_ds: u32::try_from(back).unwrap_or(u32::MAX),
+            ..self
+        }
+    }
+
+    fn confirms(&self, age_ds: u32) -> bool {
+        let window = (crate::index::PENDING_MS / 100) as u32 + 1;
+        self.pending_ds > 0 && age_ds >= self.pending_ds && age_ds - self.pending_ds <= window
+    }
+}
+
+/// Classify writing `new` over `old`. A value that is not an index entry
+/// (the per-gateway counters of [`crate::pressure`], zero tag, outside the
+/// table) is never news: peers would refuse a batch carrying it.
+pub fn news(old: Option<&SlotValue>, new: &SlotValue, rule: NewsRule) -> News {
     let Some(n) = Entry::decode(new) else {
         return News::None;
     };
     let Some(o) = old.and_then(Entry::decode) else {
         return News::Block;
     };
+    let age = n.time.wrapping_sub(o.time);
     if o.tag != n.tag {
         News::Block
-    } else if o.holders != n.holders || n.time.wrapping_sub(o.time) >= refresh_ds {
+    } else if o.holders != n.holders {
+        News::Placement
+    } else if rule.confirms(age) {
+        News::Confirmed
+    } else if age >= rule.refresh_ds {
         News::Placement
     } else {
         News::None
@@ -243,38 +292,57 @@ pub fn news(old: Option<&SlotValue>, new: &SlotValue, refresh_ds: u32) -> News {
 /// logged entries hold address ids, the same in every gateway).
 ///
 /// [`Publishing::outbox`] keeps every [`News::Placement`] write and the
-/// [`News::Block`] writes only if the record added at least `min_new_chars`
-/// characters beyond the prefix known at routing: a short new tail (a new
-/// question after a shared system prompt, a unique short prompt) is cheap to
-/// prefill again and would dominate the sync traffic, while the shared part
-/// it follows was published when it was new.
+/// [`News::Block`] / [`News::Confirmed`] writes only if the record added at
+/// least `min_new_chars` characters beyond the prefix known at routing (or,
+/// for confirmations, moved the known prefix to another replica): a short
+/// new tail (a new question after a shared system prompt, a unique short
+/// prompt, placed cold or not) is cheap to prefill again and would dominate
+/// the sync traffic, while the shared part it follows was published when it
+/// was new.
 pub struct Publishing<'a, S: SlotStore> {
     inner: &'a mut S,
-    refresh_ds: u32,
+    rule: NewsRule,
     enabled: bool,
     /// News writes, in order, with their kind.
     pub writes: Vec<(u32, SlotValue, News)>,
 }
 
 impl<'a, S: SlotStore> Publishing<'a, S> {
-    /// Wrap `inner`; `refresh_ds` as in [`news`]. Not `enabled`: a plain
+    /// Wrap `inner` with the refresh horizon `refresh_ds` (no pending
+    /// confirmations, see [`Publishing::with_rule`]). Not `enabled`: a plain
     /// pass-through (no extra get, nothing collected).
     pub fn new(inner: &'a mut S, refresh_ds: u32, enabled: bool) -> Publishing<'a, S> {
+        Publishing::with_rule(inner, NewsRule::refresh(refresh_ds), enabled)
+    }
+
+    /// Wrap `inner` with `rule` (see [`news`]).
+    pub fn with_rule(inner: &'a mut S, rule: NewsRule, enabled: bool) -> Publishing<'a, S> {
         Publishing {
             inner,
-            refresh_ds,
+            rule,
             enabled,
             writes: Vec::new(),
         }
     }
 
     /// The writes to publish for a record that added `new_chars` characters
-    /// beyond the known prefix (see the type docs).
-    pub fn outbox(&self, new_chars: usize, min_new_chars: usize) -> Vec<(u32, SlotValue)> {
+    /// beyond the known prefix (see the type docs); `moved`: the record put
+    /// a known prefix on a replica that was not its front holder.
+    pub fn outbox(
+        &self,
+        new_chars: usize,
+        min_new_chars: usize,
+        moved: bool,
+    ) -> Vec<(u32, SlotValue)> {
         let blocks = new_chars >= min_new_chars;
         self.writes
             .iter()
-            .filter(|w| w.2 == News::Placement || (blocks && w.2 == News::Block))
+            .filter(|w| match w.2 {
+                News::Placement => true,
+                News::Block => blocks,
+                News::Confirmed => blocks || moved,
+                News::None => false,
+            })
             .map(|w| (w.0, w.1))
             .collect()
     }
@@ -292,7 +360,7 @@ impl<S: SlotStore> SlotStore for Publishing<'_, S> {
         }
         let old = self.inner.get(slot);
         self.inner.set(slot, value);
-        let kind = news(old.as_ref(), &value, self.refresh_ds);
+        let kind = news(old.as_ref(), &value, self.rule);
         if kind != News::None {
             self.writes.push((slot, value, kind));
         }
@@ -333,7 +401,7 @@ mod tests {
         );
         // Through the wire codec: what a peer pulls decodes and merges.
         let lay = layout(64, &[]);
-        let wire = encode(from, items.iter(), lay, 5);
+        let wire = encode(from, items.iter(), lay, 5, 64);
         assert_eq!(decode(&wire, lay, 100, 64, 65_535).unwrap().from_seq, 10);
     }
 
@@ -376,14 +444,12 @@ mod tests {
     #[test]
     fn only_news_is_published() {
         let a = entry(5, 100, &[1]);
-        assert_eq!(news(None, &a, 1200), News::Block);
-        assert_eq!(news(Some(&a), &entry(5, 150, &[1]), 1200), News::None);
-        assert_eq!(news(Some(&a), &entry(5, 1300, &[1]), 1200), News::Placement);
-        assert_eq!(
-            news(Some(&a), &entry(5, 150, &[2, 1]), 1200),
-            News::Placement
-        );
-        assert_eq!(news(Some(&a), &entry(6, 150, &[1]), 1200), News::Block);
+        let r = NewsRule::refresh(1200);
+        assert_eq!(news(None, &a, r), News::Block);
+        assert_eq!(news(Some(&a), &entry(5, 150, &[1]), r), News::None);
+        assert_eq!(news(Some(&a), &entry(5, 1300, &[1]), r), News::Placement);
+        assert_eq!(news(Some(&a), &entry(5, 150, &[2, 1]), r), News::Placement);
+        assert_eq!(news(Some(&a), &entry(6, 150, &[1]), r), News::Block);
         // Through the index: a first record is all news, a warm repeat is none,
         // and the published writes rebuild the same knowledge on a peer.
         let idx = PrefixIndex::new(IndexConfig {
@@ -396,10 +462,10 @@ mod tests {
         let mut table = VecStore::new(4096);
         let mut p = Publishing::new(&mut table, 1200, true);
         let sets = idx.record(&mut p, &blocks, None, 3, 10_000);
-        assert_eq!(p.outbox(24 * 256, 1024).len(), sets);
+        assert_eq!(p.outbox(24 * 256, 1024, false).len(), sets);
         // A short prompt (new extent under the threshold) publishes nothing new.
-        assert!(p.outbox(3 * 256, 1024).is_empty());
-        let first = p.outbox(24 * 256, 1024);
+        assert!(p.outbox(3 * 256, 1024, false).is_empty());
+        let first = p.outbox(24 * 256, 1024, false);
         let known = idx.lookup(&table, &blocks, 11_000);
         let mut p = Publishing::new(&mut table, 1200, true);
         idx.record(&mut p, &blocks, known.as_ref(), 3, 11_000);
@@ -412,7 +478,7 @@ mod tests {
         // published even though nothing new was added.
         let mut p = Publishing::new(&mut table, 1200, true);
         idx.record(&mut p, &blocks, known.as_ref(), 4, 11_500);
-        let moved = p.outbox(0, 1024);
+        let moved = p.outbox(0, 1024, false);
         assert!(!moved.is_empty());
         assert_eq!(moved.len(), p.writes.len());
         // A 2-block extension of the known prefix: new blocks, under the threshold.
@@ -423,7 +489,7 @@ mod tests {
         let mut p = Publishing::new(&mut table, 1200, true);
         idx.record(&mut p, &longer, known.as_ref(), 4, 12_000);
         assert!(p.writes.iter().any(|w| w.2 == News::Block));
-        assert!(p.outbox(2 * 256, 1024).iter().all(|w| p
+        assert!(p.outbox(2 * 256, 1024, false).iter().all(|w| p
             .writes
             .iter()
             .any(|x| x.0 == w.0 && x.2 == News::Placement)));
@@ -437,5 +503,46 @@ mod tests {
         );
         // merge is also what the puller applies: idempotent.
         assert!(!merge(&mut peer, first[0].0, &first[0].1));
+    }
+
+    #[test]
+    fn a_confirmed_pending_entry_follows_the_block_rule() {
+        // The filter's sequence: a cold placement writes a pending record
+        // (local only, time set back), the 2xx record confirms it.
+        let idx = PrefixIndex::new(IndexConfig {
+            slots: 4096,
+            ..IndexConfig::default()
+        });
+        let max_age = 600_000;
+        let rule = NewsRule::refresh(1200).with_pending(max_age);
+        let blocks: Vec<u64> = (1..=3u64).map(|i| i.wrapping_mul(0x9e37_79b9)).collect();
+        let mut table = VecStore::new(4096);
+        idx.record_pending(&mut table, &blocks, None, 2, (1_000_000, max_age));
+        let mut p = Publishing::with_rule(&mut table, rule, true);
+        let sets = idx.record(&mut p, &blocks, None, 2, 1_000_400);
+        assert_eq!(p.writes.len(), sets);
+        assert!(p.writes.iter().all(|w| w.2 == News::Confirmed));
+        // A short unique prompt placed cold: nothing published; a long one,
+        // or one that moved a known prefix: published.
+        assert!(p.outbox(3 * 256, 1024, false).is_empty());
+        assert_eq!(p.outbox(3 * 256, 1024, true).len(), sets);
+        assert_eq!(p.outbox(3 * 256, 512, false).len(), sets);
+        // Without the pending offset the same writes looked like refreshes
+        // (always published: the old rule's leak).
+        let mut table = VecStore::new(4096);
+        idx.record_pending(&mut table, &blocks, None, 2, (1_000_000, max_age));
+        let mut p = Publishing::new(&mut table, 1200, true);
+        idx.record(&mut p, &blocks, None, 2, 1_000_400);
+        assert_eq!(p.outbox(3 * 256, 1024, false).len(), sets);
+        // A refresh long after (older than the pending window) is a placement.
+        let old = entry(5, 0, &[1]);
+        assert_eq!(
+            news(Some(&old), &entry(5, 9_000, &[1]), rule),
+            News::Placement
+        );
+        assert_eq!(
+            news(Some(&old), &entry(5, 5_700, &[1]), rule),
+            News::Confirmed
+        );
     }
 }

@@ -73,7 +73,8 @@ usage: simulate [options]
                       indep, det, peer, truth, eng, anchor, exc, joined by +)
   --gateways N[,N..]  gateway counts of --gw-modes (default 1,2,4,8)
   --sync-delay-ms D[,D..]  peer delay / engine scrape period (default 0,50,200,1000)
-  --gw K=V[,K=V..]    gateway knobs (anchor_block, det_choices, scrape_ms, max_pending)
+  --gw K=V[,K=V..]    gateway knobs (anchor_block, det_choices, scrape_ms, max_pending,
+                      min_publish, refresh_s, pub_pending, record_at_route, shared_pressure)
 ";
 
 struct Args {

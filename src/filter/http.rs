@@ -399,15 +399,18 @@ impl RouterHttp {
         let now_ms = host::now_nanos() / 1_000_000;
         {
             // With `peers`, the news among the writes is published (address ids).
-            let refresh = super::peers::refresh_ds(p);
-            let mut publishing = Publishing::new(&mut slots, refresh, p.peers.is_some());
+            let rule = super::peers::news_rule(p);
+            let mut publishing = Publishing::with_rule(&mut slots, rule, p.peers.is_some());
             {
                 let mut by_addr = AddrSlots::new(&mut publishing, &view, &[]);
                 view.router
                     .record_affinity(&mut by_addr, &blocks, known.as_ref(), served, now_ms);
             }
             let new_blocks = blocks.len() - known.as_ref().map_or(0, |k| k.depth.min(blocks.len()));
-            super::peers::publish(p, &publishing, new_blocks * crate::hash::BLOCK_UNITS);
+            let moved = known
+                .as_ref()
+                .is_some_and(|k| k.entry.holders().next() != Some(served));
+            super::peers::publish(p, &publishing, new_blocks * crate::hash::BLOCK_UNITS, moved);
         }
         if slots.failures.get() > 0 {
             p.stats.failure(HostFailure::SharedData);

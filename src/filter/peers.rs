@@ -59,7 +59,7 @@ use crate::peers::{
     ct_eq, decode, encode, fill, merge, parse_query, PeerError, Query, SNAPSHOT_SPAN,
 };
 use crate::peers_config::{PeersParams, SECRET_HEADER};
-use crate::peers_log::{self, PeerKeys, Publishing};
+use crate::peers_log::{self, NewsRule, PeerKeys, Publishing};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -213,12 +213,18 @@ impl Shared {
 }
 
 /// Publish the news of one record that added `new_chars` characters beyond
-/// the known prefix (see [`Publishing::outbox`]).
-pub fn publish<S: SlotStore>(p: &Plugin, writes: &Publishing<'_, S>, new_chars: usize) {
+/// the known prefix (`moved`: it put a known prefix on another replica; see
+/// [`Publishing::outbox`]).
+pub fn publish<S: SlotStore>(
+    p: &Plugin,
+    writes: &Publishing<'_, S>,
+    new_chars: usize,
+    moved: bool,
+) {
     let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
         return;
     };
-    let out = writes.outbox(new_chars, params.min_publish_chars as usize);
+    let out = writes.outbox(new_chars, params.min_publish_chars as usize, moved);
     if out.is_empty() {
         return;
     }
@@ -228,13 +234,18 @@ pub fn publish<S: SlotStore>(p: &Plugin, writes: &Publishing<'_, S>, new_chars: 
     }
 }
 
-/// The refresh horizon of [`crate::peers_log::Publishing`], deciseconds
-/// (`u32::MAX`, never, without `peers`).
-pub fn refresh_ds(p: &Plugin) -> u32 {
-    p.config()
+/// The publication rule of [`crate::peers_log::Publishing`]: the refresh
+/// horizon, and the offset of this filter's pending records (their
+/// confirmation is news to the peers). Never used without `peers`.
+pub fn news_rule(p: &Plugin) -> NewsRule {
+    let refresh = p
+        .config()
         .peers
         .as_ref()
-        .map_or(u32::MAX, |c| c.refresh_publish_s.saturating_mul(10))
+        .map_or(u32::MAX, |c| c.refresh_publish_s.saturating_mul(10));
+    // The router's `max_age_ms`, from which pending records are set back.
+    let max_age = u64::from(p.config().affinity.index_ttl_s) * 1000;
+    NewsRule::refresh(refresh).with_pending(max_age)
 }
 
 /// If the request is for the sync path, answer it here and return true (the
@@ -288,7 +299,7 @@ pub fn intercept(p: &Plugin, headers: &[u8]) -> bool {
     };
     match read {
         Ok(((from, items), stat)) => {
-            let body = encode(from, items.iter(), s.layout, s.epoch);
+            let body = encode(from, items.iter(), s.layout, s.epoch, s.slots);
             s.add(S_SERVED, 1);
             s.add(stat, body.len() as u64);
             if let Err(e) = send_local(200, &[("content-type", "application/octet-stream")], &body)

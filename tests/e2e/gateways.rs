@@ -567,7 +567,8 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
     // Sync traffic: what each surviving gateway served, per routed request.
     // Entries scale with requests; a pull's fixed cost (batch header + HTTP,
     // ~350 B) scales with time, so it is given at 1 000 req/s. The bound is
-    // checked on the steady-state fan-out: published writes x ITEM_BYTES x 2
+    // checked on the steady-state fan-out: published writes x ITEM_BYTES (the
+    // largest item; a typical one is 7 B, MIN_ITEM_BYTES, in runs) x 2
     // peers (the measured serving also includes the cold gateway's one-off
     // catch-up of the whole log).
     let all: Vec<&Outcome> = out1.iter().chain(&out2).chain(&out3).collect();
@@ -613,4 +614,129 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
         "cold gateway {cold:.1} % vs the others {others:.1} % over its first {:?}",
         out3.last().map(|o| o.at)
     );
+}
+
+/// A fake peer on loopback for `life`: `garbage` answers every request 200
+/// with bytes that are not a valid batch (a `PRX3` magic, then junk);
+/// otherwise it accepts, reads and never answers (a hung peer). Returns its
+/// port; the thread stops by itself after `life` (bounded).
+fn fake_peer(garbage: bool, life: Duration) -> u16 {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind fake peer");
+    let port = listener.local_addr().expect("addr").port();
+    listener.set_nonblocking(true).expect("nonblocking");
+    std::thread::spawn(move || {
+        let end = Instant::now() + life;
+        let mut held = Vec::new();
+        while Instant::now() < end {
+            match listener.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false).ok();
+                    s.set_read_timeout(Some(Duration::from_millis(200))).ok();
+                    let mut buf = [0u8; 4096];
+                    let _ = s.read(&mut buf);
+                    if garbage {
+                        let mut body = b"PRX3".to_vec();
+                        body.extend(
+                            (0..200u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8),
+                        );
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: {}\r\n\r\n",
+                            body.len()
+                        );
+                        let _ = s.write_all(head.as_bytes());
+                        let _ = s.write_all(&body);
+                    } else {
+                        held.push(s); // never answered
+                    }
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    });
+    port
+}
+
+/// A peer that answers garbage and one that hangs cost nothing but
+/// staleness: every request is served, both are counted (`bad_batch`,
+/// `pull_fail`), nothing of theirs is merged; a real peer pulling at the
+/// shipped default period (100 ms) still learns this gateway's writes; and
+/// hostile requests to the sync path are refused.
+#[test]
+fn hostile_peers_cost_only_staleness() {
+    let dir = workdir("gateways-hostile");
+    let fleet = Fleet::start(&dir, 3, &ReplicaOpts::default());
+    let life = Duration::from_secs(120);
+    let (bad, hung) = (fake_peer(true, life), fake_peer(false, life));
+    let ports: Vec<(u16, u16)> = (0..2).map(|_| (free_port(), free_port())).collect();
+    let peer_ports = [bad, hung, ports[0].1, ports[1].1];
+    // The shipped defaults: pull_ms 100, timeout_ms 250, hosts_refresh_ms 1000.
+    let cfg = EnvoyConfig::new(&fleet.endpoints()).with(
+        "peers",
+        json!({"cluster": "prefix_router_peers", "admin_cluster": "envoy_admin",
+               "secret": SECRET}),
+    );
+    let mut gws: Vec<Envoy> = (0..2)
+        .map(|i| spawn_gateway(&dir, &format!("gw{i}"), &cfg, ports[i], &peer_ports))
+        .collect();
+    for g in &mut gws {
+        g.wait_ready();
+    }
+    // Let the puller list the hosts and meet the fake peers.
+    std::thread::sleep(Duration::from_millis(2500));
+    let live: Live = Arc::new(Mutex::new(vec![(0, gws[0].url(""))]));
+    let out = run(
+        Mixed::new(11).take(60),
+        &live,
+        &Arc::new(AtomicUsize::new(0)),
+    );
+    let failed = out.iter().filter(|o| o.status != 200).count();
+    assert_eq!(failed, 0, "{failed} requests failed with hostile peers");
+    std::thread::sleep(Duration::from_millis(1500));
+    let a = gws[0].stats();
+    let b = gws[1].stats();
+    let stat =
+        |s: &crate::harness::stats::Stats, k: &str| s.get(&format!("prefix_router.peers.{k}"));
+    eprintln!(
+        "gateways: hostile peers: gw0 pull_ok {} pull_fail {} bad_batch {} applied {} published {} hosts {}; gw1 pull_ok {} applied {}",
+        stat(&a, "pull_ok"),
+        stat(&a, "pull_fail"),
+        stat(&a, "bad_batch"),
+        stat(&a, "writes_applied"),
+        stat(&a, "writes_published"),
+        stat(&a, "hosts"),
+        stat(&b, "pull_ok"),
+        stat(&b, "writes_applied"),
+    );
+    assert!(
+        stat(&a, "bad_batch") >= 1,
+        "the garbage peer was not counted"
+    );
+    assert!(stat(&a, "pull_fail") >= 1, "the hung peer was not counted");
+    assert_eq!(stat(&a, "hosts"), 4);
+    // The real peer, pulling at the default period, learned gw0's writes.
+    assert!(stat(&a, "writes_published") > 0);
+    assert!(stat(&b, "pull_ok") > 0 && stat(&b, "writes_applied") > 0);
+    // Hostile clients on the sync path: refused, counted, never forwarded.
+    let port = ports[0].1;
+    let auth = [("x-prefix-router-peer", SECRET)];
+    let huge = format!("{PEERS_PATH}?since={}", "9".repeat(4000));
+    assert_eq!(raw(port, "GET", &huge, &auth).0, 400);
+    let same_len = "x".repeat(SECRET.len());
+    let wrong = [("x-prefix-router-peer", same_len.as_str())];
+    assert_eq!(
+        raw(port, "GET", &format!("{PEERS_PATH}?since=0"), &wrong).0,
+        403
+    );
+    assert_eq!(
+        raw(port, "GET", &format!("{PEERS_PATH}?slots=x"), &auth).0,
+        400
+    );
+    let a = gws[0].stats();
+    assert!(stat(&a, "bad_request") >= 2 && stat(&a, "unauthorized") >= 1);
+    for r in &fleet.replicas {
+        assert!(r
+            .requests()
+            .iter()
+            .all(|q| !q["path"].as_str().unwrap_or("").contains("prefix-router")));
+    }
 }

@@ -4,7 +4,10 @@
 //! them agree on where prefixes live.
 //!
 //! Each gateway has its **own** slot table (`VecStore`), cost model, in-flight
-//! counts and ticket, exactly like a separate Envoy process. A policy name is
+//! counts, `spread_cold` counters and ticket, exactly like a separate Envoy
+//! process, and drives the core as the filter does (as [`super::ours::Ours`]
+//! does: pending record at routing for a cold or spilled decision, the record
+//! when the response starts; `record_at_route=1` records at routing instead). A policy name is
 //! `MODE/N[/DELAY_MS]`, `MODE` being `+`-joined options:
 //!
 //! | option | model |
@@ -14,8 +17,7 @@
 //! | `anchor` | the ring key is an early block (`anchor_block`, default block 3 = characters 768–1023, or the last full block of a shorter prompt) instead of the whole-window key, and cold placement compares `det_choices` ring candidates: every gateway makes the same first choice for prompts that share that block |
 //! | `exc` | the index records only exceptions (decisions other than "cold, ring owner of the anchor") |
 //! | `det` | `eng+anchor` (deterministic first) |
-//! | `peer` | the slot writes of every index record are logged (`prefix_router::peers::LoggingStore`), encoded and decoded as the wire batch, and merged (`peers::merge`) into every other gateway's table `DELAY` ms later; each gateway's outbox keeps at most `max_pending` slot writes (oldest dropped, counted) |
-//! | `chg` | with `peer`: publish only news (a cold or spilled decision, a holder that was not the front one, or a known prefix shorter than half the hashed window); warm repeats update only the local table |
+//! | `peer` | peer exchange as the filter runs it: the record after the response goes through `prefix_router::peers_log::Publishing` (the filter's news rule: new blocks if the record added `min_publish` characters, placement changes, refreshes, confirmed pending records), the news is logged (`peers::DeltaLog`), encoded and decoded as the wire batch, and merged (`peers::merge`) into every other gateway's table `DELAY` ms later; each gateway's outbox keeps at most `max_pending` slot writes (oldest dropped, counted). Pending records and the `spread_cold` counters stay local, as in the filter (`pub_pending=1` publishes pending records too) |
 //! | `truth` | at the first token the engine's `cached_tokens` (what the replica really had cached for this request when it was routed) teaches the gateway: the cost model learns from delivered instead of expected uncached tokens, and the index records that the replica holds the delivered prefix |
 //!
 //! `DELAY_MS` is the peer-exchange delay for `peer` modes and the engine
@@ -34,8 +36,10 @@ use std::sync::OnceLock;
 use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::CostModel;
 use prefix_router::hash::BLOCK_UNITS;
-use prefix_router::index::{PrefixIndex, SlotValue, VecStore};
-use prefix_router::peers::{self, DeltaLog, LoggingStore};
+use prefix_router::index::{Known, PrefixIndex, SlotValue, VecStore};
+use prefix_router::peers::{self, DeltaLog};
+use prefix_router::peers_log::{NewsRule, Publishing};
+use prefix_router::pressure::Pressure;
 use prefix_router::{Loads, Router, RoutingKey};
 
 use super::ours::OursParams;
@@ -54,6 +58,17 @@ pub struct Knobs {
     pub scrape_ms: f64,
     /// Slot writes kept per gateway outbox (the peer log's capacity).
     pub max_pending: usize,
+    /// The filter's `peers.min_publish_chars`.
+    pub min_publish: usize,
+    /// The filter's `peers.refresh_publish_s`.
+    pub refresh_s: u32,
+    /// Publish pending records too (the filter does not).
+    pub pub_pending: bool,
+    /// Record at routing instead of at the response (no pending records).
+    pub record_at_route: bool,
+    /// One set of `spread_cold` counters for all gateways (the upper bound
+    /// of publishing them; the filter keeps one set per Envoy).
+    pub shared_pressure: bool,
 }
 
 impl Default for Knobs {
@@ -63,6 +78,11 @@ impl Default for Knobs {
             det_choices: 2,
             scrape_ms: 100.0,
             max_pending: 4096,
+            min_publish: shipped_peers().0,
+            refresh_s: shipped_peers().1,
+            pub_pending: false,
+            record_at_route: false,
+            shared_pressure: false,
         }
     }
 }
@@ -78,10 +98,28 @@ impl Knobs {
             "det_choices" => self.det_choices = u().filter(|&c| c >= 1).ok_or_else(bad)?,
             "scrape_ms" => self.scrape_ms = f().ok_or_else(bad)?,
             "max_pending" => self.max_pending = u().filter(|&c| c >= 1).ok_or_else(bad)?,
+            "min_publish" => self.min_publish = u().ok_or_else(bad)?,
+            "refresh_s" => self.refresh_s = u().ok_or_else(bad)? as u32,
+            "pub_pending" => self.pub_pending = v == "1" || v == "true",
+            "record_at_route" => self.record_at_route = v == "1" || v == "true",
+            "shared_pressure" => self.shared_pressure = v == "1" || v == "true",
             _ => return Err(format!("--gw: unknown knob {k}")),
         }
         Ok(())
     }
+}
+
+/// The filter's shipped `min_publish_chars` and `refresh_publish_s` (from
+/// the core's validated configuration, so the simulator runs its defaults).
+fn shipped_peers() -> (usize, u32) {
+    let json = br#"{"endpoints":["127.0.0.1:1"],
+        "peers":{"cluster":"c","secret":"0123456789abcdef0123"}}"#;
+    prefix_router::Config::from_json(json)
+        .ok()
+        .and_then(|c| c.peers)
+        .map_or((512, 120), |p| {
+            (p.min_publish_chars as usize, p.refresh_publish_s)
+        })
 }
 
 static KNOBS: OnceLock<Knobs> = OnceLock::new();
@@ -104,8 +142,6 @@ pub struct Mode {
     pub peer: bool,
     /// Engine-reported cached tokens teach the gateway.
     pub truth: bool,
-    /// Publish only news to the peers.
-    pub changes: bool,
 }
 
 impl Mode {
@@ -124,7 +160,6 @@ impl Mode {
                 }
                 "peer" => m.peer = true,
                 "truth" => m.truth = true,
-                "chg" => m.changes = true,
                 _ => return None,
             }
         }
@@ -203,6 +238,26 @@ pub fn anchor_key(key: &RoutingKey, anchor_block: usize) -> Option<u64> {
     key.blocks.get(anchor_block.min(full - 1)).copied()
 }
 
+/// The gateways' clock, ms: simulated time after a base of 2^32 ms (as a
+/// real clock is far from 0), so that a pending record's time, set back by
+/// `max_age − PENDING_MS`, does not saturate at 0 during the first minutes
+/// (then its confirmation would look like a warm repeat).
+pub const CLOCK_BASE_MS: u64 = 1 << 32;
+
+fn clock_ms(now_s: f64) -> u64 {
+    CLOCK_BASE_MS + (now_s * 1000.0) as u64
+}
+
+/// Characters a record adds beyond the known prefix (the filter's measure).
+fn new_chars(blocks: usize, known: Option<&Known>) -> usize {
+    (blocks - known.map_or(0, |k| k.depth.min(blocks))) * BLOCK_UNITS
+}
+
+/// The record puts a known prefix on a replica that was not its front holder.
+fn moved(known: Option<&Known>, served: usize) -> bool {
+    known.is_some_and(|k| k.entry.holders().next() != Some(served))
+}
+
 /// A slot write published to the peers.
 #[derive(Debug, Clone, Copy)]
 struct Delta {
@@ -229,6 +284,10 @@ struct Pending {
     expected_uncached: f32,
     in_flight: u32,
     delivered: u32,
+    /// The lookup at routing (the record after the response uses it).
+    known: Option<Known>,
+    /// The decision is recorded (always but in `exc` modes).
+    record: bool,
 }
 
 /// Counters for the report.
@@ -253,7 +312,10 @@ pub struct Gateways {
     index: PrefixIndex,
     spec: Spec,
     knobs: Knobs,
+    rule: NewsRule,
     gws: Vec<Gateway>,
+    /// The `spread_cold` counters of every gateway with `shared_pressure`.
+    pressure: VecStore,
     scraped: Vec<u32>,
     next_scrape: f64,
     pending: Vec<Pending>,
@@ -316,7 +378,10 @@ impl Gateways {
             index: PrefixIndex::new(p.index),
             spec,
             knobs,
+            rule: NewsRule::refresh(knobs.refresh_s.saturating_mul(10))
+                .with_pending(cfg.max_age_ms),
             gws,
+            pressure: VecStore::new(1),
             scraped: vec![0; n],
             next_scrape: 0.0,
             pending: Vec::new(),
@@ -379,15 +444,23 @@ impl Gateways {
     }
 
     /// Publish gateway `k`'s log from `seq` on: through the wire format
-    /// (encode, validate, decode), into its outbox.
+    /// (encode, validate, decode), into its outbox (merged at once with no
+    /// delay).
     fn publish(&mut self, k: usize, seq: u64, now_ms: u64) {
+        self.enqueue(k, seq, now_ms);
+        if self.spec.delay_ms == 0.0 {
+            self.sync(now_ms);
+        }
+    }
+
+    fn enqueue(&mut self, k: usize, seq: u64, now_ms: u64) {
         let layout = peers::layout(self.index.config().slots, &[]);
         let g = &mut self.gws[k];
         // Writes the bounded log forgot before this pull count as dropped.
         self.c.dropped += g.log.oldest_seq().saturating_sub(seq);
-        let wire = g.log.encode_since(seq, usize::MAX, layout, 0);
-        self.c.wire_bytes += (wire.len() - peers::HEADER_BYTES) as u64;
         let slots = self.index.config().slots;
+        let wire = g.log.encode_since(seq, usize::MAX, (layout, slots), 0);
+        self.c.wire_bytes += (wire.len() - peers::HEADER_BYTES) as u64;
         let replicas = g.in_flight.len();
         let Ok(batch) = peers::decode(&wire, layout, usize::MAX, slots, replicas) else {
             return;
@@ -407,7 +480,7 @@ impl Gateways {
 
     /// Route request `idx` through gateway `k`.
     fn route_on(&mut self, k: usize, idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
-        let now_ms = (view.now * 1000.0) as u64;
+        let now_ms = clock_ms(view.now);
         self.sync(now_ms);
         self.scrape(view);
         let Some(key) = req.keys.core.get(self.key) else {
@@ -437,46 +510,53 @@ impl Gateways {
         } else {
             key
         };
+        let n = self.router.ring().len();
         let g = &mut self.gws[k];
         let known = self.index.lookup(&g.store, &key.blocks, now_ms);
         g.ticket += 1;
+        // spread_cold: this gateway's own counters (as in the filter: one
+        // set per Envoy, never published).
+        let counters = if self.knobs.shared_pressure {
+            &self.pressure
+        } else {
+            &g.store
+        };
+        let pressure = Pressure::for_request(counters, n, key, known.as_ref(), &self.cfg);
         let request = affinity::Request {
             key: rkey,
             prompt_chars: req.body_chars as usize,
             known: known.as_ref(),
             loads: Loads::new(&loads),
             ticket: g.ticket,
-            // Ring order on load ties: the modes compare agreement without
-            // shared state.
-            pressure: None,
+            pressure: pressure.as_ref(),
         };
         let c = affinity::choose(self.router.ring(), &request, &g.cost, &self.cfg);
         let first_choice = rkey
             .key
             .and_then(|rk| self.router.ring().candidates(rk).next());
         let exception = c.reason != Reason::Cold || Some(c.primary) != first_choice;
-        let seq = g.log.next_seq();
-        // News for the peers: a new prefix or holder, or a known prefix
-        // that covers less than half of the hashed window.
-        let news = c.reason != Reason::Warm
-            || known.as_ref().is_some_and(|k| {
-                k.entry.holders().next() != Some(c.primary) || 2 * k.depth * BLOCK_UNITS < key.units
-            });
-        if !mode.exceptions || exception {
-            self.c.records += 1;
-            let sets = if mode.peer && (news || !mode.changes) {
-                let mut store = LoggingStore {
-                    inner: &mut g.store,
-                    log: &mut g.log,
-                };
+        let record = !mode.exceptions || exception;
+        let placed = matches!(c.reason, Reason::Cold | Reason::Spill);
+        if record && !self.knobs.record_at_route && self.cfg.record_pending && placed {
+            // The filter's pending record: local only, unless `pub_pending`.
+            let at = (now_ms, self.cfg.max_age_ms);
+            let seq = g.log.next_seq();
+            if mode.peer && self.knobs.pub_pending {
+                let mut p = Publishing::with_rule(&mut g.store, self.rule, true);
                 self.index
-                    .record(&mut store, &key.blocks, known.as_ref(), c.primary, now_ms)
+                    .record_pending(&mut p, &key.blocks, known.as_ref(), c.primary, at);
+                let new_chars = new_chars(key.blocks.len(), known.as_ref());
+                let moved = moved(known.as_ref(), c.primary);
+                for (slot, v) in p.outbox(new_chars, self.knobs.min_publish, moved) {
+                    g.log.push(slot, v);
+                }
+                self.publish(k, seq, now_ms);
             } else {
                 self.index
-                    .record(&mut g.store, &key.blocks, known.as_ref(), c.primary, now_ms)
-            };
-            self.c.sets += sets as u64;
+                    .record_pending(&mut g.store, &key.blocks, known.as_ref(), c.primary, at);
+            }
         }
+        let g = &mut self.gws[k];
         if let Some(x) = g.in_flight.get_mut(c.primary) {
             *x += 1;
         }
@@ -498,6 +578,8 @@ impl Gateways {
             expected_uncached: c.expected_uncached_tokens() as f32,
             in_flight: loads.get(c.primary).copied().unwrap_or(0),
             delivered,
+            known,
+            record,
         };
         self.c.reasons[match c.reason {
             Reason::Warm => 0,
@@ -507,11 +589,8 @@ impl Gateways {
         }] += 1;
         self.c.routed += 1;
         self.c.body_chars += u64::from(req.body_chars);
-        if mode.peer {
-            self.publish(k, seq, now_ms);
-            if self.spec.delay_ms == 0.0 {
-                self.sync(now_ms);
-            }
+        if record && self.knobs.record_at_route {
+            self.record(k, key, known.as_ref(), c.primary, now_ms);
         }
         Routed {
             replica: c.primary,
@@ -519,11 +598,51 @@ impl Gateways {
         }
     }
 
-    /// What gateway `k`'s index knows about `blocks` (tests).
+    /// Gateway `k` records that `served` holds `key`'s prefix (the filter's
+    /// record after a 2xx: index record + spread_cold note), and with `peer`
+    /// publishes the news as the filter does.
+    fn record(
+        &mut self,
+        k: usize,
+        key: &RoutingKey,
+        known: Option<&Known>,
+        served: usize,
+        now_ms: u64,
+    ) {
+        let n = self.router.ring().len();
+        let peer = self.spec.mode.peer;
+        let g = &mut self.gws[k];
+        self.c.records += 1;
+        let seq = g.log.next_seq();
+        let mut p = Publishing::with_rule(&mut g.store, self.rule, peer);
+        let sets = self
+            .index
+            .record(&mut p, &key.blocks, known, served, now_ms);
+        let out = p.outbox(
+            new_chars(key.blocks.len(), known),
+            self.knobs.min_publish,
+            moved(known, served),
+        );
+        self.c.sets += sets as u64;
+        for (slot, v) in out {
+            g.log.push(slot, v);
+        }
+        let counters = if self.knobs.shared_pressure {
+            &mut self.pressure
+        } else {
+            &mut g.store
+        };
+        Pressure::note(counters, n, known, served, &self.cfg);
+        if peer {
+            self.publish(k, seq, now_ms);
+        }
+    }
+
+    /// What gateway `k`'s index knows about `blocks` at simulated `now_ms` (tests).
     #[cfg(test)]
     fn known_depth(&self, k: usize, blocks: &[u64], now_ms: u64) -> usize {
         self.index
-            .lookup(&self.gws[k].store, blocks, now_ms)
+            .lookup(&self.gws[k].store, blocks, CLOCK_BASE_MS + now_ms)
             .map_or(0, |x| x.depth)
     }
 }
@@ -538,7 +657,15 @@ impl Policy for Gateways {
         let Some(p) = self.pending.get(idx as usize).copied() else {
             return;
         };
-        let Some(g) = self.gws.get_mut(usize::from(p.gateway)) else {
+        let k = usize::from(p.gateway);
+        let now_ms = clock_ms(now);
+        if p.record && !self.knobs.record_at_route && k < self.gws.len() {
+            if let Some(key) = req.keys.core.get(self.key) {
+                self.sync(now_ms);
+                self.record(k, key, p.known.as_ref(), replica, now_ms);
+            }
+        }
+        let Some(g) = self.gws.get_mut(k) else {
             return;
         };
         if !self.spec.mode.truth {
@@ -559,7 +686,6 @@ impl Policy for Gateways {
         let chars = f64::from(p.delivered) * self.cfg.chars_per_token;
         let depth = ((chars as usize) / BLOCK_UNITS).min(key.blocks.len());
         if depth > 0 {
-            let now_ms = (now * 1000.0) as u64;
             let blocks = &key.blocks[..depth];
             let known = self.index.lookup(&g.store, blocks, now_ms);
             self.index
@@ -674,23 +800,18 @@ mod tests {
     fn one_independent_gateway_is_ours() {
         let (book, reqs) = sagemaker(0.04);
         let m = ModelParams::default();
-        // The gateways record at routing (as `ours` with `record_at_route`)
-        // and place by ring order at equal loads (no pressure counters).
-        let d = OursParams::default();
-        let p = OursParams {
-            record_at_route: true,
-            affinity: prefix_router::affinity::AffinityConfig {
-                spread_cold: false,
-                ..d.affinity
-            },
-            ..d
-        };
-        let mut ours = Ours::new(book.routers[0].1.clone(), 0, p, &m).unwrap();
+        // The gateways drive the core as `ours` does (pending record at
+        // routing, record at the first token, spread_cold counters).
+        let mut ours = Ours::new(book.routers[0].1.clone(), 0, OursParams::default(), &m).unwrap();
         let mut one = gateways(&book, "indep/1", Knobs::default());
         let a = engine::run(&mut ours, &reqs, &m, 7, &engine::Limits::default()).unwrap();
         let b = engine::run(&mut one, &reqs, &m, 7, &engine::Limits::default()).unwrap();
         let pick = |r: &engine::RunResult| r.records.iter().map(|x| x.replica).collect::<Vec<_>>();
         assert_eq!(pick(&a), pick(&b));
+        // Also with peer exchange (nobody to talk to).
+        let mut lone = gateways(&book, "peer/1/0", Knobs::default());
+        let d = engine::run(&mut lone, &reqs, &m, 7, &engine::Limits::default()).unwrap();
+        assert_eq!(pick(&a), pick(&d));
         // Two gateways that share nothing do not reproduce it.
         let mut two = gateways(&book, "indep/2", Knobs::default());
         let c = engine::run(&mut two, &reqs, &m, 7, &engine::Limits::default()).unwrap();
@@ -712,7 +833,11 @@ mod tests {
         let (book, reqs) = sagemaker(0.01);
         let m = ModelParams::default();
         let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
-        let mut g = gateways(&book, "peer/2/200", Knobs::default());
+        let at_route = Knobs {
+            record_at_route: true,
+            ..Knobs::default()
+        };
+        let mut g = gateways(&book, "peer/2/200", at_route);
         let blocks = |i: usize| &reqs[i].keys.core[0].blocks;
         let full = blocks(0).len();
         g.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
@@ -723,11 +848,11 @@ mod tests {
         assert_eq!(g.known_depth(1, blocks(0), 1100), 0);
         g.route_on(0, 2, &reqs[2], &view(1.2, &reps, &m));
         assert_eq!(g.known_depth(1, blocks(0), 1200), full);
-        assert!(g.c.wire_bytes >= (g.c.sets * peers::ITEM_BYTES as u64));
+        assert!(g.c.wire_bytes >= (g.c.sets * peers::MIN_ITEM_BYTES as u64));
         // An outbox of 4 slot writes keeps the last 4 of a record and counts the rest.
         let knobs = Knobs {
             max_pending: 4,
-            ..Knobs::default()
+            ..at_route
         };
         let mut small = gateways(&book, "peer/2/200", knobs);
         small.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
@@ -738,11 +863,15 @@ mod tests {
     }
 
     #[test]
-    fn only_news_is_published_with_chg() {
+    fn only_news_is_published() {
         let (book, reqs) = sagemaker(0.01);
         let m = ModelParams::default();
         let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
-        let mut g = gateways(&book, "peer+chg/2/0", Knobs::default());
+        let at_route = Knobs {
+            record_at_route: true,
+            ..Knobs::default()
+        };
+        let mut g = gateways(&book, "peer/2/0", at_route);
         g.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
         let first = g.c.wire_bytes;
         assert!(first > 0);
@@ -754,11 +883,42 @@ mod tests {
         g.route_on(0, 1, &reqs[0], &view(1.5, &reps, &m));
         assert_eq!(g.c.reasons[0], 1);
         assert_eq!(g.c.wire_bytes, first);
-        // Without chg the repeat is published.
-        let mut all = gateways(&book, "peer/2/0", Knobs::default());
-        all.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
-        all.route_on(0, 1, &reqs[0], &view(1.5, &reps, &m));
-        assert!(all.c.wire_bytes > first);
+        // A threshold above the prompt: its new blocks are not published.
+        let high = Knobs {
+            min_publish: 1 << 30,
+            ..at_route
+        };
+        let mut quiet = gateways(&book, "peer/2/0", high);
+        quiet.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
+        assert_eq!(quiet.c.wire_bytes, 0);
+        assert_eq!(quiet.known_depth(1, &reqs[0].keys.core[0].blocks, 1000), 0);
+    }
+
+    #[test]
+    fn the_record_after_the_response_is_published_once() {
+        // The filter's order: pending record at routing (local), the record
+        // at the first token confirms it and is what the peers get.
+        let (book, reqs) = sagemaker(0.01);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let mut g = gateways(&book, "peer/2/0", Knobs::default());
+        let blocks = &reqs[0].keys.core[0].blocks;
+        let r = g.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
+        assert_eq!(g.c.wire_bytes, 0, "pending records stay local");
+        assert!(g.known_depth(0, blocks, 1000) > 0);
+        assert_eq!(g.known_depth(1, blocks, 1000), 0);
+        g.on_first_token(0, &reqs[0], r.replica, 0.1, 1.1);
+        assert!(g.c.wire_bytes > 0);
+        assert_eq!(g.known_depth(1, blocks, 1100), blocks.len());
+        // With pub_pending the pending record travels at routing.
+        let eager = Knobs {
+            pub_pending: true,
+            ..Knobs::default()
+        };
+        let mut e = gateways(&book, "peer/2/0", eager);
+        e.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
+        assert!(e.c.wire_bytes > 0);
+        assert!(e.known_depth(1, blocks, 1000) > 0);
     }
 
     #[test]
