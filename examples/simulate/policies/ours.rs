@@ -96,6 +96,8 @@ impl OursParams {
             "forget" => self.cost.forget = f()?,
             "prefill_floor" => self.cost.prefill_floor = v == "1" || v == "true",
             "record_at_route" => self.record_at_route = v == "1" || v == "true",
+            "end_marks" => self.index.end_marks = v == "1" || v == "true",
+            "continuation" => self.affinity.continuation = v == "1" || v == "true",
             "pressure" | "spread_cold" => self.affinity.spread_cold = v == "1" || v == "true",
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
