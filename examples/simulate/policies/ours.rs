@@ -38,6 +38,24 @@ pub struct OursParams {
     /// response; modelled at the first token, which is no earlier than the
     /// response headers).
     pub record_at_route: bool,
+    /// Load picture from the engines' scraped queues (see [`EngineLoad`]).
+    pub engine_load: EngineLoad,
+    /// Scrape period of `engine_load`, ms (the filter's `engine.refresh_ms`).
+    pub engine_refresh_ms: f64,
+}
+
+/// Which load the policy sees per replica (the filter's `engine` block,
+/// `src/cluster/engines.rs`, scraping every `engine_refresh_ms`; the sample
+/// taken is the simulator's 50 ms-periodic scrape current at that time, and
+/// the filter's saturation rule is not modelled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineLoad {
+    /// Our in-flight counts only (no `engine` block).
+    Off,
+    /// The filter before this session: `max(in-flight, waiting + running)`.
+    Max,
+    /// The filter now: `max(in-flight, waiting + running) + waiting`.
+    Queued,
 }
 
 impl Default for OursParams {
@@ -56,6 +74,8 @@ impl Default for OursParams {
                 affinity: *r.affinity_config(),
                 cost: r.cost_config(),
                 record_at_route: false,
+                engine_load: EngineLoad::Off,
+                engine_refresh_ms: 500.0,
             },
             None => OursParams {
                 prefix_length: 65536,
@@ -64,6 +84,8 @@ impl Default for OursParams {
                 affinity: AffinityConfig::default(),
                 cost: CostConfig::default(),
                 record_at_route: false,
+                engine_load: EngineLoad::Off,
+                engine_refresh_ms: 500.0,
             },
         }
     }
@@ -96,6 +118,15 @@ impl OursParams {
             "forget" => self.cost.forget = f()?,
             "prefill_floor" => self.cost.prefill_floor = v == "1" || v == "true",
             "record_at_route" => self.record_at_route = v == "1" || v == "true",
+            "engine_load" => {
+                self.engine_load = match v {
+                    "off" | "0" => EngineLoad::Off,
+                    "max" => EngineLoad::Max,
+                    "queued" | "1" => EngineLoad::Queued,
+                    _ => return Err(bad()),
+                }
+            }
+            "engine_refresh_ms" => self.engine_refresh_ms = f()?.max(1.0),
             "end_marks" => self.index.end_marks = v == "1" || v == "true",
             "continuation" => self.affinity.continuation = v == "1" || v == "true",
             "pressure" | "spread_cold" => self.affinity.spread_cold = v == "1" || v == "true",
@@ -127,6 +158,13 @@ pub struct Ours {
     /// Prompt tokens not served from the cache, by class, and all prompt tokens.
     lost: [u64; 6],
     prompt: u64,
+    engine_load: EngineLoad,
+    engine_period_s: f64,
+    /// Scrape period index of `snap`, the sample (our own in-flight counts
+    /// are live, as in the filter), and the load picture given to the policy.
+    epoch: i64,
+    snap: Vec<crate::replica::Metrics>,
+    loads: Vec<u32>,
 }
 
 impl Ours {
@@ -157,11 +195,44 @@ impl Ours {
             class: Vec::new(),
             lost: [0; 6],
             prompt: 0,
+            engine_load: p.engine_load,
+            engine_period_s: p.engine_refresh_ms / 1000.0,
+            epoch: -1,
+            snap: Vec::new(),
+            loads: Vec::new(),
         })
     }
 }
 
+impl Ours {
+    /// The load picture of [`EngineLoad`]: a scrape at every multiple of
+    /// the period (the filter's polling timer), our in-flight counts live.
+    fn engine_loads(&mut self, view: &View<'_>) {
+        let n = view.in_flight.len();
+        let epoch = (view.now / self.engine_period_s).floor() as i64;
+        if epoch != self.epoch || self.snap.len() != n {
+            self.epoch = epoch;
+            self.snap = view.scraped.to_vec();
+        }
+        self.loads.clear();
+        for i in 0..n {
+            let own = view.in_flight.get(i).copied().unwrap_or(0);
+            let m = self.snap.get(i).copied().unwrap_or_default();
+            let engine = m.outstanding;
+            self.loads.push(match self.engine_load {
+                EngineLoad::Off => own,
+                EngineLoad::Max => own.max(engine),
+                EngineLoad::Queued => own.max(engine) + m.waiting,
+            });
+        }
+    }
+}
+
 impl Policy for Ours {
+    fn needs_scrape(&self) -> bool {
+        self.engine_load != EngineLoad::Off
+    }
+
     fn route(&mut self, idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
         let now_ms = (view.now * 1000.0) as u64;
         let Some(key) = req.keys.core.get(self.key) else {
@@ -171,6 +242,9 @@ impl Policy for Ours {
             };
         };
         let known = self.index.lookup(&self.store, &key.blocks, now_ms);
+        if self.engine_load != EngineLoad::Off {
+            self.engine_loads(view);
+        }
         self.ticket += 1;
         let n = self.router.ring().len();
         let pressure = Pressure::for_request(&self.store, n, key, known.as_ref(), &self.cfg);
@@ -178,7 +252,11 @@ impl Policy for Ours {
             key,
             prompt_chars: req.body_chars as usize,
             known: known.as_ref(),
-            loads: Loads::new(view.in_flight),
+            loads: Loads::new(if self.engine_load == EngineLoad::Off {
+                view.in_flight
+            } else {
+                &self.loads
+            }),
             ticket: self.ticket,
             pressure: pressure.as_ref(),
         };
