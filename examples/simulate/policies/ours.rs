@@ -459,3 +459,59 @@ impl Policy for OursMulti {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replica::Metrics;
+
+    fn ours(mode: EngineLoad) -> Ours {
+        let router = Router::new(
+            Config::from_json(br#"{"endpoints":["127.0.0.1:1","127.0.0.1:2"]}"#).unwrap(),
+        );
+        let p = OursParams {
+            engine_load: mode,
+            ..OursParams::default()
+        };
+        Ours::new(router, 0, p, &ModelParams::default()).unwrap()
+    }
+
+    fn loads(o: &mut Ours, now: f64, scraped: &[Metrics]) -> Vec<u32> {
+        let m = ModelParams::default();
+        let view = View {
+            now,
+            in_flight: &[2, 4],
+            replicas: &[],
+            scraped,
+            model: &m,
+        };
+        o.engine_loads(&view);
+        o.loads.clone()
+    }
+
+    #[test]
+    fn engine_load_modes_follow_the_filter_and_its_scrape_period() {
+        let m = |waiting, outstanding| Metrics {
+            waiting,
+            outstanding,
+            kv_usage: 0.0,
+        };
+        let first = [m(3, 5), m(0, 1)];
+        let later = [m(0, 0), m(9, 12)];
+        for (mode, want) in [
+            (EngineLoad::Off, [2, 4]),
+            (EngineLoad::Max, [5, 4]),
+            (EngineLoad::Queued, [8, 4]),
+        ] {
+            let mut o = ours(mode);
+            assert_eq!(loads(&mut o, 0.1, &first), want, "{mode:?}");
+            // Same 500 ms period: the sample taken at its start is kept.
+            assert_eq!(loads(&mut o, 0.4, &later), want, "{mode:?}");
+        }
+        // The next period reads the new sample: max(2, 0) + 0, max(4, 12) + 9.
+        let mut o = ours(EngineLoad::Queued);
+        loads(&mut o, 0.1, &first);
+        assert_eq!(loads(&mut o, 0.6, &later), [2, 21]);
+        assert!(o.needs_scrape() && !ours(EngineLoad::Off).needs_scrape());
+    }
+}
