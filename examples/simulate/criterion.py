@@ -100,7 +100,7 @@ def load_cases(files):
             }
     def key(case):
         m = re.match(r"(\w+), (\d+) replicas", case)
-        return (1, m.group(1), int(m.group(2))) if m else (0, case, 0)
+        return (1, m.group(1), int(m.group(2))) if m else (0, "", order.index(case))
 
     return sorted(order, key=key), cases, paired
 

@@ -56,6 +56,10 @@ pub enum EngineLoad {
     Max,
     /// The filter now: `max(in-flight, waiting + running) + waiting`.
     Queued,
+    /// A proposal: the sample corrected by our own routes since it,
+    /// `in-flight + max(0, waiting + running − in-flight at the scrape) +
+    /// waiting` (others' traffic plus the queue, our own counted live).
+    Delta,
 }
 
 impl Default for OursParams {
@@ -123,6 +127,7 @@ impl OursParams {
                     "off" | "0" => EngineLoad::Off,
                     "max" => EngineLoad::Max,
                     "queued" | "1" => EngineLoad::Queued,
+                    "delta" => EngineLoad::Delta,
                     _ => return Err(bad()),
                 }
             }
@@ -164,6 +169,7 @@ pub struct Ours {
     /// are live, as in the filter), and the load picture given to the policy.
     epoch: i64,
     snap: Vec<crate::replica::Metrics>,
+    snap_own: Vec<u32>,
     loads: Vec<u32>,
 }
 
@@ -199,6 +205,7 @@ impl Ours {
             engine_period_s: p.engine_refresh_ms / 1000.0,
             epoch: -1,
             snap: Vec::new(),
+            snap_own: Vec::new(),
             loads: Vec::new(),
         })
     }
@@ -213,6 +220,7 @@ impl Ours {
         if epoch != self.epoch || self.snap.len() != n {
             self.epoch = epoch;
             self.snap = view.scraped.to_vec();
+            self.snap_own = view.in_flight.to_vec();
         }
         self.loads.clear();
         for i in 0..n {
@@ -223,6 +231,10 @@ impl Ours {
                 EngineLoad::Off => own,
                 EngineLoad::Max => own.max(engine),
                 EngineLoad::Queued => own.max(engine) + m.waiting,
+                EngineLoad::Delta => {
+                    let then = self.snap_own.get(i).copied().unwrap_or(0);
+                    own + engine.saturating_sub(then) + m.waiting
+                }
             });
         }
     }
@@ -502,6 +514,8 @@ mod tests {
             (EngineLoad::Off, [2, 4]),
             (EngineLoad::Max, [5, 4]),
             (EngineLoad::Queued, [8, 4]),
+            // 2 + (5 − 2) + 3, 4 + 0 + 0 (in-flight at the scrape: 2, 4).
+            (EngineLoad::Delta, [8, 4]),
         ] {
             let mut o = ours(mode);
             assert_eq!(loads(&mut o, 0.1, &first), want, "{mode:?}");
