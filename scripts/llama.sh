@@ -7,18 +7,24 @@
 #   scripts/llama.sh stop                  stop exactly the replicas `start` recorded
 #   scripts/llama.sh smoke                 3 replicas + real Envoy + our .wasm: a shared ~1,000-token
 #                                          prefix must land on one replica that reports cached tokens
-#   scripts/llama.sh bench [--out FILE]    round_robin vs prefix vs affinity on 3 replicas behind
-#                                          Envoy: 8 prefix groups, 3 fit per replica's cache
-#                                          (JSON to FILE, default .work/bench/llama.json;
-#                                          each strategy's raw run beside it, FILE.STRATEGY.json)
+#   scripts/llama.sh probe [CRAM [KMAX]]   how many bench-sized prompts one replica with -cram CRAM
+#                                          (default LLAMA_BENCH_CRAM) really keeps: k fresh prompts,
+#                                          then the first again, k = 1..KMAX (default 5)
+#   scripts/llama.sh bench [--out FILE]    probe first (fails unless each replica keeps
+#                                          LLAMA_BENCH_CAPACITY prompts), then round_robin vs prefix
+#                                          vs affinity on 3 replicas behind Envoy: 9 prefix groups,
+#                                          3 per replica's cache (JSON to FILE, default
+#                                          .work/bench/llama.json; each strategy's raw run beside
+#                                          it, FILE.STRATEGY.json, the probe FILE.probe.json)
 #
 # Environment: LLAMA_RUN_DIR (start/stop PID file and logs, default $CACHE_DIR/run),
 # LLAMA_SKIP_WASM_BUILD=1 (reuse an existing .wasm), LLAMA_SMOKE_STRATEGY (default affinity;
 # round_robin shows the smoke test failing), PREFIX_ROUTER_CACHE (overrides $CACHE_DIR),
 # LLAMA_BENCH_STRATEGIES (default "round_robin prefix affinity"; `client.py report OUT RUN...`
 # merges runs made separately), LLAMA_CHARS_PER_TOKEN (affinity's chars_per_token; default: measured with /tokenize),
-# LLAMA_CRAM (smoke/start, default 64) and LLAMA_BENCH_CRAM (bench, default 22): MiB of host-RAM
-# prompt cache per replica.
+# LLAMA_CRAM (smoke/start, default 64) and LLAMA_BENCH_CRAM (bench/probe, default 34): MiB of
+# host-RAM prompt cache per replica; LLAMA_BENCH_CAPACITY (default 3): prompts per replica the
+# bench is sized for (the probe must measure exactly this).
 # Replica flags: -c 2048 -t 1 -np 1 --metrics --no-webui -cram N (the host-RAM prompt cache
 # defaults to 8 GiB: always set it). Everything listens on loopback only; every process started
 # here is stopped by PID (traps cover errors and Ctrl-C).
@@ -103,10 +109,14 @@ LLAMA_ALIAS=smollm2-135m
 # With -np 1 a replica holds the prompt in its slot plus what fits here: the slot's prompt is
 # saved here when another prompt takes the slot, and moved back on a later match (LRU).
 LLAMA_CRAM="${LLAMA_CRAM:-64}"
-# The bench sizes the cache so that each replica holds 3 of the 8 prefix groups: one ~440-token
-# prompt in the slot + 2 here (22.5 KiB of KV per token: 30 layers x 3 KV heads x 64 x f16 x K,V;
-# 2 x ~10 MiB fit in 22 MiB, 3 do not). See docs/llama.md.
-LLAMA_BENCH_CRAM="${LLAMA_BENCH_CRAM:-22}"
+# The bench sizes the cache so that each replica keeps 3 of the 9 prefix groups. A ~440-token
+# prompt's entry is ~9.7 MiB (22.5 KiB of KV per token: 30 layers x 3 KV heads x 64 x f16 x K,V).
+# llama-server saves the slot's prompt (evicting the oldest entry to make room) BEFORE it loads
+# the wanted one, so a replica keeps floor(CRAM / entry) prompts, slot included: 3 x 9.7 = 29 MiB
+# fit in 34, 4 x 9.7 = 39 do not. `probe` measures it; the bench checks it first. docs/llama.md.
+LLAMA_BENCH_CRAM="${LLAMA_BENCH_CRAM:-34}"
+LLAMA_BENCH_CAPACITY="${LLAMA_BENCH_CAPACITY:-3}"
+CAPACITY="$ROOT/scripts/llama/capacity.py"
 CLIENT="$ROOT/scripts/llama/client.py"
 PY=python3
 
@@ -161,7 +171,7 @@ start_replicas() {
     # not the replicas directly. In a non-interactive shell the background child is not a group
     # leader, so setsid execs in place and $! is llama-server's own PID.
     ( setsid nohup "$LLAMA_BIN" -m "$model" -a "$LLAMA_ALIAS" --host 127.0.0.1 --port "$port" \
-        -c 2048 -t 1 -tb 1 -np 1 --metrics --no-webui -cram "$LLAMA_CRAM" \
+        -c 2048 -t 1 -tb 1 -np 1 --metrics --no-webui -cram "$LLAMA_CRAM" ${LLAMA_LOG_FLAGS:-} \
         > "$dir/replica-$port.log" 2>&1 < /dev/null &
       echo "$! $port" >> "$dir/replicas.pid" )
   done
@@ -403,6 +413,38 @@ cmd_smoke() {
 # The bench's text: the client's BENCH_PREFIX_WORDS (340 words per system prompt, ~400 tokens).
 BENCH_WORDS=bench
 
+# probe_capacity CRAM KMAX OUT [EXPECT]: one replica with the bench's flags (plus -lv 4: trace
+# lines with the prompt cache's entry sizes; logging only) on a free loopback port; k fresh
+# bench-sized prompts then the first again, k = 1..KMAX (scripts/llama/capacity.py). With EXPECT,
+# fails unless the replica keeps exactly EXPECT prompts. The caller's trap stops the replica.
+probe_capacity() {
+  local cram="$1" kmax="$2" out="$3" expect="${4:-}" dir base rc=0
+  dir="$(mktemp -d /tmp/llama-probe.XXXXXX)"
+  STACK_DIR="$dir"
+  base="$($PY "$CLIENT" free-base 1)" || { echo "no free loopback port" >&2; return 1; }
+  # (called in `if`: set -e does not apply here, so every failure returns explicitly)
+  LLAMA_CRAM="$cram" LLAMA_LOG_FLAGS="-lv 4" start_replicas 1 "$base" "$dir" \
+    || { stack_stop; STACK_DIR=""; echo "probe replica did not start; log in $dir" >&2; return 1; }
+  log "probe: how many ~440-token prompts one replica keeps with -cram $cram (k = 1..$kmax)"
+  $PY "$CAPACITY" probe "127.0.0.1:$base" "$kmax" "$dir/replica-$base.log" "$cram" "$out" \
+    ${expect:+--expect "$expect"} || rc=$?
+  stack_stop
+  STACK_DIR=""
+  [ "$rc" = 0 ] && rm -rf "$dir" || echo "probe replica log kept in $dir" >&2
+  return "$rc"
+}
+
+cmd_probe() {
+  local cram="${1:-$LLAMA_BENCH_CRAM}" kmax="${2:-5}"
+  [[ "$cram" =~ ^[0-9]+$ && "$kmax" =~ ^[0-9]+$ && "$kmax" -ge 1 && "$kmax" -le 12 ]] \
+    || { echo "usage: probe [CRAM_MIB [KMAX 1..12]]" >&2; return 2; }
+  need_built || { echo "llama-server not built: run scripts/llama.sh build (~6 minutes)" >&2; return 1; }
+  mkdir -p "$ROOT/.work/bench"
+  trap stack_stop EXIT
+  trap on_signal INT TERM
+  probe_capacity "$cram" "$kmax" "$ROOT/.work/bench/llama-probe-$cram.json"
+}
+
 cmd_bench() {
   local out="$ROOT/.work/bench/llama.json" dir rc=0 strategy runs=()
   while [ $# -gt 0 ]; do
@@ -421,9 +463,17 @@ cmd_bench() {
   dir="$(mktemp -d /tmp/llama-bench.XXXXXX)"
   trap stack_stop EXIT
   trap on_signal INT TERM
+  # The sizing holds only if each replica keeps LLAMA_BENCH_CAPACITY prompts: measure it first
+  # (k = capacity must hit, k = capacity + 1 must miss) and stop here if it does not.
+  if ! probe_capacity "$LLAMA_BENCH_CRAM" "$((LLAMA_BENCH_CAPACITY + 1))" "${out%.json}.probe.json" \
+      "$LLAMA_BENCH_CAPACITY"; then
+    echo "llama bench: FAILED before the run: the replicas do not keep $LLAMA_BENCH_CAPACITY prompts with -cram $LLAMA_BENCH_CRAM (see the probe above)" >&2
+    rm -rf "$dir"
+    return 1
+  fi
   for strategy in ${LLAMA_BENCH_STRATEGIES:-round_robin prefix affinity}; do
-    # Fresh replicas per strategy: every run starts with cold caches. Each replica holds 3
-    # prompts (slot + LLAMA_BENCH_CRAM MiB), the workload has 8 groups.
+    # Fresh replicas per strategy: every run starts with cold caches. Each replica keeps 3
+    # prompts (measured above), the workload has 9 groups.
     log "bench: strategy=$strategy (fresh replicas, cold caches, -cram $LLAMA_BENCH_CRAM)"
     LLAMA_CRAM="$LLAMA_BENCH_CRAM" stack_start "$dir/$strategy" "$strategy" "$BENCH_WORDS"
     $PY "$CLIENT" bench "$LISTEN" "$REPLICAS" "$ADMIN" "$strategy" "${out%.json}.$strategy.json" || rc=$?
@@ -434,7 +484,8 @@ cmd_bench() {
     [ "$rc" = 0 ] || { echo "bench run $strategy had errors; logs in $dir" >&2; return "$rc"; }
   done
   mkdir -p "$(dirname "$out")"
-  LLAMA_BENCH_CRAM="$LLAMA_BENCH_CRAM" $PY "$CLIENT" report "$out" "${runs[@]}"
+  LLAMA_BENCH_CRAM="$LLAMA_BENCH_CRAM" LLAMA_BENCH_PROBE="${out%.json}.probe.json" \
+    $PY "$CLIENT" report "$out" "${runs[@]}"
   log "bench took $((SECONDS - t0)) s; JSON: $out"
   rm -rf "$dir"
 }
@@ -446,6 +497,7 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     start) shift; cmd_start "$@" ;;
     stop) cmd_stop ;;
     smoke) cmd_smoke ;;
+    probe) shift; cmd_probe "$@" ;;
     bench) shift; cmd_bench "$@" ;;
     envoy-config) shift; envoy_config "$@" ;;  # FILE LPORT APORT STRATEGY EXTRA_JSON EP... (debugging)
     *) sed -n '2,18p' "$0" >&2; exit 2 ;;

@@ -405,12 +405,14 @@ def cmd_smoke(envoy, replicas_csv, admin, strategy):
 # The bench: GROUPS system prompts of ~400 tokens (340 words, > 2,300 characters so that the
 # `prefix` strategy's default 2,048-character key is the system prompt alone), ROUNDS rounds;
 # every round sends each group once, in a fresh seeded random order (tenants at the same rate,
-# interleaved). Each replica's cache holds 3 prompts (scripts/llama.sh: slot + -cram 22 MiB), so
-# 8 groups fit in the fleet (9) only if each group stays on one replica; round robin sends every
-# group everywhere and each replica cycles through all 8.
+# interleaved). Each replica keeps 3 prompts (scripts/llama.sh: -cram 34, measured by the probe
+# in scripts/llama/capacity.py before the run), so the 9 groups fit in the fleet (9) only if
+# each group stays on one replica, 3 per replica; round robin sends every group everywhere.
+# 12 rounds: the ratio to round robin depends on the interleaving; over seeds its spread
+# narrows with rounds (`capacity.py replay`, docs/llama.md).
 BENCH_PREFIX_WORDS = 340
-GROUPS = 8
-ROUNDS = 5
+GROUPS = 9
+ROUNDS = 12
 
 
 def workload(groups=GROUPS, rounds=ROUNDS, seed=7):
@@ -488,7 +490,10 @@ def cmd_bench(envoy, replicas_csv, admin, strategy, out):
     m_cached = sum(d[r]["cached_tokens"] for r in replicas)
     per_replica = {r: sum(1 for x in rows if x["served_by"] == r) for r in replicas}
     groups_per_replica = {r: len({x["group"] for x in rows if x["served_by"] == r}) for r in replicas}
+    import capacity  # noqa: E402 (capacity.py imports this module)
+
     predicting = strategy == "affinity"
+    hits = [capacity.is_hit(r["prompt_tokens"], r["cached_tokens"]) for r in rows]
     mismatches = sum(1 for x in rows if x["metrics_replica"] and x["metrics_replica"] != x["served_by"])
     summary = {
         "strategy": strategy,
@@ -519,6 +524,7 @@ def cmd_bench(envoy, replicas_csv, admin, strategy, out):
             fd.get("predicted_tokens", 0) / fd["cached_tokens"] if predicting and fd.get("cached_tokens") else None
         ),
         "filter_surprises": fd.get("surprise", 0),
+        "delivered_hits": sum(hits),
         "served_by_vs_metrics_mismatches": mismatches,
         "wall_s": wall_s,
         "metrics_per_replica": d,
@@ -535,6 +541,9 @@ REPORT_FIELDS = [
     ("filter: delivered cached share (prefix_router.delivered.*)", "filter_delivered_share", "pct"),
     ("filter: predicted / delivered cached tokens", "filter_predicted_over_delivered", "x"),
     ("filter: surprises", "filter_surprises", "n"),
+    ("hits delivered (>= 50 % of the prompt cached)", "delivered_hits", "n"),
+    ("hits predicted by the measured capacity (LRU replay of the routing)", "model_hits", "n"),
+    ("requests where that prediction and the engine disagree", "model_disagreements", "n"),
     ("prompt tokens computed (/metrics)", "metrics_prompt_tokens_computed", "n"),
     ("requests with >= 90 % of the prompt cached", "warm_requests", "n"),
     ("TTFT mean", "ttft_mean_ms", "ms"),
@@ -546,7 +555,22 @@ REPORT_FIELDS = [
 # Ratios against round robin are shown for these (higher is better for the shares, lower for
 # the rest; the table just divides).
 RATIO_KEYS = {"usage_cached_share", "metrics_cached_share", "metrics_prompt_tokens_computed",
-              "ttft_mean_ms", "ttft_p50_ms", "wall_s"}
+              "ttft_mean_ms", "ttft_p50_ms", "wall_s", "delivered_hits"}
+
+
+def add_capacity_model(run, cap):
+    """Predicted vs delivered for any strategy: replay the run's actual routing (served_by,
+    group) through an LRU of `cap` prompts per replica (the probe's measured capacity) and
+    compare, request by request, with what the engine delivered."""
+    import capacity  # noqa: E402 (capacity.py imports this module)
+
+    rows = run.get("rows") or []
+    model = capacity.lru_hits([(r["served_by"], r["group"]) for r in rows], cap)
+    got = [capacity.is_hit(r["prompt_tokens"], r["cached_tokens"]) for r in rows]
+    run["delivered_hits"] = sum(got)
+    run["model_capacity"] = cap
+    run["model_hits"] = sum(model)
+    run["model_disagreements"] = sum(1 for m, g in zip(model, got) if m != g)
 
 
 def _fmt(v, kind):
@@ -570,6 +594,13 @@ def cmd_report(out, run_files):
             runs.append(json.load(f))
     by = {r["strategy"]: r for r in runs}
     names = [r["strategy"] for r in runs]
+    probe = None
+    if os.environ.get("LLAMA_BENCH_PROBE") and os.path.exists(os.environ["LLAMA_BENCH_PROBE"]):
+        with open(os.environ["LLAMA_BENCH_PROBE"]) as f:
+            probe = json.load(f)
+    cap = int(probe["capacity"]) if probe else int(os.environ.get("LLAMA_BENCH_CAPACITY", "3"))
+    for r in runs:
+        add_capacity_model(r, cap)
     base = by.get("round_robin")
     others = [n for n in names if n != "round_robin"] if base else []
     head = "| metric | " + " | ".join(names) + "".join(f" | {n} / round_robin" for n in others) + " |"
@@ -595,9 +626,11 @@ def cmd_report(out, run_files):
         f"{ROUNDS} rounds, each round every group once in a seeded random order (interleaved), "
         "sent one at a time, streamed, max_tokens 4"
     )
+    measured = (f"measured before the run: each replica keeps {probe['capacity']} prompts, "
+                f"entries of {probe['entry_mib_mean']:.2f} MiB" if probe and probe.get("entry_mib_mean")
+                else f"sized for {cap} prompts per replica, not measured")
     replicas_desc = (f"3 x llama-server (SmolLM2-135M-Instruct Q4_1, -c 2048 -t 1 -np 1 -cram "
-                     f"{os.environ.get('LLAMA_BENCH_CRAM', '?')}: the slot + 2 prompts in the RAM "
-                     "cache = 3 groups per replica)")
+                     f"{os.environ.get('LLAMA_BENCH_CRAM', '?')}; {measured})")
     markdown = (
         f"{replicas_desc}, fresh and cold for each strategy, behind Envoy 1.40 with the filter. "
         f"Workload: {workload}. Cached shares are what the servers report; TTFT is measured at "
@@ -608,6 +641,7 @@ def cmd_report(out, run_files):
             {
                 "workload": workload,
                 "replicas": replicas_desc,
+                "probe": probe,
                 "runs": {n: {k: v for k, v in by[n].items() if k != "rows"} for n in names},
                 "rows": {n: by[n]["rows"] for n in names},
                 "ratios_over_round_robin": ratios,
