@@ -53,7 +53,8 @@
 //!   the known ones too restores blocks that colliding keys overwrote, so the
 //!   prefixes in use keep intact ladders while unused ones fade out;
 //! - the last block (so an identical request is found with one get);
-//! - the **end mark** ([`IndexConfig::end_marks`]): the request's last whole
+//! - the **end mark** ([`IndexConfig::end_marks`]; not in a pending record,
+//!   [`PrefixIndex::record_pending`]): the request's last whole
 //!   block (`n − 2`: the last one may be partial, and a continuation of the
 //!   prompt does not share a partial block) is written with bit 47 of its tag
 //!   set, together with the blocks the lookup's gap search probes on its way
@@ -291,7 +292,10 @@ pub struct IndexConfig {
     pub rewrite_known: bool,
     /// Seed of the keyed slot hash (per process; see the module docs).
     pub secret: u64,
-    /// Write end marks ([`Entry::is_end`]) with their search paths.
+    /// Write end marks ([`Entry::is_end`]) with their search paths. Off by
+    /// default: +0.1–0.2 points of hit rate in the simulator for 15–20 % more
+    /// sets per request (and peer sync traffic); worth it once blocks end at
+    /// message boundaries (`docs/benchmarks.md`, "Why chat still fails").
     pub end_marks: bool,
 }
 
@@ -303,7 +307,7 @@ impl Default for IndexConfig {
             ladder_bits: 3,
             rewrite_known: false,
             secret: 0,
-            end_marks: true,
+            end_marks: false,
         }
     }
 }
@@ -547,7 +551,8 @@ impl PrefixIndex {
     /// Meanwhile requests with the same new prefix that arrive before the
     /// first response (a burst, a fan-out) find it and meet on the same
     /// replica instead of being placed cold one by one. Same cost as
-    /// `record`.
+    /// `record` without the end mark (a continuation comes after the
+    /// response, whose record writes it): ≤ `max_writes + 2` sets.
     pub fn record_pending<S: SlotStore>(
         &self,
         store: &mut S,
@@ -557,7 +562,8 @@ impl PrefixIndex {
         (now_ms, max_age_ms): (u64, u64),
     ) -> usize {
         let back = max_age_ms.saturating_sub(PENDING_MS);
-        self.record(store, blocks, known, replica, now_ms.saturating_sub(back))
+        let at = now_ms.saturating_sub(back);
+        self.write(store, blocks, known, replica, (at, false))
     }
 
     /// Record that the request with `blocks` went to `replica` (see the module
@@ -570,6 +576,18 @@ impl PrefixIndex {
         known: Option<&Known>,
         replica: usize,
         now_ms: u64,
+    ) -> usize {
+        self.write(store, blocks, known, replica, (now_ms, self.cfg.end_marks))
+    }
+
+    /// `record` at `now_ms`, with the end mark and its path when `marks`.
+    fn write<S: SlotStore>(
+        &self,
+        store: &mut S,
+        blocks: &[u64],
+        known: Option<&Known>,
+        replica: usize,
+        (now_ms, marks): (u64, bool),
     ) -> usize {
         let Some(&last) = blocks.last() else {
             return 0;
@@ -588,7 +606,7 @@ impl PrefixIndex {
         // prompts end), and its mark would make every prompt under it look
         // like a continuation. The deepest known block, shared by
         // definition, is rewritten without a mark for the same reason.
-        let end_at = if self.cfg.end_marks && n >= 2 && n - 1 > depth {
+        let end_at = if marks && n >= 2 && n - 1 > depth {
             n - 1
         } else {
             0
@@ -863,7 +881,11 @@ mod tests {
 
     #[test]
     fn end_marks_find_continuations() {
-        let idx = PrefixIndex::new(IndexConfig::default());
+        let on = IndexConfig {
+            end_marks: true,
+            ..IndexConfig::default()
+        };
+        let idx = PrefixIndex::new(on);
         let mut st = VecStore::new(IndexConfig::default().slots);
         // Turn 1: 45 blocks, the last one partial; its last whole block (43)
         // is in the ladder gap 40..47.
@@ -900,7 +922,10 @@ mod tests {
 
     #[test]
     fn a_shared_block_loses_its_end_mark() {
-        let idx = PrefixIndex::new(IndexConfig::default());
+        let idx = PrefixIndex::new(IndexConfig {
+            end_marks: true,
+            ..IndexConfig::default()
+        });
         let mut st = VecStore::new(IndexConfig::default().slots);
         // A short prompt ends just after a 3-block system prompt: its mark
         // lands on the system prompt's last block.

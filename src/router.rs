@@ -234,7 +234,7 @@ impl Router {
     /// request `choice` placed cold or spilled (nothing for a warm or keyless
     /// one, or with `record_pending` off), so that the same new prefix
     /// arriving before the response meets it on `choice.primary`. Returns
-    /// the sets (as [`PrefixIndex::record`]).
+    /// the sets (≤ `max_writes + 2`: no end mark).
     pub fn record_pending<S: SlotStore>(
         &self,
         store: &mut S,
