@@ -20,14 +20,22 @@
 //!   choice and record, warm (known prefix) and cold (an index that never
 //!   remembers: ring placement every time);
 //! - `decide/<n>/{warm,cold}`: the same without the key (precomputed), to show
-//!   what grows with `n`.
+//!   what grows with `n`;
+//! - `usage/json1k`, `usage/json16k`, `usage/sse200`: the response scanner
+//!   (`read_usage`) over a non-streamed chat completion with a 1 or 16 KiB
+//!   answer, and over a 200-event stream (one chunk per event, the usage
+//!   last), per response.
 //!
 //! ```sh
 //! cargo run --release --example cost_probe            # list cases and allocations
 //! bash scripts/cost.sh                                # callgrind counts vs the baseline
 //! ```
+#[path = "common/responses.rs"]
+mod responses;
+
 use prefix_router::cost::CostModel;
 use prefix_router::index::{SlotStore, SlotValue, VecStore};
+use prefix_router::usage::UsageScanner;
 use prefix_router::{Body, Config, Loads, Router, RoutingKey};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -153,14 +161,59 @@ impl SlotStore for Forgetful {
     }
 }
 
+/// Whether the command line selects this case: no argument selects all, else
+/// a case runs when its name starts with one of the arguments (profiling one
+/// case: `cost_probe affinity/16k` under `valgrind --tool=callgrind`).
+fn selected(name: &str) -> bool {
+    let mut args = std::env::args().skip(1).peekable();
+    args.peek().is_none() || args.any(|a| name.starts_with(&a))
+}
+
 /// Run one case: warm-up outside the counted region, then `ITERS` requests
 /// inside it; prints the case name and allocations per request.
 fn case(name: &str, mut f: impl FnMut() -> u64) {
+    if !selected(name) {
+        return;
+    }
     black_box(f());
     let before = ALLOCS.load(Ordering::Relaxed);
     black_box(measured_region(&mut f));
     let allocs = ALLOCS.load(Ordering::Relaxed) - before;
-    println!("{name} {ITERS} {:.1}", allocs as f64 / ITERS as f64);
+    match timing_rounds() {
+        Some(rounds) => println!("{name} {:.0}", best_ns(rounds, &mut f)),
+        None => println!("{name} {ITERS} {:.1}", allocs as f64 / ITERS as f64),
+    }
+}
+
+/// `COST_PROBE_TIME=<rounds>`: time each case instead of printing its
+/// allocations (for the wasm32-wasip1 build under Node's V8, the filter's
+/// runtime: `scripts/cost-wasm.sh`). Wall time, so only the best round of
+/// `rounds` is reported.
+fn timing_rounds() -> Option<u32> {
+    std::env::var("COST_PROBE_TIME").ok()?.parse().ok()
+}
+
+/// Best time per request (ns) over `rounds` rounds of enough requests for
+/// ~2 ms each, after ~100 ms of warm-up (V8 tiers hot wasm functions up from
+/// its baseline compiler).
+fn best_ns(rounds: u32, f: &mut dyn FnMut() -> u64) -> f64 {
+    let warm = std::time::Instant::now();
+    while warm.elapsed().as_millis() < 100 {
+        black_box(f());
+    }
+    let t = std::time::Instant::now();
+    black_box(f());
+    let one = t.elapsed().as_nanos().max(1);
+    let n = (2_000_000 / one).clamp(1, 100_000) as u32;
+    let mut best = f64::INFINITY;
+    for _ in 0..rounds {
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            black_box(f());
+        }
+        best = best.min(t.elapsed().as_nanos() as f64 / f64::from(n));
+    }
+    best
 }
 
 fn end_to_end(strategy: &str, kb: usize) {
@@ -233,8 +286,24 @@ fn decision<S: SlotStore>(
     });
 }
 
+/// `usage/<shape>`: the response scanner (`read_usage`) over one whole
+/// response, chunk by chunk as Envoy hands them over.
+fn usage(name: &str, chunks: &[Vec<u8>], sse: bool) {
+    case(name, || {
+        let mut s = if sse {
+            UsageScanner::sse()
+        } else {
+            UsageScanner::new()
+        };
+        for c in chunks {
+            s.feed(black_box(c));
+        }
+        s.into_usage().cached().unwrap_or(0)
+    });
+}
+
 fn main() {
-    for kb in [1, 16, 64] {
+    for kb in [1, 16, 64, 256] {
         end_to_end("affinity", kb);
         end_to_end("prefix", kb);
     }
@@ -243,4 +312,7 @@ fn main() {
             fleet(n, with_key);
         }
     }
+    usage("usage/json1k", &responses::json(1024), false);
+    usage("usage/json16k", &responses::json(16 * 1024), false);
+    usage("usage/sse200", &responses::sse(200), true);
 }

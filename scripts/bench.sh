@@ -8,6 +8,7 @@
 #             pause+read wasm); prints the ratios and the load average (wrk; ~7.5 min)
 #   profile   where the Envoy CPU per request goes (perf sampling; not part of `all`; ~2 min)
 #   hostcalls host calls per request by kind, per listener (debug log tally; not part of `all`)
+#   price     the price of one host call by kind (floor H with extra calls; not part of `all`)
 #   routing   routing quality through Envoy: 7 emulated replicas, round_robin vs least_request
 #             vs prefix vs affinity on a SageMaker-style 8k-token workload, the demo mix at
 #             scale and unique prompts (~7 min)
@@ -29,12 +30,12 @@ source scripts/bench/routing.sh
 
 part="${1:-all}"
 case "$part" in
-  overhead|profile|hostcalls|routing|llama|all) ;;
+  overhead|profile|hostcalls|price|routing|llama|all) ;;
   quick)
     export OVERHEAD_LAT_ROUNDS="${OVERHEAD_LAT_ROUNDS:-3}" OVERHEAD_TPUT_ROUNDS="${OVERHEAD_TPUT_ROUNDS:-1}"
     export ROUTING_WORKLOADS="${ROUTING_WORKLOADS:-sagemaker unique}" ;;
   -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
-  *) echo "usage: ./build.sh bench [overhead|profile|hostcalls|routing|llama|quick|all]" >&2; exit 2 ;;
+  *) echo "usage: ./build.sh bench [overhead|profile|hostcalls|price|routing|llama|quick|all]" >&2; exit 2 ;;
 esac
 
 proc_install_trap
@@ -71,7 +72,7 @@ case "$part" in
   *) run_part "$part" ;;
 esac
 
-if [ "$part" != profile ] && [ "$part" != hostcalls ]; then
+if [ "$part" != profile ] && [ "$part" != hostcalls ] && [ "$part" != price ]; then
   # The plots of every part that wrote its JSON during this run (docs/img/*.svg).
   "$(bench_python)" scripts/bench/plot.py .work/bench docs/img --since "$started_at" \
     --command "$run_label" --machine "$(machine_line)" || rc=1

@@ -10,6 +10,10 @@
 # COST_TOLERANCE (default 1.20 = +20 %) times its baseline instructions, or more
 # allocations per request than its baseline. Prints the table either way.
 #   UPDATE_COST_BASELINE=1 bash scripts/cost.sh    rewrite the baseline from this run
+#   COST_PROBE_BIN=<cost_probe> bash scripts/cost.sh   count another build of the probe (before/after)
+#   bash scripts/cost.sh affinity/16k usage/       only the cases whose names start so (no check of
+#                                                  missing cases; with callgrind_annotate's top
+#                                                  functions of each case when COST_PROFILE=1)
 # Installs valgrind (Debian package) if it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,21 +32,53 @@ if ! command -v valgrind >/dev/null 2>&1; then
   fi
 fi
 
-log "cargo build --release --example cost_probe"
-cargo build --release --example cost_probe >&2
+PROBE="${COST_PROBE_BIN:-}"
+if [ -z "$PROBE" ]; then
+  log "cargo build --release --example cost_probe"
+  cargo build --release --example cost_probe >&2
+  PROBE="$ROOT/target/release/examples/cost_probe"
+fi
 rm -rf "$OUT"; mkdir -p "$OUT"
-log "callgrind: target/release/examples/cost_probe"
+log "callgrind: $PROBE $*"
 (cd "$OUT" && valgrind --tool=callgrind --collect-atstart=no \
   --toggle-collect=cost_probe::measured_region --dump-after=cost_probe::measured_region \
-  "$ROOT/target/release/examples/cost_probe" >cases.txt 2>valgrind.log) \
+  "$PROBE" "$@" >cases.txt 2>valgrind.log) \
   || { tail -20 "$OUT/valgrind.log" >&2; exit 1; }
+if [ "${COST_PROFILE:-0}" = 1 ]; then
+  # One callgrind run per case (the dumps of one run share compressed names): the functions
+  # with the most instructions (self), per request.
+  cat >"$OUT/top.py" <<'PY'
+import re, sys
+n, rows, started = int(sys.argv[1]), [], False
+for line in sys.stdin:
+    started = started or "file:function" in line
+    m = started and re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+(\S.*?)(?: \[.*\])?$", line)
+    if m:
+        rows.append((int(m.group(1).replace(",", "")), m.group(2)))
+    elif rows and not line.strip():
+        break
+for ins, name in rows[:13]:
+    name = re.sub(r"^.*?([^/]+:)", r"\1", name)
+    print(f"{ins / n:>10,.0f}  {name}")
+PY
+  while read -r name iters _; do
+    (cd "$OUT" && valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file="prof.$$" \
+      --toggle-collect=cost_probe::measured_region "$PROBE" "$name" >/dev/null 2>>valgrind.log)
+    echo "== $name: top functions, instructions per request (self)"
+    callgrind_annotate --inclusive=no "$OUT/prof.$$" 2>/dev/null | python3 "$OUT/top.py" "$iters"
+    rm -f "$OUT/prof.$$"
+  done <"$OUT/cases.txt"
+fi
 
 # Dumps are callgrind.out.<pid>.1, .2, ... in the order of the cases printed by the probe
 # (callgrind.out.<pid> itself is the empty rest at exit); each has a "totals: <Ir>" line
 # (instructions executed inside the counted region).
-python3 - "$OUT" "$BASELINE" "$TOL" "${UPDATE_COST_BASELINE:-0}" <<'EOF'
+python3 - "$OUT" "$BASELINE" "$TOL" "${UPDATE_COST_BASELINE:-0}" "$#" <<'EOF'
 import glob, os, re, sys
 out, baseline_path, tol, update = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4] == "1"
+subset = sys.argv[5] != "0"
+if subset and update:
+    sys.exit("error: UPDATE_COST_BASELINE needs every case (no case arguments)")
 cases = [l.split() for l in open(os.path.join(out, "cases.txt")) if l.strip()]
 dumps = sorted(glob.glob(os.path.join(out, "callgrind.out.*.*")),
                key=lambda p: int(p.rsplit(".", 1)[1]))
@@ -84,6 +120,12 @@ for name, (ins, allocs) in now.items():
         failed.append(name)
     print(f"{name:<20} {ins:>21,.0f} {b[0] if b else float('nan'):>10,.0f} {ratio:>6.2f} "
           f"{allocs:>15.1f} {b[1] if b else float('nan'):>9.1f}{flag}")
+
+if not subset and not update:
+    for name in base:
+        if name not in now:
+            print(f"{name:<20} FAIL: in the baseline but not measured")
+            failed.append(name)
 
 # Decision cost against fleet size (the ring build excluded): largest / smallest fleet. The
 # routing decision (fleet/: key + lookup + choice + record) must stay within 2x; decide/ (the

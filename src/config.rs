@@ -274,7 +274,9 @@ pub struct Config {
     pub load_factor: f64,
     /// Lowercase name of the header `override_host` reads.
     pub target_header: String,
-    /// Lowercase name of the header telling the upstream which branch decided.
+    /// Lowercase name of the header telling the upstream which branch decided;
+    /// empty (configured as `""`) = not sent (one header write, and the
+    /// header's trip upstream, saved per request: docs/overhead.md).
     pub decision_header: String,
     /// Largest body the filter buffers and parses; larger bodies are routed on
     /// their first `prefix_length` raw bytes as soon as this many bytes arrived.
@@ -603,12 +605,10 @@ impl Config {
                 .as_deref()
                 .unwrap_or(DEFAULT_TARGET_HEADER),
         )?;
-        let decision_header = header_name(
-            "decision_header",
-            raw.decision_header
-                .as_deref()
-                .unwrap_or(DEFAULT_DECISION_HEADER),
-        )?;
+        let decision_header = match raw.decision_header.as_deref() {
+            Some("") => String::new(),
+            name => header_name("decision_header", name.unwrap_or(DEFAULT_DECISION_HEADER))?,
+        };
         if decision_header == target_header {
             return Err(err("decision_header", "must differ from target_header"));
         }
@@ -927,6 +927,11 @@ mod tests {
             }
             assert!(parse(&format!(r#"{{{EPS},"{field}":"x-my-header"}}"#)).is_ok());
         }
+        // Empty: only the decision header may be turned off.
+        let c = parse(&format!(r#"{{{EPS},"decision_header":""}}"#)).unwrap();
+        assert_eq!(c.decision_header, "");
+        let e = parse(&format!(r#"{{{EPS},"target_header":""}}"#)).unwrap_err();
+        assert_eq!(e.field, "target_header");
     }
 
     #[test]

@@ -2,9 +2,14 @@
 //!
 //! Algorithm: the prefix text is cut into blocks of `block_units` units
 //! (characters for extracted text, bytes for raw bodies). Block `i` is hashed
-//! (one-shot, from a reused block buffer) with xxh3 seeded by the hash of block `i-1` (`h_0` seeded with 0), so
-//! `h_i` identifies the whole prefix up to the end of block `i`, as vLLM's
-//! chained block hashes do. The request seed (model, tenant salt, routing id)
+//! one-shot with unseeded xxh3 (straight from the input when it is a whole
+//! ASCII block, else from a reused block buffer) and chained:
+//! `h_i = chain(h_{i-1}, xxh3(block_i))`, `h_{-1} = 0`, where `chain` is
+//! xxh3 of the 8-byte block hash seeded with `h_{i-1}` (xxh3's short-input
+//! path). So `h_i` identifies the whole prefix up to the end of block `i`, as
+//! vLLM's chained block hashes do. (Seeding the 256-byte block hash itself
+//! with `h_{i-1}`, as before, made xxh3 derive a 192-byte secret from the
+//! seed for every block: as much work as hashing the block.) The request seed (model, tenant salt, routing id)
 //! is mixed in at the end ([`mix`]), so text can be hashed in a single pass in
 //! any JSON field order, before the seed is known.
 //!
@@ -17,7 +22,7 @@
 //! hashes.
 
 use std::cell::Cell;
-use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed, Xxh3};
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 thread_local! {
     /// The open-block buffer of the last finished hasher, reused by the next
@@ -102,7 +107,7 @@ impl PrefixHasher {
     }
 
     fn close_block(&mut self) {
-        self.chain = xxh3_64_with_seed(&self.cur, self.chain);
+        self.chain = chain(self.chain, xxh3_64(&self.cur));
         self.blocks.push(self.chain);
         self.cur.clear();
         self.in_block = 0;
@@ -178,7 +183,7 @@ impl PrefixHasher {
     /// Hash the whole block `b[..n]` of `n` units in place; the rest of `b`.
     fn hash_in_place<'b>(&mut self, b: &'b [u8], n: usize) -> &'b [u8] {
         let (block, rest) = b.split_at(n);
-        self.chain = xxh3_64_with_seed(block, self.chain);
+        self.chain = chain(self.chain, xxh3_64(block));
         self.blocks.push(self.chain);
         self.units += n;
         self.remaining -= n;
@@ -253,15 +258,24 @@ fn split_chars(b: &[u8], room: usize) -> (usize, usize) {
     (b.len(), chars)
 }
 
-/// Seed from the request's scoping fields: model name and tenant salt. Fields are
-/// length-prefixed so `("ab","c")` and `("a","bc")` differ.
+/// The chained hash of a block: xxh3 of the block's own hash, seeded with
+/// the chain so far (xxh3's 8-byte path: a few multiplies, no secret
+/// derivation).
+#[inline]
+fn chain(prev: u64, block: u64) -> u64 {
+    xxh3_64_with_seed(&block.to_le_bytes(), prev)
+}
+
+/// Seed from the request's scoping fields: model name and tenant salt. Each
+/// part is hashed with the hash so far, plus its length, as the seed, so
+/// `("ab","c")` and `("a","bc")` differ. Parts of at most 240 bytes (model
+/// names, salts, routing ids) take xxh3's short-input path, whose seed costs
+/// nothing (the streaming hasher used before set up a 192-byte secret and a
+/// 256-byte buffer per request).
 pub fn seed(parts: &[&[u8]]) -> u64 {
-    let mut h = Xxh3::with_seed(0x7072_6566_6978);
-    for p in parts {
-        h.update(&(p.len() as u64).to_le_bytes());
-        h.update(p);
-    }
-    h.digest()
+    parts.iter().fold(0x7072_6566_6978, |h, p| {
+        xxh3_64_with_seed(p, h.wrapping_add(p.len() as u64))
+    })
 }
 
 /// Mix a text hash with the request seed into the final routing key.

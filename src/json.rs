@@ -403,73 +403,11 @@ fn for_each_piece(raw: &[u8], mut f: impl FnMut(&[u8]) -> bool) -> Pieces {
     Pieces::Bad
 }
 
-/// Index of the first `"`, `\` or control byte (< 0x20) in `b`.
-///
-/// With WebAssembly SIMD (the filter's build, `.cargo/config.toml`): sixteen
-/// bytes per step, three byte-wise compares OR-ed and one bitmask, whose
-/// lowest set bit is the answer; the last < 16 bytes go through
-/// [`find_special_swar`]. Same result as the SWAR version (tested on wasm32).
-#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+/// Index of the first `"`, `\` or control byte (< 0x20) in `b`: sixteen
+/// bytes per step with SIMD ([`crate::bytescan::find`]).
 #[inline]
 fn find_special(b: &[u8]) -> Option<usize> {
-    use core::arch::wasm32::{u8x16, u8x16_bitmask, u8x16_eq, u8x16_lt, u8x16_splat, v128_or};
-    let (quote, backslash, space) = (u8x16_splat(b'"'), u8x16_splat(b'\\'), u8x16_splat(0x20));
-    let mut chunks = b.chunks_exact(16);
-    let mut i = 0;
-    for c in chunks.by_ref() {
-        // Sixteen consecutive byte loads: LLVM emits one v128.load.
-        let v = u8x16(
-            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12], c[13],
-            c[14], c[15],
-        );
-        let m = v128_or(
-            v128_or(u8x16_eq(v, quote), u8x16_eq(v, backslash)),
-            u8x16_lt(v, space),
-        );
-        let bits = u8x16_bitmask(m);
-        if bits != 0 {
-            return Some(i + bits.trailing_zeros() as usize);
-        }
-        i += 16;
-    }
-    find_special_swar(chunks.remainder()).map(|p| i + p)
-}
-
-/// [`find_special_swar`] where there is no WebAssembly SIMD (native builds).
-#[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
-#[inline]
-fn find_special(b: &[u8]) -> Option<usize> {
-    find_special_swar(b)
-}
-
-/// Index of the first `"`, `\` or control byte (< 0x20) in `b`.
-///
-/// SWAR, eight bytes per step: for a word `w`, `(v - 0x01…) & !v & 0x80…` flags
-/// the zero bytes of `v` (only bytes above a true zero can be false positives,
-/// so the lowest flag is exact); `v = w ^ 0x22…` finds quotes, `w ^ 0x5c…`
-/// backslashes, and `(w - 0x20…) & !w & 0x80…` bytes below 0x20.
-#[inline]
-fn find_special_swar(b: &[u8]) -> Option<usize> {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
-    let mut chunks = b.chunks_exact(8);
-    let mut i = 0;
-    for c in chunks.by_ref() {
-        let w = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-        let m = zero(w ^ (ONES * 0x22))
-            | zero(w ^ (ONES * 0x5c))
-            | (w.wrapping_sub(ONES * 0x20) & !w & HIGH);
-        if m != 0 {
-            return Some(i + (m.trailing_zeros() / 8) as usize);
-        }
-        i += 8;
-    }
-    chunks
-        .remainder()
-        .iter()
-        .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
-        .map(|p| i + p)
+    crate::bytescan::find(b, [b'"', b'\\'], 0x20)
 }
 
 /// Decode `\uXXXX` (and a following low surrogate); bad input → U+FFFD.
@@ -682,38 +620,12 @@ mod tests {
     }
 
     #[test]
-    fn find_special_agrees_with_a_byte_loop() {
-        // Every special byte (and near misses: 0x1f/0x20, 0x21/0x23, 0x5b/0x5d,
-        // high bytes) at every position of bodies of 0..70 bytes, i.e. in the
-        // SIMD/SWAR part and in the remainder, after other specials or none.
-        let naive = |b: &[u8]| b.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20);
-        let probes = [
-            0x00u8, 0x0a, 0x1f, 0x20, 0x21, b'"', 0x23, 0x5b, b'\\', 0x5d, 0x7f, 0x80, 0xff,
-        ];
-        for len in 0..70usize {
-            let base: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
-            assert_eq!(find_special(&base), None, "len {len}");
-            for pos in 0..len {
-                for &p in &probes {
-                    let mut v = base.clone();
-                    v[pos] = p;
-                    assert_eq!(
-                        find_special(&v),
-                        naive(&v),
-                        "len {len} pos {pos} byte {p:#x}"
-                    );
-                    if pos + 3 < len {
-                        v[pos + 3] = b'"';
-                        assert_eq!(
-                            find_special(&v),
-                            naive(&v),
-                            "len {len} pos {pos} byte {p:#x} +quote"
-                        );
-                    }
-                }
-            }
-        }
-        assert_eq!(find_special_swar(b"0123456789abcdef\\"), Some(16));
+    fn find_special_finds_quotes_backslashes_and_controls() {
+        // The search itself is tested exhaustively in `bytescan`.
+        assert_eq!(find_special(b"0123456789abcdef\\"), Some(16));
+        assert_eq!(find_special(b"0123456789abcdef0123\"x"), Some(20));
+        assert_eq!(find_special(b"ab\tc"), Some(2));
+        assert_eq!(find_special("h\u{e9}llo \u{1f98a}".as_bytes()), None);
     }
 
     #[test]

@@ -43,32 +43,11 @@ pub const MAX_KEY: usize = 16;
 /// Longest response id kept; a longer id is ignored.
 pub const MAX_ID: usize = 64;
 
-/// Position of the first byte of `hay` equal to one of `needles` (SWAR: eight
-/// bytes per step; the lowest flagged byte of a word is always exact).
+/// Position of the first byte of `hay` equal to one of `needles` (SIMD,
+/// sixteen bytes per step: [`crate::bytescan::find`]).
+#[inline]
 fn find_any<const N: usize>(hay: &[u8], needles: [u8; N]) -> Option<usize> {
-    const LO: u64 = 0x0101_0101_0101_0101;
-    const HI: u64 = 0x8080_8080_8080_8080;
-    let mut chunks = hay.chunks_exact(8);
-    let mut base = 0;
-    for c in chunks.by_ref() {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(c);
-        let w = u64::from_le_bytes(w);
-        let mut hit = 0;
-        for n in needles {
-            let x = w ^ (LO * u64::from(n));
-            hit |= x.wrapping_sub(LO) & !x & HI;
-        }
-        if hit != 0 {
-            return Some(base + (hit.trailing_zeros() / 8) as usize);
-        }
-        base += 8;
-    }
-    chunks
-        .remainder()
-        .iter()
-        .position(|b| needles.contains(b))
-        .map(|p| base + p)
+    crate::bytescan::find(hay, needles, 0)
 }
 
 /// Can an SSE chunk hold a field the scanner wants, other than `id`? (Every
@@ -225,7 +204,13 @@ impl UsageScanner {
     /// What was found so far (a number still being read at the very end of
     /// the data counts: the body may end right after it).
     pub fn usage(&self) -> Usage {
-        let mut u = self.usage.clone();
+        self.clone().into_usage()
+    }
+
+    /// [`UsageScanner::usage`] at the end of the response, without copying
+    /// the response id (no allocation).
+    pub fn into_usage(self) -> Usage {
+        let mut u = self.usage;
         if let Some((f, v, false)) = self.number {
             store(&mut u, f, v);
         }
@@ -327,50 +312,48 @@ impl UsageScanner {
             && self.number.is_none()
     }
 
-    /// Inside a string from `chunk[i]`; returns where to go on.
+    /// Inside a string from `chunk[i]`; returns where to go on. The run up
+    /// to the next `"`, `\` or newline is found by a SIMD search and kept
+    /// (whole) only while it fits the key or id window.
     fn string_bytes(&mut self, chunk: &[u8], mut i: usize) -> usize {
-        while i < chunk.len() {
-            let b = chunk[i];
+        while let Some(rest) = chunk.get(i..).filter(|r| !r.is_empty()) {
             if self.escaped {
                 self.escaped = false;
                 i += 1;
                 continue;
             }
-            match b {
-                b'\\' => {
+            let run = find_any(rest, [b'"', b'\\', b'\n']).unwrap_or(rest.len());
+            if !self.spoiled {
+                let cap = if self.capturing_id { MAX_ID } else { MAX_KEY };
+                match (self.buf.get_mut(self.len..self.len + run), rest.get(..run)) {
+                    (Some(dst), Some(src)) if self.len + run <= cap => {
+                        dst.copy_from_slice(src);
+                        self.len += run;
+                    }
+                    _ => self.spoiled = true,
+                }
+            }
+            i += run;
+            match chunk.get(i) {
+                None => break,
+                Some(b'\\') => {
                     self.escaped = true;
                     self.spoiled = true;
                     i += 1;
                 }
-                b'"' => {
+                Some(b'"') => {
                     self.in_string = false;
                     self.close_string();
                     return i + 1;
                 }
-                b'\n' => {
-                    // JSON strings hold no raw newline: the event was cut;
-                    // start the next one afresh.
+                Some(_) => {
+                    // A raw newline: JSON strings hold none, so the event was
+                    // cut; start the next one afresh.
                     self.in_string = false;
                     self.capturing_id = false;
                     self.in_response = false;
                     self.depth = 0;
                     return i + 1;
-                }
-                _ if self.spoiled => {
-                    // Nothing to keep: jump to the next byte that matters.
-                    let skip =
-                        find_any(&chunk[i..], [b'"', b'\\', b'\n']).unwrap_or(chunk.len() - i);
-                    i += skip;
-                }
-                _ => {
-                    let cap = if self.capturing_id { MAX_ID } else { MAX_KEY };
-                    if self.len < cap {
-                        self.buf[self.len] = b;
-                        self.len += 1;
-                    } else {
-                        self.spoiled = true;
-                    }
-                    i += 1;
                 }
             }
         }
@@ -539,6 +522,19 @@ mod tests {
         let u = scan(VLLM_JSON.as_bytes());
         assert_eq!(u, vllm_expected());
         assert_eq!((u.cached(), u.prompt()), (Some(1015), Some(1028)));
+    }
+
+    #[test]
+    fn into_usage_equals_usage() {
+        // Also when the body ends right after a number (it counts).
+        let cut = &VLLM_JSON[..VLLM_JSON.find("1015").map_or(0, |i| i + 4)];
+        for body in [VLLM_JSON, cut] {
+            let mut s = UsageScanner::new();
+            s.feed(body.as_bytes());
+            let u = s.usage();
+            assert_eq!(u.cached_tokens, Some(1015), "{body}");
+            assert_eq!(s.into_usage(), u);
+        }
     }
 
     #[test]

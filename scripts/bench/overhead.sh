@@ -53,6 +53,18 @@ build_floor() {
     --manifest-path scripts/bench/floor/Cargo.toml >&2)
 }
 
+# floor_h_mode UPSTREAM_PORT — the H floor's configuration from OVERHEAD_FLOOR_H: unset =
+# "hostcalls"; "override ..." = the real target header with the first upstream address; anything
+# else verbatim, e.g. "hostcalls extra=shared_get*20" or "hostcalls skip=header_set" (pricing
+# modifiers, see scripts/bench/floor/lib.rs).
+floor_h_mode() {
+  local m="${OVERHEAD_FLOOR_H:-hostcalls}"
+  case "$m" in
+    override*) echo "override=127.0.0.1:$1${m#override}" ;;
+    *) echo "$m" ;;
+  esac
+}
+
 # cpu_ticks PID — user+system CPU time of a process (all its threads), in clock ticks.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
@@ -94,7 +106,7 @@ overhead_start() {
   render "$BENCH_DIR_SELF/overhead-proxy.yaml.tmpl" "$dir/proxy.yaml" "${ups[@]}" \
     "ADMIN_PORT=$OV_ADMIN" "PORT_A=$OV_A" "PORT_B=$OV_B" "PORT_C=$OV_C" "PORT_U=$OV_U" "PORT_N=$OV_N" "PORT_R=$OV_R" "PORT_H=$OV_H" \
     "WASM=$wasm" "FLOOR_WASM=$FLOOR_WASM" "ENDPOINTS=$endpoints" \
-    "FLOOR_H_MODE=$( [ "${OVERHEAD_FLOOR_H:-}" = override ] && echo "override=127.0.0.1:$up" || echo hostcalls)" \
+    "FLOOR_H_MODE=$(floor_h_mode "$up")" \
     "WASM_A=${OVERHEAD_COMPARE_WASM:-$wasm}" "STRATEGY_A=$strategy_a"
   start_envoy upstream "$dir/upstream.yaml" "$dir/upstream.log" --concurrency 1
   OV_UP_PID=$LAST_PID
@@ -176,6 +188,8 @@ bench_overhead() {
 # the host calls it makes, body copy included) and the wasm code alone (JIT self). Envoy is
 # stripped, so host calls are not split by name; the floor listeners separate the parts: no-op
 # wasm, pause+read, and pause+read plus the very host calls of an affinity request (H).
+# PROFILE_LISTENERS="read hostcalls" profiles only those listeners (names as in the table);
+# OVERHEAD_FLOOR_H sets the H floor's mode (pricing one kind of host call: floor_h_mode).
 # OVERHEAD_COMPARE_WASM=<other .wasm> puts that build (strategy affinity) on listener A, shown
 # as `compare`: two builds measured in the same Envoy, interleaved (a fair before/after).
 bench_profile() {
@@ -188,13 +202,19 @@ bench_profile() {
   overhead_start "$dir" || return 1
   local a_name=prefix
   [ -z "${OVERHEAD_COMPARE_WASM:-}" ] || a_name=compare
-  for x in "$a_name:$OV_A" "affinity:$OV_C" "nousage:$OV_U" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H"; do
-    overhead_wrk "${x#*:}" "$size" 8 2 "$dir/runs/warm-${x%%:*}.json"
-  done
   # The order rotates every round (A C U B N R H, C U B N R H A, ...): a fixed order showed a
   # position effect (the listener right after A measured ~20 µs more in wasm frames with the
   # same build on both) that would bias before/after comparisons.
   local list=("$a_name:$OV_A" "affinity:$OV_C" "nousage:$OV_U" "none:$OV_B" "noop:$OV_N" "read:$OV_R" "hostcalls:$OV_H") i
+  if [ -n "${PROFILE_LISTENERS:-}" ]; then
+    # A subset by name (e.g. "read hostcalls" to price host calls with OVERHEAD_FLOOR_H).
+    local keep=() y
+    for y in "${list[@]}"; do [[ " $PROFILE_LISTENERS " == *" ${y%%:*} "* ]] && keep+=("$y"); done
+    list=("${keep[@]}")
+  fi
+  for x in "${list[@]}"; do
+    overhead_wrk "${x#*:}" "$size" 8 2 "$dir/runs/warm-${x%%:*}.json"
+  done
   for ((r = 1; r <= rounds; r++)); do
     for ((i = 0; i < ${#list[@]}; i++)); do
       x="${list[$(((i + r - 1) % ${#list[@]}))]}"
@@ -313,5 +333,60 @@ for label, conns, tallies, req in rows:
         n = max(len(tallies), 1)
         kinds = " ".join(f"{k}={v / n:.2f}" for k, v in sums.items() if k != "total")
         print(f"| {label} | {conns} | {n} | {sums['total'] / n:.2f} | {kinds} |")
+PY
+}
+
+# bench_price (`./build.sh bench price`) — the price of one host call, by kind: for each kind K
+# in PRICE_KINDS, one `bench profile` of the pause+read floor R and the hostcalls floor H with
+# PRICE_EXTRA (default 20) more calls of K per request (OVERHEAD_FLOOR_H="hostcalls
+# extra=K*N"), plus one of H as is; (H_K - H) / N is the price of one call of K, in Envoy CPU
+# and in wasm frames (each figure the median of PROFILE_ROUNDS, default 5, interleaved R/H
+# rounds; R is measured alongside every time to show the drift). Then every `skip=K` run:
+# H - H_skip is what the calls of K cost in an affinity request as it is made today.
+# Results: .work/bench/price/price.md (also printed).
+bench_price() {
+  local -; set -f  # the modes contain "*"
+  local n="${PRICE_EXTRA:-20}" k mode out="$ROOT/.work/bench/price"
+  local kinds="${PRICE_KINDS:-header_set header_set_fresh header_remove header_get buffer_get property_get property_set shared_get shared_get_big shared_set metric_increment metric_record clock}"
+  local skips="${PRICE_SKIPS:-}"
+  mkdir -p "$out"; : >"$out/raw.txt"
+  for mode in "hostcalls" $(for k in $kinds; do echo "hostcalls_extra=$k*$n"; done) \
+    $(for k in $skips; do echo "hostcalls_skip=$k"; done); do
+    progress "price: $mode"
+    OVERHEAD_FLOOR_H="${mode/_/ }" PROFILE_LISTENERS="read hostcalls" \
+      PROFILE_ROUNDS="${PROFILE_ROUNDS:-5}" bench_profile >"$out/last.txt" || return 1
+    echo "$mode $(grep -E '^\| (read|hostcalls) \|' "$out/last.txt" | tr '\n' ' ')" >>"$out/raw.txt"
+  done
+  progress_end
+  "$(bench_python)" - "$out/raw.txt" "$n" <<'PY' | tee "$out/price.md"
+import re, sys
+raw, n = sys.argv[1], int(sys.argv[2])
+rows = {}
+for line in open(raw):
+    mode, rest = line.split(" ", 1)
+    vals = {}
+    for m in re.finditer(r"\| (read|hostcalls) \| (\d+) µs \| (\d+) µs \| (\d+) µs", rest):
+        vals[m.group(1)] = tuple(int(m.group(i)) for i in (2, 3, 4))
+    rows[mode] = vals
+def above(v):  # H - R of one run: the drift between runs cancels
+    r, h = v.get("read"), v.get("hostcalls")
+    return (h[0] - r[0], h[1] - r[1]) if r and h else None
+base = above(rows.get("hostcalls", {}))
+print(f"Price of one host call (16 KiB, c=8; µs of Envoy CPU per request, total / in wasm frames;")
+print(f"H - R of each run, so drift between runs cancels; extra: ((H_K - R) - (H - R)) / {n}):")
+print()
+print("| H mode | R | H | H - R | per call (extra) or the kind's calls (skip) |")
+print("|---|---:|---:|---:|---:|")
+for mode, v in rows.items():
+    a = above(v)
+    if not (a and base):
+        continue
+    r, h = v["read"], v["hostcalls"]
+    per = "-"
+    if "extra=" in mode:
+        per = f"{(a[0] - base[0]) / n:+.1f} / {(a[1] - base[1]) / n:+.1f}"
+    elif "skip=" in mode:
+        per = f"{base[0] - a[0]:+d} / {base[1] - a[1]:+d}"
+    print(f"| `{mode.replace('_', ' ', 1)}` | {r[0]} / {r[1]} | {h[0]} / {h[1]} | {a[0]:+d} / {a[1]:+d} | {per} |")
 PY
 }

@@ -2,21 +2,175 @@
 //! so it is unit-tested natively (the filter's `http.rs` only adds host
 //! calls, headers and stats around these):
 //! 1. [`picture`]: the loads and usable hosts the request is routed on
-//!    (in-flight table, down marks, engine samples: ≤ 3 gets);
+//!    (in-flight table, down marks, engine samples: ≤ 3 gets; the down
+//!    marks come from a per-VM [`DownCache`], read at most every 100 ms);
 //! 2. [`Slot::take`]: count the request on its primary (CAS on `inflight`);
 //! 3. [`Slot::moved`]: at response headers, a retry or the fallback used
 //!    another host: move the count there; [`Slot::primary_failed`] tells the
 //!    caller to mark the primary down ([`super::sync::mark_failed`]);
-//! 4. [`Slot::release`]: exactly once at the end, whatever happened.
+//! 4. [`Slot::release`]: exactly once at the end, whatever happened; or
+//!    [`Slot::release_later`]: the release joins this VM's [`Releases`],
+//!    written by the VM's next take (same CAS update) or flush.
 //!
 //! Counts are keyed by address, so a membership change or a configuration
 //! push between 2 and 4 releases the right host.
 
 use super::engines::{self, Effect, EngineTable};
 use super::shared::{ShareError, SharedData};
-use super::tables::{addr_hash, Down, InFlight, Keys};
+use super::tables::{addr_hash, Down, InFlight, Keys, Table};
 use super::view::View;
 use crate::config::Config;
+use std::cell::RefCell;
+
+/// The down marks as this VM last read them: `picture` reads the shared
+/// table at most once per [`DownCache::MAX_AGE_MS`] instead of once per
+/// request (one shared-data get, its copy into the VM and its decode saved
+/// on almost every request).
+///
+/// Invariants: a mark this VM writes (passive health) or clears (its poll)
+/// is seen by its next request ([`DownCache::invalidate`] after the write);
+/// a mark written by another worker is seen within `MAX_AGE_MS` (before
+/// this cache: at once). During that window the other worker's dead host may
+/// still be picked here, and Envoy's retry on the secondary serves the
+/// request, as it does for the request that found the host dead. A failed
+/// read is not cached (the next request reads again); expiry of a cached
+/// mark is checked against the request's own clock, so a mark never
+/// outlives its `until`.
+#[derive(Debug, Default)]
+pub struct DownCache {
+    cell: RefCell<Option<(Down, u64)>>,
+}
+
+impl DownCache {
+    /// How old the cached table may be (the stats/poll tick period).
+    pub const MAX_AGE_MS: u64 = 100;
+
+    /// Forget the cached table (this VM just wrote the marks).
+    pub fn invalidate(&self) {
+        if let Ok(mut c) = self.cell.try_borrow_mut() {
+            *c = None;
+        }
+    }
+
+    /// `f` on the marks as of at most `MAX_AGE_MS` before `now_ms` (read
+    /// from shared data if the cached copy is older, or absent). The bool is
+    /// true when the read failed (`f` then sees no marks).
+    pub fn with<S: SharedData + ?Sized, R>(
+        &self,
+        s: &S,
+        k: &Keys,
+        now_ms: u64,
+        f: impl FnOnce(&Down) -> R,
+    ) -> (R, bool) {
+        let Ok(mut c) = self.cell.try_borrow_mut() else {
+            // Re-entered (cannot happen in a single-threaded VM): read through.
+            return match Down::read(s, &k.down) {
+                Ok((d, _)) => (f(&d), false),
+                Err(_) => (f(&Down::default()), true),
+            };
+        };
+        let fresh = c
+            .as_ref()
+            .is_some_and(|(_, at)| *at <= now_ms && now_ms - *at < Self::MAX_AGE_MS);
+        if !fresh {
+            match Down::read(s, &k.down) {
+                Ok((d, _)) => *c = Some((d, now_ms)),
+                Err(_) => {
+                    *c = None;
+                    return (f(&Down::default()), true);
+                }
+            }
+        }
+        match c.as_ref() {
+            Some((d, _)) => (f(d), false),
+            None => (f(&Down::default()), false),
+        }
+    }
+}
+
+/// Releases of in-flight counts this VM has not written yet.
+///
+/// A request that ends while others of its VM are live does not pay a get +
+/// CAS set of its own: its release waits here and is written by the VM's next
+/// [`Slot::take`] (in the same CAS update as the take, the picture it is
+/// routed on already subtracting them) or by [`Releases::flush`] (the
+/// filter flushes on every tick, 100 ms, and at a request end that leaves
+/// the VM idle, so at rest the counts and gauges are exact).
+///
+/// Invariants: this VM's own decisions always see its ended requests as
+/// ended; another worker sees them at most one tick late (the host looks
+/// busier than it is, never less busy: the error only spills early); a
+/// failed write keeps them for the next one; at most [`Releases::MAX`]
+/// wait (beyond, the oldest are dropped and the poller's reconcile with
+/// Envoy's `rq_active` repairs the count, as for a VM that died).
+#[derive(Debug, Default)]
+pub struct Releases {
+    held: RefCell<Vec<(u64, String)>>,
+}
+
+impl Releases {
+    /// Most releases kept waiting.
+    pub const MAX: usize = 1024;
+
+    /// Nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.held.try_borrow().map_or(true, |h| h.is_empty())
+    }
+
+    fn push(&self, addr: String) {
+        if let Ok(mut h) = self.held.try_borrow_mut() {
+            if h.len() >= Self::MAX {
+                h.remove(0);
+            }
+            h.push((addr_hash(&addr), addr));
+        }
+    }
+
+    /// Subtract the waiting releases from `t` (saturating at 0).
+    fn apply(&self, t: &mut InFlight) {
+        if let Ok(h) = self.held.try_borrow() {
+            for (hash, _) in h.iter() {
+                t.set(*hash, t.get(*hash).saturating_sub(1));
+            }
+        }
+    }
+
+    /// The gauges of the released hosts in `t` (each once), and forget them.
+    fn written(&self, t: &InFlight, out: &mut Vec<Gauge>) {
+        if let Ok(mut h) = self.held.try_borrow_mut() {
+            for (hash, addr) in h.drain(..) {
+                if !out.iter().any(|(a, _)| *a == addr) {
+                    out.push((addr, t.get(hash)));
+                }
+            }
+        }
+    }
+
+    /// Write the waiting releases (one get + one CAS set; none if nothing
+    /// waits). Returns the released hosts' counts now.
+    ///
+    /// # Errors
+    /// Shared data failed: the releases keep waiting.
+    pub fn flush<S: SharedData + ?Sized>(&self, s: &S, k: &Keys) -> Result<Vec<Gauge>, ShareError> {
+        let mut out = Vec::new();
+        if self.is_empty() {
+            return Ok(out);
+        }
+        let t = Table::modify(s, &k.inflight, None, |t| self.apply(t))?;
+        self.written(&t, &mut out);
+        Ok(out)
+    }
+}
+
+/// What a VM keeps between its requests: the down-mark cache and the
+/// releases waiting to be written.
+#[derive(Debug, Default)]
+pub struct VmLocal {
+    /// See [`DownCache`].
+    pub downs: DownCache,
+    /// See [`Releases`].
+    pub releases: Releases,
+}
 
 /// What one request is routed on.
 #[derive(Debug, Clone, Default)]
@@ -34,7 +188,9 @@ pub struct Picture {
     pub engine: Option<Effect>,
 }
 
-/// Read the picture for `view` at `now_ms`; `model` is the request's `model`.
+/// Read the picture for `view` at `now_ms`; `model` is the request's `model`;
+/// `local`: this VM's down-mark cache and waiting releases (subtracted from
+/// the loads; the snapshot is kept as read, for the take's CAS).
 pub fn picture<S: SharedData + ?Sized>(
     s: &S,
     k: &Keys,
@@ -42,20 +198,25 @@ pub fn picture<S: SharedData + ?Sized>(
     cfg: &Config,
     model: Option<&str>,
     now_ms: u64,
+    local: &VmLocal,
 ) -> Picture {
     let mut failures = 0;
     let snapshot = InFlight::read(s, &k.inflight)
         .map_err(|_| failures += 1)
         .ok();
-    let mut loads = view.loads(snapshot.as_ref().map_or(&InFlight::default(), |x| &x.0));
-    let down = Down::read(s, &k.down).map_or_else(
-        |_| {
-            failures += 1;
-            Down::default()
-        },
-        |x| x.0,
-    );
-    let mut usable = view.usable(&down, now_ms);
+    let mut loads = match &snapshot {
+        Some((t, _)) if !local.releases.is_empty() => {
+            let mut t = t.clone();
+            local.releases.apply(&mut t);
+            view.loads(&t)
+        }
+        Some((t, _)) => view.loads(t),
+        None => view.loads(&InFlight::default()),
+    };
+    let (mut usable, failed) = local
+        .downs
+        .with(s, k, now_ms, |down| view.usable(down, now_ms));
+    failures += u32::from(failed);
     let engine = cfg
         .engine
         .as_ref()
@@ -96,21 +257,31 @@ pub struct Slot {
 pub type Gauge = (String, u32);
 
 impl Slot {
-    /// Count the request on `primary` (routing). `seen` is the picture's read.
+    /// Count the request on `primary` (routing). `seen` is the picture's read;
+    /// `releases`: this VM's waiting releases, written in the same CAS update.
+    /// Returns the gauges: the primary's count first, then the released hosts'.
     ///
     /// # Errors
-    /// Shared data failed: the request is routed but not counted.
+    /// Shared data failed: the request is routed but not counted (the
+    /// releases keep waiting).
     pub fn take<S: SharedData + ?Sized>(
         &mut self,
         s: &S,
         k: &Keys,
         primary: &str,
         seen: Option<(InFlight, u32)>,
-    ) -> Result<Gauge, ShareError> {
+        releases: &Releases,
+    ) -> Result<Vec<Gauge>, ShareError> {
         self.primary = Some(primary.to_string());
-        let n = InFlight::add(s, k, addr_hash(primary), 1, seen)?;
+        let h = addr_hash(primary);
+        let t = Table::modify(s, &k.inflight, seen, |t: &mut InFlight| {
+            releases.apply(t);
+            t.set(h, t.get(h).saturating_add(1));
+        })?;
         self.holding = Some(primary.to_string());
-        Ok((primary.to_string(), n))
+        let mut gauges = vec![(primary.to_string(), t.get(h))];
+        releases.written(&t, &mut gauges);
+        Ok(gauges)
     }
 
     /// Did the primary fail this request? (`upstream`: the host that answered,
@@ -159,6 +330,18 @@ impl Slot {
                 Err(e)
             }
             (Err(e), Err(_)) => Err(e),
+        }
+    }
+
+    /// Release the count later (once; see [`Releases`]): no host call.
+    /// Returns whether a count was held.
+    pub fn release_later(&mut self, releases: &Releases) -> bool {
+        match self.holding.take() {
+            Some(held) => {
+                releases.push(held);
+                true
+            }
+            None => false,
         }
     }
 
@@ -230,10 +413,32 @@ mod tests {
             }
         }
 
+        /// Two available hosts, 10.0.0.1:1 and :2, polled at 0.
+        fn with_two_hosts() -> World {
+            let w = World::new();
+            apply_admin(
+                &w.s,
+                &w.k,
+                doc(&[(1, true), (2, true)]).as_bytes(),
+                "llm",
+                0,
+            )
+            .unwrap();
+            w
+        }
+
         /// Route like the filter: picture, affinity over address ids, take.
         fn route(&mut self, body: &str, now: u64) -> (Slot, Option<String>) {
             let view = self.f.current(&self.s, &self.k);
-            let p = picture(&self.s, &self.k, &view, self.f.config(), None, now);
+            let p = picture(
+                &self.s,
+                &self.k,
+                &view,
+                self.f.config(),
+                None,
+                now,
+                &VmLocal::default(),
+            );
             let key = view.router.key(Body::Complete(body.as_bytes()), None);
             let cost = CostModel::new(view.router.cost_config());
             let mut slots = AddrSlots::new(&mut self.index, &view, &p.usable);
@@ -249,8 +454,14 @@ mod tests {
                 .and_then(|s| view.addr(s))
                 .map(str::to_string);
             let mut slot = Slot::default();
-            slot.take(&self.s, &self.k, view.addr(d.primary).unwrap(), p.snapshot)
-                .unwrap();
+            slot.take(
+                &self.s,
+                &self.k,
+                view.addr(d.primary).unwrap(),
+                p.snapshot,
+                &Releases::default(),
+            )
+            .unwrap();
             (slot, secondary)
         }
 
@@ -320,19 +531,19 @@ mod tests {
 
     #[test]
     fn shared_data_failures_degrade_never_double_count() {
-        let mut w = World::new();
-        apply_admin(
-            &w.s,
-            &w.k,
-            doc(&[(1, true), (2, true)]).as_bytes(),
-            "llm",
-            0,
-        )
-        .unwrap();
+        let mut w = World::with_two_hosts();
         let view = w.f.current(&w.s, &w.k);
         // Every read failing: a partial picture (zeros, all usable), counted.
         w.s.fail_next.set(2);
-        let p = picture(&w.s, &w.k, &view, w.f.config(), None, 5);
+        let p = picture(
+            &w.s,
+            &w.k,
+            &view,
+            w.f.config(),
+            None,
+            5,
+            &VmLocal::default(),
+        );
         assert_eq!(
             (p.failures, p.loads, p.usable),
             (2, vec![0, 0], vec![true, true])
@@ -355,5 +566,85 @@ mod tests {
         a.moved(&w.s, &w.k, other).unwrap();
         a.release(&w.s, &w.k).unwrap().unwrap();
         assert_eq!((w.count(&held), w.count(other)), (0, 0));
+    }
+
+    #[test]
+    fn down_marks_are_cached_for_at_most_max_age() {
+        let w = World::with_two_hosts();
+        let view = w.f.current(&w.s, &w.k);
+        let local = VmLocal::default();
+        let cache = &local.downs;
+        let usable = |now| picture(&w.s, &w.k, &view, w.f.config(), None, now, &local).usable;
+        assert_eq!(usable(1000), vec![true, true]);
+        // Another worker marks host 1 down: not seen until the cache is 100 ms old.
+        mark_failed(&w.s, &w.k, "10.0.0.1:1", 1010, 100_000).unwrap();
+        let calls = w.s.calls.get();
+        assert_eq!(usable(1050), vec![true, true]);
+        assert_eq!(usable(1099), vec![true, true]);
+        assert_eq!(
+            w.s.calls.get() - calls,
+            2,
+            "in-flight only: no down-mark get"
+        );
+        let marked = usable(1100);
+        assert_eq!(marked, vec![false, true]);
+        // This VM's own write is seen at once.
+        mark_failed(&w.s, &w.k, "10.0.0.1:2", 1110, 100_000).unwrap();
+        assert_eq!(usable(1120), vec![false, true], "cached");
+        cache.invalidate();
+        assert_eq!(usable(1121), vec![false, false]);
+        // A clock that goes back reads again; a failed read is not cached.
+        assert_eq!(usable(900), vec![false, false]);
+        w.s.fail_next.set(2);
+        let p = picture(&w.s, &w.k, &view, w.f.config(), None, 2000, &local);
+        assert_eq!((p.failures, p.usable), (2, vec![true, true]));
+        let calls = w.s.calls.get();
+        assert_eq!(usable(2001), vec![false, false]);
+        assert_eq!(w.s.calls.get() - calls, 2, "a failed read is not cached");
+    }
+
+    #[test]
+    fn deferred_releases_ride_on_the_next_take_or_a_flush() {
+        let w = World::with_two_hosts();
+        let view = w.f.current(&w.s, &w.k);
+        let local = VmLocal::default();
+        let (a1, a2) = ("10.0.0.1:1", "10.0.0.1:2");
+        let take = |slot: &mut Slot, addr: &str| {
+            let p = picture(&w.s, &w.k, &view, w.f.config(), None, 10, &local);
+            let loads = p.loads.clone();
+            let g = slot
+                .take(&w.s, &w.k, addr, p.snapshot, &local.releases)
+                .unwrap();
+            (loads, g)
+        };
+        let (mut x, mut y, mut z) = (Slot::default(), Slot::default(), Slot::default());
+        take(&mut x, a1);
+        take(&mut y, a1);
+        assert_eq!(w.count(a1), 2);
+        // x ends while y is live: nothing written, but this VM's next
+        // picture already sees it ended, and its take writes both at once.
+        let calls = w.s.calls.get();
+        assert!(x.release_later(&local.releases));
+        assert!(!x.release_later(&local.releases), "released twice");
+        assert_eq!(w.s.calls.get(), calls, "no host call at the release");
+        assert_eq!(w.count(a1), 2, "other workers see it one flush late");
+        let calls = w.s.calls.get();
+        let (loads, gauges) = take(&mut z, a2);
+        assert_eq!(loads[view.position(a1.as_bytes()).unwrap()], 1);
+        assert_eq!(w.s.calls.get() - calls, 2, "one get + one CAS set");
+        assert_eq!(gauges, vec![(a2.to_string(), 1), (a1.to_string(), 1)]);
+        assert!(local.releases.is_empty());
+        assert_eq!((w.count(a1), w.count(a2)), (1, 1));
+        // A failed take keeps them; a flush writes them.
+        y.release_later(&local.releases);
+        z.release_later(&local.releases);
+        w.s.fail_next.set(1);
+        assert!(local.releases.flush(&w.s, &w.k).is_err());
+        assert!(!local.releases.is_empty());
+        let mut g = local.releases.flush(&w.s, &w.k).unwrap();
+        g.sort();
+        assert_eq!(g, vec![(a1.to_string(), 0), (a2.to_string(), 0)]);
+        assert_eq!((w.count(a1), w.count(a2)), (0, 0));
+        assert_eq!(local.releases.flush(&w.s, &w.k).unwrap(), vec![]);
     }
 }

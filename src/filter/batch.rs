@@ -157,6 +157,12 @@ pub fn flush_at_request_end() {
     flush();
 }
 
+/// Are requests of this VM other than the calling one live? (Called from a
+/// request's own callbacks, which its [`Live`] counts.)
+pub fn others_live() -> bool {
+    LIVE.with(Cell::get) > 1
+}
+
 /// Counts a live HTTP context of this VM from creation to drop.
 pub struct Live(());
 

@@ -405,7 +405,7 @@ impl Delivery {
             return;
         };
         let d = &p.delivered;
-        let usage = scanner.usage();
+        let usage = scanner.into_usage();
         let served = served
             .and_then(|a| view.position(a.as_bytes()))
             .or(self.primary);

@@ -9,6 +9,7 @@
 //! caller); on a failure, one CAS update of the `down` table.
 
 use super::host::{self, HostShared};
+use super::local::marks_written;
 use super::root::Plugin;
 use super::stats::HostFailure;
 use crate::cluster::request::Slot;
@@ -25,7 +26,9 @@ pub fn check_primary(p: &Plugin, slot: &Slot, upstream: Option<&str>, status: Op
     }
     let now = host::now_nanos() / 1_000_000;
     let refresh = p.config().discovery.as_ref().map_or(1000, |d| d.refresh_ms);
-    match mark_failed(&HostShared, &p.keys, primary, now, refresh) {
+    let marked = mark_failed(&HostShared, &p.keys, primary, now, refresh);
+    marks_written();
+    match marked {
         Ok(()) => p.stats.marked_down(),
         Err(_) => p.stats.failure(HostFailure::SharedData),
     }

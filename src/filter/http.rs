@@ -166,14 +166,17 @@ impl RouterHttp {
         };
         let (key, model) = view.router.key_and_model(body, header_id.as_deref());
         self.routed_at_ms = host::now_nanos() / 1_000_000;
-        let pic = picture(
-            &HostShared,
-            &p.keys,
-            &view,
-            cfg,
-            model.as_deref(),
-            self.routed_at_ms,
-        );
+        let pic = super::local::LOCAL.with(|local| {
+            picture(
+                &HostShared,
+                &p.keys,
+                &view,
+                cfg,
+                model.as_deref(),
+                self.routed_at_ms,
+                local,
+            )
+        });
         if pic.failures > 0 {
             p.stats.failure(HostFailure::SharedData);
         }
@@ -212,8 +215,21 @@ impl RouterHttp {
             view.router.select(&key, l, ticket)
         };
         let primary = view.addr(decision.primary).unwrap_or_default().to_string();
-        match self.slot.take(&HostShared, &p.keys, &primary, pic.snapshot) {
-            Ok((addr, now)) => p.stats.in_flight(&addr, now),
+        let taken = super::local::LOCAL.with(|local| {
+            self.slot.take(
+                &HostShared,
+                &p.keys,
+                &primary,
+                pic.snapshot,
+                &local.releases,
+            )
+        });
+        match taken {
+            Ok(gauges) => {
+                for (addr, n) in gauges {
+                    p.stats.in_flight(&addr, n);
+                }
+            }
             Err(e) => {
                 log::warn!("#{} cannot count in-flight request: {e:?}", self.context_id);
                 p.stats.failure(HostFailure::SharedData);
@@ -329,6 +345,9 @@ impl RouterHttp {
             (cfg.target_header.as_str(), target.as_str()),
             (cfg.decision_header.as_str(), d.branch.as_str()),
         ] {
+            if name.is_empty() {
+                continue; // `decision_header: ""`: not sent
+            }
             if let Err(e) = host::set_request_header(name, value) {
                 log::warn!("#{} cannot set {name}: {e}", self.context_id);
                 p.stats.failure(HostFailure::Header);
@@ -423,32 +442,38 @@ impl Context for RouterHttp {}
 
 impl HttpContext for RouterHttp {
     fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
-        // Never trust a client-supplied target: remove it before anything else,
-        // so even a request that ends up unrouted cannot pick its host.
+        // Never trust a client-supplied target: it is removed before anything
+        // else, so even a request that ends up unrouted cannot pick its host.
+        // One host call for every header read here (the client's target, the
+        // peers' sync path, `upgrade`, `:method`, `:path`), made only when one
+        // is needed; the remove is made only if the client sent the target
+        // (or the headers could not be read).
         let target = self
             .plugin
             .as_ref()
             .map_or(DEFAULT_TARGET_HEADER, |p| p.config().target_header.as_str());
-        if let Err(e) = host::remove_request_header(target) {
-            log::warn!("#{} cannot remove {target}: {e}", self.context_id);
+        let needs_body = !end_of_stream && self.plugin.as_ref().is_some_and(|p| p.needs_body());
+        let wants_headers = needs_body || self.plugin.as_ref().is_some_and(|p| p.peers.is_some());
+        let headers = if wants_headers {
+            host::request_headers().ok().flatten()
+        } else {
+            None
+        };
+        if headers.as_deref().map_or(true, |h| {
+            header_pairs::value(h, target.as_bytes()).is_some()
+        }) {
+            if let Err(e) = host::remove_request_header(target) {
+                log::warn!("#{} cannot remove {target}: {e}", self.context_id);
+            }
         }
-        // One host call for every header read here (the peers' sync path,
-        // `upgrade`, `:method`, `:path`), made only when one is needed.
-        let read_headers = || host::request_headers().ok().flatten().unwrap_or_default();
-        let mut headers = None;
+        let headers = headers.unwrap_or_default();
         // The peers' sync path is answered here, never routed.
         if let Some(p) = self.plugin.as_ref().filter(|p| p.peers.is_some()) {
-            if super::peers::intercept(p, headers.insert(read_headers())) {
+            if super::peers::intercept(p, &headers) {
                 return Action::Pause;
             }
         }
-        let needs_body = self.plugin.as_ref().is_some_and(|p| p.needs_body());
-        if end_of_stream || !needs_body {
-            self.route(Body::None, 0);
-            return Action::Continue;
-        }
-        let headers = headers.unwrap_or_else(read_headers);
-        if is_tunnel(&headers) {
+        if !needs_body || is_tunnel(&headers) {
             self.route(Body::None, 0);
             return Action::Continue;
         }
@@ -601,13 +626,14 @@ impl RouterHttp {
         self.load_upstream();
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());
-        match self.slot.release(&HostShared, &p.keys) {
-            Some(Ok((addr, now))) => p.stats.in_flight_now(&addr, now),
-            Some(Err(e)) => {
-                log::warn!("#{} cannot release in-flight count: {e:?}", self.context_id);
-                p.stats.failure(HostFailure::SharedData);
-            }
-            None => return,
+        // The release waits for this VM's next take (or tick) while other
+        // requests of the VM are live; a request that leaves the VM idle
+        // writes it, and any waiting ones, at once (`local.rs`).
+        if !super::local::LOCAL.with(|local| self.slot.release_later(&local.releases)) {
+            return;
+        }
+        if !super::batch::others_live() {
+            super::local::flush_releases(&p);
         }
         // The primary was decided at routing; count requests another host served.
         if let (Some(addr), Some(primary)) =

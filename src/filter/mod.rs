@@ -24,6 +24,7 @@ mod delivered;
 mod health;
 mod host;
 mod http;
+mod local;
 mod peers;
 mod poll;
 mod root;

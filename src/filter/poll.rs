@@ -210,7 +210,9 @@ impl Poller {
             }
         };
         let now = host::now_nanos() / 1_000_000;
-        match apply_admin(&HostShared, &p.keys, &body, &d.cluster, now) {
+        let applied = apply_admin(&HostShared, &p.keys, &body, &d.cluster, now);
+        super::local::marks_written(); // recovered hosts' marks may be cleared
+        match applied {
             Ok(o) => {
                 if o.changed {
                     log::info!(

@@ -209,6 +209,7 @@ impl RootContext for RouterRoot {
                 self.poller.tick(&p, d);
             }
             self.puller.tick(&p);
+            super::local::flush_releases(&p);
         }
         super::batch::flush();
     }

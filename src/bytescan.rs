@@ -1,0 +1,249 @@
+//! Finding the next byte that matters: the search under the JSON scanner
+//! ([`crate::json`]: the next `"`, `\` or control byte) and the response
+//! scanner ([`crate::usage`]: the next `"`, `\` or newline; the next `_`).
+//!
+//! [`find`] returns the index of the first byte equal to one of `needles` or
+//! below `below` (`below = 0`: no class test). Sixteen bytes per step with
+//! SIMD: WebAssembly `simd128` in the filter's build (`.cargo/config.toml`;
+//! one `v128.load`, one compare per needle, `i8x16.bitmask`) and SSE2 on
+//! x86_64 (always present there), the same algorithm, so the native
+//! instruction counts of `scripts/cost.sh` follow the wasm build's work.
+//! Elsewhere, and for the last < 16 bytes, SWAR on eight-byte words
+//! ([`find_swar`]). Every variant gives the byte loop's answer (tested
+//! against it, on wasm32 too).
+//!
+//! Cost: O(position of the hit), ~1 compare per needle per 16 bytes; no
+//! allocation. The lowest set bit of the mask is the answer, so bytes after
+//! the hit never matter.
+
+/// Index of the first byte of `hay` equal to one of `needles` or (if `below`
+/// is not 0) less than `below` (at most 0x80). Long runs go 64 bytes per
+/// step: four 16-byte match vectors OR-ed and tested once (the exact
+/// position is only worked out at the hit).
+#[cfg(any(
+    all(target_arch = "wasm32", target_feature = "simd128"),
+    target_arch = "x86_64"
+))]
+#[inline]
+pub fn find<const N: usize>(hay: &[u8], needles: [u8; N], below: u8) -> Option<usize> {
+    let mut i = 0;
+    while let Some(c) = hay.get(i..i + 64) {
+        let m = [
+            simd::matches(&c[..16], needles, below),
+            simd::matches(&c[16..32], needles, below),
+            simd::matches(&c[32..48], needles, below),
+            simd::matches(&c[48..64], needles, below),
+        ];
+        if simd::any(simd::or(simd::or(m[0], m[1]), simd::or(m[2], m[3]))) {
+            let bits = m
+                .iter()
+                .rev()
+                .fold(0u64, |acc, v| acc << 16 | u64::from(simd::bits(*v)));
+            return Some(i + bits.trailing_zeros() as usize);
+        }
+        i += 64;
+    }
+    while let Some(c) = hay.get(i..i + 16) {
+        let bits = simd::bits(simd::matches(c, needles, below));
+        if bits != 0 {
+            return Some(i + bits.trailing_zeros() as usize);
+        }
+        i += 16;
+    }
+    find_swar(hay.get(i..)?, needles, below).map(|p| i + p)
+}
+
+/// The 16-byte steps of [`find`]: WebAssembly SIMD.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd {
+    use core::arch::wasm32::{
+        u8x16, u8x16_bitmask, u8x16_eq, u8x16_lt, u8x16_splat, v128, v128_any_true, v128_or,
+    };
+
+    /// Byte `i` all ones iff `c[i]` (`c` holds at least 16 bytes) matches.
+    #[inline(always)]
+    pub fn matches<const N: usize>(c: &[u8], needles: [u8; N], below: u8) -> v128 {
+        // Sixteen consecutive byte loads: LLVM emits one v128.load.
+        let v = u8x16(
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12], c[13],
+            c[14], c[15],
+        );
+        let mut m = u8x16_lt(v, u8x16_splat(below));
+        for n in needles {
+            m = v128_or(m, u8x16_eq(v, u8x16_splat(n)));
+        }
+        m
+    }
+
+    #[inline(always)]
+    pub fn or(a: v128, b: v128) -> v128 {
+        v128_or(a, b)
+    }
+
+    #[inline(always)]
+    pub fn any(m: v128) -> bool {
+        v128_any_true(m)
+    }
+
+    /// Bit `i` set iff byte `i` of `m` is set.
+    #[inline(always)]
+    pub fn bits(m: v128) -> u32 {
+        u32::from(u8x16_bitmask(m))
+    }
+}
+
+/// The 16-byte steps of [`find`]: SSE2 (part of the x86_64 baseline).
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use core::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128,
+        _mm_set1_epi8, _mm_setzero_si128,
+    };
+
+    /// Byte `i` all ones iff `c[i]` (`c` holds at least 16 bytes) matches.
+    #[inline(always)]
+    pub fn matches<const N: usize>(c: &[u8], needles: [u8; N], below: u8) -> __m128i {
+        assert!(c.len() >= 16);
+        // SAFETY: SSE2 is part of the x86_64 baseline (the intrinsics are
+        // only `unsafe` for the target-feature rule); `c` holds at least 16
+        // bytes (asserted) and `_mm_loadu_si128` needs no alignment.
+        unsafe {
+            let v = _mm_loadu_si128(c.as_ptr().cast::<__m128i>());
+            let mut m = if below == 0 {
+                _mm_setzero_si128()
+            } else {
+                // v < below (unsigned) ⇔ min(v, below - 1) == v.
+                _mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8((below - 1) as i8)), v)
+            };
+            for n in needles {
+                m = _mm_or_si128(m, _mm_cmpeq_epi8(v, _mm_set1_epi8(n as i8)));
+            }
+            m
+        }
+    }
+
+    #[inline(always)]
+    pub fn or(a: __m128i, b: __m128i) -> __m128i {
+        // SAFETY: SSE2, as above.
+        unsafe { _mm_or_si128(a, b) }
+    }
+
+    #[inline(always)]
+    pub fn any(m: __m128i) -> bool {
+        bits(m) != 0
+    }
+
+    /// Bit `i` set iff byte `i` of `m` has its high bit set.
+    #[inline(always)]
+    pub fn bits(m: __m128i) -> u32 {
+        // SAFETY: SSE2, as above.
+        unsafe { _mm_movemask_epi8(m) as u32 }
+    }
+}
+
+/// [`find`] without SIMD: [`find_swar`].
+#[cfg(not(any(
+    all(target_arch = "wasm32", target_feature = "simd128"),
+    target_arch = "x86_64"
+)))]
+#[inline]
+pub fn find<const N: usize>(hay: &[u8], needles: [u8; N], below: u8) -> Option<usize> {
+    find_swar(hay, needles, below)
+}
+
+fn word(c: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&c[..8]);
+    u64::from_le_bytes(w)
+}
+
+/// High bit of each byte of `w` set where it matches; exact for the lowest
+/// set byte (`(v - 0x01…) & !v & 0x80…` flags zero bytes of `v`, and can
+/// only flag a false one above a true one; `(w - b…) & !w & 0x80…` flags
+/// bytes below `b` the same way, for `b ≤ 0x80`).
+#[inline(always)]
+fn word_flags<const N: usize>(w: u64, needles: [u8; N], below: u8) -> u64 {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let mut hit = if below == 0 {
+        0
+    } else {
+        w.wrapping_sub(LO * u64::from(below)) & !w & HI
+    };
+    for n in needles {
+        let x = w ^ (LO * u64::from(n));
+        hit |= x.wrapping_sub(LO) & !x & HI;
+    }
+    hit
+}
+
+/// [`find`] eight bytes per step without SIMD (and for the tail). `below`
+/// must be at most 0x80.
+#[inline]
+pub fn find_swar<const N: usize>(hay: &[u8], needles: [u8; N], below: u8) -> Option<usize> {
+    debug_assert!(below <= 0x80);
+    let mut chunks = hay.chunks_exact(8);
+    let mut base = 0;
+    for c in chunks.by_ref() {
+        let hit = word_flags(word(c), needles, below);
+        if hit != 0 {
+            return Some(base + (hit.trailing_zeros() / 8) as usize);
+        }
+        base += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|b| *b < below || needles.contains(b))
+        .map(|p| base + p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    /// Every probe byte at every position of haystacks of 0..70 bytes (the
+    /// SIMD part, the SWAR part and the tail), alone and before a second
+    /// hit: `find` and `find_swar` agree with a byte loop.
+    fn agrees<const N: usize>(needles: [u8; N], below: u8) {
+        let naive = |b: &[u8]| b.iter().position(|c| *c < below || needles.contains(c));
+        let probes = [
+            0x00u8, 0x0a, 0x1f, 0x20, 0x21, b'"', 0x23, 0x5b, b'\\', 0x5d, b'_', 0x7f, 0x80, 0xff,
+        ];
+        for len in 0..70usize {
+            let base: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            assert_eq!(find(&base, needles, below), None, "len {len}");
+            for pos in 0..len {
+                for &p in &probes {
+                    let mut v = base.clone();
+                    v[pos] = p;
+                    for second in [None, Some(pos + 3)] {
+                        if let Some(s) = second.filter(|s| *s < len) {
+                            v[s] = needles.first().copied().unwrap_or(0);
+                        }
+                        let want = naive(&v);
+                        assert_eq!(find(&v, needles, below), want, "len {len} pos {pos} {p:#x}");
+                        assert_eq!(
+                            find_swar(&v, needles, below),
+                            want,
+                            "swar {len} {pos} {p:#x}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn json_specials() {
+        agrees([b'"', b'\\'], 0x20);
+    }
+
+    #[test]
+    fn usage_needles() {
+        agrees([b'"', b'\\', b'\n'], 0);
+        agrees([b'_'], 0);
+    }
+}
