@@ -37,6 +37,10 @@
 //!    ([`Reason::Spill`]) too: recorded as a new holder, the prefix then
 //!    lives on 2…3 replicas and its traffic is split by load among them
 //!    (hot prefixes grow instead of scattering).
+//!    A known prefix that ends on an **end mark** (a recorded prompt's last
+//!    whole block, [`crate::index`]: the request continues that prompt, and
+//!    its holder also cached the answer the index cannot see) is warm
+//!    whatever its coverage (`continuation`).
 //! 4. Otherwise **cold** ([`Reason::Cold`]): `place(∅)`.
 //!
 //! Cost: O(N) for the load sums plus a ring walk of a few points; no shared
@@ -82,6 +86,9 @@ pub struct AffinityConfig {
     /// Write a pending index record at routing for cold and spilled requests
     /// ([`crate::index::PrefixIndex::record_pending`]).
     pub record_pending: bool,
+    /// Treat a known prefix that ends on a recorded prompt's end mark
+    /// ([`crate::index::Entry::is_end`]) as warm whatever its coverage.
+    pub continuation: bool,
 }
 
 impl Default for AffinityConfig {
@@ -97,6 +104,7 @@ impl Default for AffinityConfig {
             anchor_cold: false,
             spread_cold: true,
             record_pending: true,
+            continuation: true,
         }
     }
 }
@@ -239,7 +247,16 @@ pub fn warm_coverage(key: &RoutingKey, known: Option<&Known>, cfg: &AffinityConf
     // `prefix_length`; a fully known window says nothing against it).
     let seen = (k.depth * BLOCK_UNITS).min(key.units) as f64;
     let units = key.units.max(1) as f64;
-    (seen >= cfg.min_match * units).then_some(seen / units)
+    let coverage = seen / units;
+    if cfg.continuation && k.entry.is_end() {
+        // A continuation: the request extends a prompt routed before to its
+        // last whole block (turn n + 1 of a conversation). The holder also
+        // cached that prompt's answer, which the index cannot see, so the
+        // share of the window it holds is unknown and `min_match` does not
+        // apply.
+        return Some(coverage);
+    }
+    (seen >= cfg.min_match * units).then_some(coverage)
 }
 
 /// Decide; see the module docs.
@@ -511,6 +528,31 @@ mod tests {
         let c = pick(&short, Some(&known(1, &[3], 0)), &loads);
         assert_eq!(c.reason, Reason::Spill);
         assert_ne!(c.primary, 3);
+    }
+
+    #[test]
+    fn a_continuation_is_warm_whatever_its_coverage() {
+        let k = key(7, 128);
+        let loads = [1u32; 7];
+        // 10 of 128 blocks known (under `min_match`), ending on an end mark
+        // (bit 47 of the stored tag): the next turn of a conversation.
+        let mut kn = known(10, &[3], 0);
+        kn.entry.tag |= 1 << 47;
+        assert!(kn.entry.is_end());
+        let c = pick(&k, Some(&kn), &loads);
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        assert_eq!(c.expected_cached_tokens, 640.0);
+        // Without the mark, or with the rule off, or stale: cold.
+        let c = pick(&k, Some(&known(10, &[3], 0)), &loads);
+        assert_eq!(c.reason, Reason::Cold);
+        let off = AffinityConfig {
+            continuation: false,
+            ..AffinityConfig::default()
+        };
+        let req = request(&k, Some(&kn), Loads::new(&loads));
+        assert_eq!(choose(&ring(7), &req, &cost(), &off).reason, Reason::Cold);
+        kn.age_ms = 3_600_000;
+        assert_eq!(pick(&k, Some(&kn), &loads).reason, Reason::Cold);
     }
 
     #[test]

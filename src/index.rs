@@ -18,7 +18,8 @@
 //! never leaves it: without it a client cannot tell which slot a prefix uses
 //! (one 8-byte xxh3 per probe or write, a few ns).
 //!
-//! Entry (16 bytes, little endian): `tag` (the keyed hash's low 48 bits, never 0) ‖
+//! Entry (16 bytes, little endian): `tag` (the keyed hash's low 47 bits, never
+//! 0, plus bit 47: the end mark, see below) ‖
 //! `time` (u32, deciseconds on the caller's clock, wrapping) ‖ up to
 //! [`MAX_HOLDERS`] replica indices as u16 `index + 1` (0 = none), most
 //! recently routed first.
@@ -51,11 +52,27 @@
 //!   at most `max_writes` of them (≤ 27 for 256 blocks with 3 bits). Rewriting
 //!   the known ones too restores blocks that colliding keys overwrote, so the
 //!   prefixes in use keep intact ladders while unused ones fade out;
-//! - the last block (so an identical request is found with one get).
+//! - the last block (so an identical request is found with one get);
+//! - the **end mark** ([`IndexConfig::end_marks`]; not in a pending record,
+//!   [`PrefixIndex::record_pending`]): the request's last whole
+//!   block (`n − 2`: the last one may be partial, and a continuation of the
+//!   prompt does not share a partial block) is written with bit 47 of its tag
+//!   set, together with the blocks the lookup's gap search probes on its way
+//!   to it (≤ `⌈log2(gap + 1)⌉`, none when it is a ladder position), so a
+//!   longer prompt extending this one to its last whole block finds exactly
+//!   that depth and the mark: a **continuation** (the next turn of a
+//!   conversation), which [`crate::affinity`] treats as warm whatever its
+//!   share of the window. Only a block new to the index gets a mark; the
+//!   deepest known block is rewritten without one, so a block that two
+//!   prompts contain (a system prompt under which short prompts end) loses
+//!   its mark when the second one is recorded.
 //!
 //! Invariants: a slot holds the entry of at most one key; lookups never
-//! report a depth whose block key is not present with its exact 48-bit tag;
-//! record writes at most `max_writes + 2` slots.
+//! report a depth whose block key is not present with its exact 47-bit tag;
+//! record writes at most `max_writes + 2 + ⌈log2(gap + 1)⌉` slots (≤ 5 path
+//! blocks for 256 blocks with 3 bits). A peer that merges entries treats
+//! two tags that differ only in the mark as different keys (the incoming
+//! one wins): marks are hints, never needed for correctness.
 //!
 //! Approximation: a slot overwritten by a colliding key hides that block; the
 //! binary search then reports a shallower known prefix (never a false one, up
@@ -170,9 +187,12 @@ pub struct Entry {
     pub holders: [Option<u16>; MAX_HOLDERS],
 }
 
-const TAG_MASK: u64 = (1 << 48) - 1;
+const TAG_MASK: u64 = (1 << 47) - 1;
+/// Bit 47 of the stored tag: the **end mark** ([`Entry::is_end`]).
+const END_BIT: u64 = 1 << 47;
 
-/// Tag of a block key.
+/// Tag of a block key (47 bits, never 0; bit 47 of the stored tag is the
+/// end mark).
 pub fn tag_of(key: u64) -> u64 {
     match key & TAG_MASK {
         0 => 1,
@@ -208,6 +228,18 @@ impl Entry {
             *h = x.checked_sub(1);
         }
         Some(Entry { tag, time, holders })
+    }
+
+    /// The end mark: some recorded prompt ended in the block after this one
+    /// (this is its last whole block; the prompt's partial last block, if
+    /// any, is not shared by its continuations). See [`PrefixIndex::record`].
+    pub fn is_end(&self) -> bool {
+        self.tag & END_BIT != 0
+    }
+
+    /// The tag without the end mark.
+    pub fn key_tag(&self) -> u64 {
+        self.tag & TAG_MASK
     }
 
     /// Holders, most recent first.
@@ -260,6 +292,11 @@ pub struct IndexConfig {
     pub rewrite_known: bool,
     /// Seed of the keyed slot hash (per process; see the module docs).
     pub secret: u64,
+    /// Write end marks ([`Entry::is_end`]) with their search paths. Off by
+    /// default: +0.1–0.2 points of hit rate in the simulator for 15–20 % more
+    /// sets per request (and peer sync traffic); worth it once blocks end at
+    /// message boundaries (`docs/benchmarks.md`, "Why chat still fails").
+    pub end_marks: bool,
 }
 
 impl Default for IndexConfig {
@@ -270,6 +307,7 @@ impl Default for IndexConfig {
             ladder_bits: 3,
             rewrite_known: false,
             secret: 0,
+            end_marks: false,
         }
     }
 }
@@ -279,6 +317,42 @@ pub fn on_ladder(p: usize, bits: u32) -> bool {
     let m = p + 1;
     let len = usize::BITS - m.leading_zeros();
     len <= bits || m & ((1usize << (len - bits.max(1))) - 1) == 0
+}
+
+/// The first ladder position at or after `p`.
+pub fn next_ladder(p: usize, bits: u32) -> usize {
+    (p..).find(|&q| on_ladder(q, bits)).unwrap_or(p)
+}
+
+/// The blocks that [`PrefixIndex::lookup`]'s binary search of the gap after
+/// the deepest ladder position below `top` probes and finds known on its way
+/// to block `top − 1` (empty when `top − 1` is a ladder position or `top` is
+/// 0): at most `⌈log2(gap + 1)⌉` positions, ascending, the last one
+/// `top − 1`.
+pub fn gap_path(top: usize, bits: u32) -> impl Iterator<Item = usize> {
+    let start = (0..top)
+        .rev()
+        .find(|&p| on_ladder(p, bits))
+        .map_or(0, |p| p + 1);
+    let (mut a, mut b) = (
+        start,
+        if start < top {
+            next_ladder(top, bits)
+        } else {
+            start
+        },
+    );
+    std::iter::from_fn(move || {
+        while a < b {
+            let mid = a + (b - a) / 2;
+            if mid < top {
+                a = mid + 1;
+                return Some(mid);
+            }
+            b = mid;
+        }
+        None
+    })
 }
 
 /// Ladder positions below `n`, ascending.
@@ -327,7 +401,7 @@ impl PrefixIndex {
         store
             .get(slot)
             .and_then(|v| Entry::decode(&v))
-            .filter(|e| e.tag == tag)
+            .filter(|e| e.key_tag() == tag)
     }
 
     /// Write a fresh-or-updated entry of `key`.
@@ -335,10 +409,11 @@ impl PrefixIndex {
         &self,
         store: &mut S,
         key: u64,
-        time: u32,
+        (time, end): (u32, bool),
         holders: [Option<u16>; MAX_HOLDERS],
     ) {
         let (slot, tag) = self.place(key);
+        let tag = if end { tag | END_BIT } else { tag };
         store.set(slot, Entry { tag, time, holders }.encode());
     }
 
@@ -406,10 +481,18 @@ impl PrefixIndex {
         // one, blocks written by `confirm` (engine-confirmed depths) extend
         // the known prefix contiguously: binary search them too (no get when
         // the gap is empty, ≤ log2(gap) + 1 otherwise).
-        let (mut a, mut b) = (pos[lo - 1] + 1, if lo < m { pos[lo] } else { n - 1 });
+        // The gap's right end is the next ladder position even when this
+        // request ends before it (blocks past its end count as unknown), so
+        // the search path is the one `confirm` and `record` write for any
+        // depth in the gap, whatever the length of the request.
+        let (mut a, mut b) = (
+            pos[lo - 1] + 1,
+            next_ladder(pos[lo - 1] + 1, self.cfg.ladder_bits),
+        );
         while a < b {
             let mid = a + (b - a) / 2;
-            match self.probe(store, blocks[mid]) {
+            let probed = if mid + 1 < n { blocks.get(mid) } else { None };
+            match probed.and_then(|&key| self.probe(store, key)) {
                 Some(e) => {
                     best = Some(found(mid + 1, e));
                     a = mid + 1;
@@ -445,32 +528,15 @@ impl PrefixIndex {
         now_ms: u64,
     ) -> usize {
         let top = depth.min(blocks.len());
-        let bits = self.cfg.ladder_bits;
-        let start = (0..top)
-            .rev()
-            .find(|&p| on_ladder(p, bits))
-            .map_or(0, |p| p + 1);
-        if start >= top {
-            return 0;
-        }
-        // The lookup's gap is [start, next ladder position); `top − 1` lies
-        // inside it (no ladder position in start..top).
-        let end = (top..).find(|&p| on_ladder(p, bits)).unwrap_or(top);
         let r = replica.min(u16::MAX as usize - 1) as u16;
         let holders = known.map_or([Some(r), None, None], |k| k.entry.with_front(r));
+        let end = known.is_some_and(|k| k.depth == top && k.entry.is_end());
         let time = decis(now_ms);
         let mut sets = 0;
-        let (mut a, mut b) = (start, end);
-        while a < b {
-            let mid = a + (b - a) / 2;
-            if mid < top {
-                if let Some(&key) = blocks.get(mid) {
-                    self.put(store, key, time, holders);
-                    sets += 1;
-                }
-                a = mid + 1;
-            } else {
-                b = mid;
+        for p in gap_path(top, self.cfg.ladder_bits) {
+            if let Some(&key) = blocks.get(p) {
+                self.put(store, key, (time, end && p + 1 == top), holders);
+                sets += 1;
             }
         }
         sets
@@ -485,7 +551,8 @@ impl PrefixIndex {
     /// Meanwhile requests with the same new prefix that arrive before the
     /// first response (a burst, a fan-out) find it and meet on the same
     /// replica instead of being placed cold one by one. Same cost as
-    /// `record` (≤ `max_writes + 2` sets).
+    /// `record` without the end mark (a continuation comes after the
+    /// response, whose record writes it): ≤ `max_writes + 2` sets.
     pub fn record_pending<S: SlotStore>(
         &self,
         store: &mut S,
@@ -495,7 +562,8 @@ impl PrefixIndex {
         (now_ms, max_age_ms): (u64, u64),
     ) -> usize {
         let back = max_age_ms.saturating_sub(PENDING_MS);
-        self.record(store, blocks, known, replica, now_ms.saturating_sub(back))
+        let at = now_ms.saturating_sub(back);
+        self.write(store, blocks, known, replica, (at, false))
     }
 
     /// Record that the request with `blocks` went to `replica` (see the module
@@ -509,6 +577,18 @@ impl PrefixIndex {
         replica: usize,
         now_ms: u64,
     ) -> usize {
+        self.write(store, blocks, known, replica, (now_ms, self.cfg.end_marks))
+    }
+
+    /// `record` at `now_ms`, with the end mark and its path when `marks`.
+    fn write<S: SlotStore>(
+        &self,
+        store: &mut S,
+        blocks: &[u64],
+        known: Option<&Known>,
+        replica: usize,
+        (now_ms, marks): (u64, bool),
+    ) -> usize {
         let Some(&last) = blocks.last() else {
             return 0;
         };
@@ -518,15 +598,32 @@ impl PrefixIndex {
         let fresh = [Some(r), None, None];
         let mut sets = 0;
         let depth = known.map_or(0, |k| k.depth.min(n));
+        let bits = self.cfg.ladder_bits;
+        // The end mark goes on the last whole block (the last one may be
+        // partial), position `n − 2`, with the lookup's search path to it,
+        // only when that block is new to the index: a block that an earlier
+        // prompt contained too is shared (a system prompt under which short
+        // prompts end), and its mark would make every prompt under it look
+        // like a continuation. The deepest known block, shared by
+        // definition, is rewritten without a mark for the same reason.
+        let end_at = if marks && n >= 2 && n - 1 > depth {
+            n - 1
+        } else {
+            0
+        };
         if let Some(k) = known.filter(|_| depth > 0) {
-            self.put(store, blocks[depth - 1], time, k.entry.with_front(r));
+            self.put(
+                store,
+                blocks[depth - 1],
+                (time, false),
+                k.entry.with_front(r),
+            );
             sets += 1;
         }
         // Every ladder block but the deepest known one (written above), the
         // deepest first, so a request never loses the blocks nearest its own
         // depth to the `max_writes` cap.
         let mut budget = self.cfg.max_writes;
-        let bits = self.cfg.ladder_bits;
         for p in (0..n - 1)
             .rev()
             .filter(|&p| on_ladder(p, bits) && p + 1 != depth)
@@ -535,12 +632,20 @@ impl PrefixIndex {
             if budget == 0 {
                 break;
             }
-            self.put(store, blocks[p], time, fresh);
+            self.put(store, blocks[p], (time, p + 1 == end_at), fresh);
             sets += 1;
             budget -= 1;
         }
+        // The search path to the end mark (nothing when it is a ladder
+        // position, written above, or known already).
+        for p in gap_path(end_at, bits).filter(|&p| p >= depth) {
+            if let Some(&key) = blocks.get(p) {
+                self.put(store, key, (time, p + 1 == end_at), fresh);
+                sets += 1;
+            }
+        }
         if depth < n {
-            self.put(store, last, time, fresh);
+            self.put(store, last, (time, false), fresh);
             sets += 1;
         }
         sets
@@ -617,7 +722,11 @@ mod tests {
 
     #[test]
     fn known_prefix_and_holders() {
-        let idx = PrefixIndex::new(IndexConfig::default());
+        // The ladder alone (end marks: see `end_marks_find_continuations`).
+        let idx = PrefixIndex::new(IndexConfig {
+            end_marks: false,
+            ..IndexConfig::default()
+        });
         let mut st = VecStore::new(IndexConfig::default().slots);
         let a = chain(1, 40, 100, 48);
         assert_eq!(idx.lookup(&st, &a, 0), None);
@@ -648,6 +757,7 @@ mod tests {
     fn lookup_cost_is_logarithmic_and_never_false() {
         let idx = PrefixIndex::new(IndexConfig {
             slots: 1 << 16,
+            end_marks: false,
             ..IndexConfig::default()
         });
         let mut st = VecStore::new(1 << 16);
@@ -744,7 +854,10 @@ mod tests {
 
     #[test]
     fn a_lost_shallow_slot_does_not_hide_a_deep_prefix() {
-        let idx = PrefixIndex::new(IndexConfig::default());
+        let idx = PrefixIndex::new(IndexConfig {
+            end_marks: false,
+            ..IndexConfig::default()
+        });
         let mut st = VecStore::new(IndexConfig::default().slots);
         let a = chain(3, 120, 1, 128);
         idx.record(&mut st, &a, None, 4, 0);
@@ -764,6 +877,70 @@ mod tests {
         for seed in 10..60 {
             assert_eq!(idx.lookup(&st, &chain(seed, 0, seed, 64), 0), None);
         }
+    }
+
+    #[test]
+    fn end_marks_find_continuations() {
+        let on = IndexConfig {
+            end_marks: true,
+            ..IndexConfig::default()
+        };
+        let idx = PrefixIndex::new(on);
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        // Turn 1: 45 blocks, the last one partial; its last whole block (43)
+        // is in the ladder gap 40..47.
+        let t1 = chain(5, 44, 1, 45);
+        let sets = idx.record(&mut st, &t1, None, 2, 0);
+        // 17 ladder positions below 44, the last block, ≤ 3 path blocks.
+        assert!((19..=21).contains(&sets), "{sets} sets");
+        // Turn 2 extends turn 1's whole blocks, longer or shorter than the
+        // next ladder position (47): found exactly, with the end mark.
+        for n in [46, 60, 200] {
+            let t2 = chain(5, 44, 9, n);
+            let k = idx.lookup(&st, &t2, 1000).unwrap();
+            assert_eq!(
+                (k.depth, k.entry.is_end()),
+                (44, true),
+                "turn 2 of {n} blocks"
+            );
+            assert_eq!(k.entry.holders[0], Some(2));
+        }
+        // A prompt sharing less (same first 42 blocks): a lower bound, no mark.
+        let other = chain(5, 42, 9, 60);
+        let k = idx.lookup(&st, &other, 1000).unwrap();
+        assert!(k.depth <= 42 && !k.entry.is_end());
+        // Off: the ladder's lower bound only, no mark.
+        let off = PrefixIndex::new(IndexConfig {
+            end_marks: false,
+            ..IndexConfig::default()
+        });
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        off.record(&mut st, &t1, None, 2, 0);
+        let k = off.lookup(&st, &chain(5, 44, 9, 60), 1000).unwrap();
+        assert_eq!((k.depth, k.entry.is_end()), (40, false));
+    }
+
+    #[test]
+    fn a_shared_block_loses_its_end_mark() {
+        let idx = PrefixIndex::new(IndexConfig {
+            end_marks: true,
+            ..IndexConfig::default()
+        });
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        // A short prompt ends just after a 3-block system prompt: its mark
+        // lands on the system prompt's last block.
+        let x = chain(7, 3, 1, 4);
+        idx.record(&mut st, &x, None, 1, 0);
+        let y = chain(7, 3, 2, 4);
+        let k = idx.lookup(&st, &y, 0).unwrap();
+        assert_eq!((k.depth, k.entry.is_end()), (3, true));
+        // A second prompt under it proves the block shared: recorded, the
+        // mark is gone, and it marks nothing it already knew.
+        idx.record(&mut st, &y, Some(&k), 4, 0);
+        let z = chain(7, 3, 3, 30);
+        let k = idx.lookup(&st, &z, 0).unwrap();
+        assert_eq!((k.depth, k.entry.is_end()), (3, false));
+        assert_eq!(k.entry.holders, [Some(4), Some(1), None]);
     }
 
     #[test]

@@ -216,7 +216,8 @@ impl Router {
     /// `affinity`: record that `served` holds the prefix `blocks` (`known`:
     /// what the lookup at routing found). The filter calls it when the
     /// upstream answered 2xx, so only requests an engine accepted (and
-    /// therefore cached) enter the index. Shared-data cost: ≤ 34 sets.
+    /// therefore cached) enter the index. Shared-data cost: ≤ 39 sets (≤ 5 of
+    /// them the end mark's search path, [`crate::index`]).
     pub fn record_affinity<S: SlotStore>(
         &self,
         store: &mut S,
@@ -233,7 +234,7 @@ impl Router {
     /// request `choice` placed cold or spilled (nothing for a warm or keyless
     /// one, or with `record_pending` off), so that the same new prefix
     /// arriving before the response meets it on `choice.primary`. Returns
-    /// the sets (≤ `max_writes + 2`).
+    /// the sets (≤ `max_writes + 2`: no end mark).
     pub fn record_pending<S: SlotStore>(
         &self,
         store: &mut S,

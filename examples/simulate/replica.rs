@@ -40,6 +40,8 @@ pub struct Metrics {
     pub waiting: u32,
     /// Fraction of KV blocks held by running requests.
     pub kv_usage: f64,
+    /// Requests waiting or running.
+    pub outstanding: u32,
 }
 
 /// One replica.
@@ -85,6 +87,7 @@ impl Replica {
         Metrics {
             waiting: m.waiting,
             kv_usage: m.kv_usage,
+            outstanding: self.engine.outstanding(),
         }
     }
 

@@ -12,8 +12,13 @@
 //! sample is judged on our own counts alone, so a failing scrape never
 //! blocks a request):
 //! - **load**: each host's load is `max(our in-flight count, engine waiting +
-//!   running)`; the engine's view includes other Envoys' traffic and is the
-//!   one every Envoy shares. It feeds the load bound and the cost model;
+//!   running) + engine waiting`; the engine's view includes other Envoys'
+//!   traffic and is the one every Envoy shares. Waiting requests count twice:
+//!   a new request waits for every queued prefill, but a running (decoding)
+//!   one only slows its steps a little, so in-flight counts alone rank a
+//!   replica with a queue like one busy decoding. It feeds the load bound and
+//!   the cost model (simulated with `--ours engine_load=queued`:
+//!   `docs/benchmarks.md`);
 //! - **saturation**: a host over `max_queue` waiting requests or
 //!   `max_kv_usage` KV usage is made unusable for this request while some
 //!   usable host is not saturated: it gets no new cold, spilled or
@@ -153,7 +158,9 @@ pub fn apply(
     };
     for (l, s) in loads.iter_mut().zip(&samples) {
         if let Some(e) = s.and_then(engine_load) {
-            *l = (*l).max(e.min(f64::from(u32::MAX)) as u32);
+            let waiting = s.and_then(|s| s.waiting).unwrap_or(0.0);
+            let clamp = |x: f64| x.clamp(0.0, f64::from(u32::MAX)) as u32;
+            *l = (*l).max(clamp(e)).saturating_add(clamp(waiting));
         }
     }
     let sat: Vec<bool> = samples
@@ -292,7 +299,8 @@ mod tests {
         let mut loads = vec![1, 5, 0];
         let mut usable = vec![true; 3];
         let e = apply(&v, &t, &params(), None, 1000, &mut loads, &mut usable);
-        assert_eq!(loads, vec![13, 5, 0]);
+        // max(own, waiting + running) + waiting: 13 + 9, 5 + 0.
+        assert_eq!(loads, vec![22, 5, 0]);
         assert_eq!(usable, vec![false, false, true]);
         assert_eq!((e.stale, e.saturated), (1, 2));
         // All saturated: fail open (usable unchanged).

@@ -38,6 +38,28 @@ pub struct OursParams {
     /// response; modelled at the first token, which is no earlier than the
     /// response headers).
     pub record_at_route: bool,
+    /// Load picture from the engines' scraped queues (see [`EngineLoad`]).
+    pub engine_load: EngineLoad,
+    /// Scrape period of `engine_load`, ms (the filter's `engine.refresh_ms`).
+    pub engine_refresh_ms: f64,
+}
+
+/// Which load the policy sees per replica (the filter's `engine` block,
+/// `src/cluster/engines.rs`, scraping every `engine_refresh_ms`; the sample
+/// taken is the simulator's 50 ms-periodic scrape current at that time, and
+/// the filter's saturation rule is not modelled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineLoad {
+    /// Our in-flight counts only (no `engine` block).
+    Off,
+    /// The filter before this session: `max(in-flight, waiting + running)`.
+    Max,
+    /// The filter now: `max(in-flight, waiting + running) + waiting`.
+    Queued,
+    /// A proposal: the sample corrected by our own routes since it,
+    /// `in-flight + max(0, waiting + running − in-flight at the scrape) +
+    /// waiting` (others' traffic plus the queue, our own counted live).
+    Delta,
 }
 
 impl Default for OursParams {
@@ -56,6 +78,8 @@ impl Default for OursParams {
                 affinity: *r.affinity_config(),
                 cost: r.cost_config(),
                 record_at_route: false,
+                engine_load: EngineLoad::Off,
+                engine_refresh_ms: 500.0,
             },
             None => OursParams {
                 prefix_length: 65536,
@@ -64,6 +88,8 @@ impl Default for OursParams {
                 affinity: AffinityConfig::default(),
                 cost: CostConfig::default(),
                 record_at_route: false,
+                engine_load: EngineLoad::Off,
+                engine_refresh_ms: 500.0,
             },
         }
     }
@@ -96,6 +122,18 @@ impl OursParams {
             "forget" => self.cost.forget = f()?,
             "prefill_floor" => self.cost.prefill_floor = v == "1" || v == "true",
             "record_at_route" => self.record_at_route = v == "1" || v == "true",
+            "engine_load" => {
+                self.engine_load = match v {
+                    "off" | "0" => EngineLoad::Off,
+                    "max" => EngineLoad::Max,
+                    "queued" | "1" => EngineLoad::Queued,
+                    "delta" => EngineLoad::Delta,
+                    _ => return Err(bad()),
+                }
+            }
+            "engine_refresh_ms" => self.engine_refresh_ms = f()?.max(1.0),
+            "end_marks" => self.index.end_marks = v == "1" || v == "true",
+            "continuation" => self.affinity.continuation = v == "1" || v == "true",
             "pressure" | "spread_cold" => self.affinity.spread_cold = v == "1" || v == "true",
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
@@ -125,6 +163,14 @@ pub struct Ours {
     /// Prompt tokens not served from the cache, by class, and all prompt tokens.
     lost: [u64; 6],
     prompt: u64,
+    engine_load: EngineLoad,
+    engine_period_s: f64,
+    /// Scrape period index of `snap`, the sample (our own in-flight counts
+    /// are live, as in the filter), and the load picture given to the policy.
+    epoch: i64,
+    snap: Vec<crate::replica::Metrics>,
+    snap_own: Vec<u32>,
+    loads: Vec<u32>,
 }
 
 impl Ours {
@@ -155,11 +201,50 @@ impl Ours {
             class: Vec::new(),
             lost: [0; 6],
             prompt: 0,
+            engine_load: p.engine_load,
+            engine_period_s: p.engine_refresh_ms / 1000.0,
+            epoch: -1,
+            snap: Vec::new(),
+            snap_own: Vec::new(),
+            loads: Vec::new(),
         })
     }
 }
 
+impl Ours {
+    /// The load picture of [`EngineLoad`]: a scrape at every multiple of
+    /// the period (the filter's polling timer), our in-flight counts live.
+    fn engine_loads(&mut self, view: &View<'_>) {
+        let n = view.in_flight.len();
+        let epoch = (view.now / self.engine_period_s).floor() as i64;
+        if epoch != self.epoch || self.snap.len() != n {
+            self.epoch = epoch;
+            self.snap = view.scraped.to_vec();
+            self.snap_own = view.in_flight.to_vec();
+        }
+        self.loads.clear();
+        for i in 0..n {
+            let own = view.in_flight.get(i).copied().unwrap_or(0);
+            let m = self.snap.get(i).copied().unwrap_or_default();
+            let engine = m.outstanding;
+            self.loads.push(match self.engine_load {
+                EngineLoad::Off => own,
+                EngineLoad::Max => own.max(engine),
+                EngineLoad::Queued => own.max(engine) + m.waiting,
+                EngineLoad::Delta => {
+                    let then = self.snap_own.get(i).copied().unwrap_or(0);
+                    own + engine.saturating_sub(then) + m.waiting
+                }
+            });
+        }
+    }
+}
+
 impl Policy for Ours {
+    fn needs_scrape(&self) -> bool {
+        self.engine_load != EngineLoad::Off
+    }
+
     fn route(&mut self, idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
         let now_ms = (view.now * 1000.0) as u64;
         let Some(key) = req.keys.core.get(self.key) else {
@@ -169,6 +254,9 @@ impl Policy for Ours {
             };
         };
         let known = self.index.lookup(&self.store, &key.blocks, now_ms);
+        if self.engine_load != EngineLoad::Off {
+            self.engine_loads(view);
+        }
         self.ticket += 1;
         let n = self.router.ring().len();
         let pressure = Pressure::for_request(&self.store, n, key, known.as_ref(), &self.cfg);
@@ -176,7 +264,11 @@ impl Policy for Ours {
             key,
             prompt_chars: req.body_chars as usize,
             known: known.as_ref(),
-            loads: Loads::new(view.in_flight),
+            loads: Loads::new(if self.engine_load == EngineLoad::Off {
+                view.in_flight
+            } else {
+                &self.loads
+            }),
             ticket: self.ticket,
             pressure: pressure.as_ref(),
         };
@@ -377,5 +469,63 @@ impl Policy for OursMulti {
         if let Some(c) = self.local.get_mut(k).and_then(|l| l.get_mut(replica)) {
             *c = c.saturating_sub(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replica::Metrics;
+
+    fn ours(mode: EngineLoad) -> Ours {
+        let router = Router::new(
+            Config::from_json(br#"{"endpoints":["127.0.0.1:1","127.0.0.1:2"]}"#).unwrap(),
+        );
+        let p = OursParams {
+            engine_load: mode,
+            ..OursParams::default()
+        };
+        Ours::new(router, 0, p, &ModelParams::default()).unwrap()
+    }
+
+    fn loads(o: &mut Ours, now: f64, scraped: &[Metrics]) -> Vec<u32> {
+        let m = ModelParams::default();
+        let view = View {
+            now,
+            in_flight: &[2, 4],
+            replicas: &[],
+            scraped,
+            model: &m,
+        };
+        o.engine_loads(&view);
+        o.loads.clone()
+    }
+
+    #[test]
+    fn engine_load_modes_follow_the_filter_and_its_scrape_period() {
+        let m = |waiting, outstanding| Metrics {
+            waiting,
+            outstanding,
+            kv_usage: 0.0,
+        };
+        let first = [m(3, 5), m(0, 1)];
+        let later = [m(0, 0), m(9, 12)];
+        for (mode, want) in [
+            (EngineLoad::Off, [2, 4]),
+            (EngineLoad::Max, [5, 4]),
+            (EngineLoad::Queued, [8, 4]),
+            // 2 + (5 − 2) + 3, 4 + 0 + 0 (in-flight at the scrape: 2, 4).
+            (EngineLoad::Delta, [8, 4]),
+        ] {
+            let mut o = ours(mode);
+            assert_eq!(loads(&mut o, 0.1, &first), want, "{mode:?}");
+            // Same 500 ms period: the sample taken at its start is kept.
+            assert_eq!(loads(&mut o, 0.4, &later), want, "{mode:?}");
+        }
+        // The next period reads the new sample: max(2, 0) + 0, max(4, 12) + 9.
+        let mut o = ours(EngineLoad::Queued);
+        loads(&mut o, 0.1, &first);
+        assert_eq!(loads(&mut o, 0.6, &later), [2, 21]);
+        assert!(o.needs_scrape() && !ours(EngineLoad::Off).needs_scrape());
     }
 }
