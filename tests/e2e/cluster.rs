@@ -493,9 +493,11 @@ fn strict_dns_cluster_is_followed() {
     let url = envoy.url("/v1/chat/completions");
     let client = Client::new(Duration::from_secs(15));
     let mut used = BTreeMap::new();
-    for t in 0..12 {
+    // 40 prefixes: `prefix` places by the ring alone, so with 12 a replica got
+    // none about 1 % of the time ((2/3)^12 each, by the ports' hashes).
+    for t in 0..40 {
         let body = chat(&text(&format!("dns-{t}"), 1500), "q");
-        let at: Vec<String> = (0..3).map(|_| send(&client, &url, &body, &[])).collect();
+        let at: Vec<String> = (0..2).map(|_| send(&client, &url, &body, &[])).collect();
         assert!(at.iter().all(|a| *a == at[0]), "prefix {t} split: {at:?}");
         *used.entry(at[0].clone()).or_insert(0) += 1;
     }
