@@ -17,9 +17,10 @@
 //!    when `n > load_factor` and the cluster is idle).
 //! 2. **Cold placement** `place(excluded)`: walk the ring from the request's
 //!    key, keep the first `cold_choices` acceptable replicas not excluded,
-//!    take the least loaded; on equal loads the one given the fewest new
-//!    prefixes recently ([`crate::pressure`], when the caller read it), then
-//!    ring order. Without pressure it is deterministic given the loads, so
+//!    take the least loaded; on equal loads one under the request-share
+//!    bound ([`crate::share`], when the caller read the counts), then the
+//!    one given the fewest new prefixes recently ([`crate::pressure`], when
+//!    the caller read it), then the smallest request share, then ring order. Without pressure it is deterministic given the loads, so
 //!    every worker and every Envoy agree; with two choices it balances like
 //!    power-of-two-choices. Pressure spreads new prefixes over the caches
 //!    when loads tie (idle or sequential clients), where the ring alone can
@@ -37,6 +38,14 @@
 //!    ([`Reason::Spill`]) too: recorded as a new holder, the prefix then
 //!    lives on 2…3 replicas and its traffic is split by load among them
 //!    (hot prefixes grow instead of scattering).
+//!    **Request share** (`share_factor > 0` and the caller read the counts,
+//!    [`crate::share`]): holders above the soft share bound are not taken
+//!    while another holder is under it, and equal loads among holders go to
+//!    the smaller share. If every holder within the load bound is above the
+//!    soft share bound, the least loaded of them is kept (warm) unless it is
+//!    above the hard bound too; then the request goes to `place(holders)`
+//!    ranked by share first (the non-holder with the smallest share), if
+//!    that one is under the soft bound ([`Reason::Spill`]: a new holder).
 //!    A known prefix that ends on an **end mark** (a recorded prompt's last
 //!    whole block, [`crate::index`]: the request continues that prompt, and
 //!    its holder also cached the answer the index cannot see) is warm
@@ -57,6 +66,7 @@ use crate::pressure::Pressure;
 use crate::ring::HashRing;
 use crate::router::RoutingKey;
 use crate::select::Loads;
+use crate::share::Share;
 
 /// Policy parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -89,6 +99,11 @@ pub struct AffinityConfig {
     /// Treat a known prefix that ends on a recorded prompt's end mark
     /// ([`crate::index::Entry::is_end`]) as warm whatever its coverage.
     pub continuation: bool,
+    /// Request-share bound ([`crate::share`]): a holder whose share of recent
+    /// requests is above `share_factor / N` (plus a slack) is passed over
+    /// for another holder under it, else for the acceptable replica with the
+    /// smallest share. 0: off.
+    pub share_factor: f64,
 }
 
 impl Default for AffinityConfig {
@@ -105,6 +120,7 @@ impl Default for AffinityConfig {
             spread_cold: true,
             record_pending: true,
             continuation: true,
+            share_factor: DEFAULT_SHARE_FACTOR,
         }
     }
 }
@@ -156,11 +172,19 @@ impl Choice {
     }
 }
 
+/// Default [`AffinityConfig::share_factor`] (see `docs/benchmarks.md`, "End to
+/// end: SageMaker-style").
+pub const DEFAULT_SHARE_FACTOR: f64 = 1.0;
+
 const MAX_CHOICES: usize = 8;
 
 struct View<'a> {
     loads: Loads<'a>,
     pressure: Option<&'a Pressure>,
+    share: Option<&'a Share>,
+    /// [`Share::limit`] (infinite without counts or with the bound off).
+    share_limit: f64,
+    share_hard: f64,
     all: bool,
     n: usize,
     cap: f64,
@@ -174,9 +198,30 @@ impl View<'_> {
     fn load(&self, i: usize) -> u32 {
         self.loads.of(i)
     }
-    /// Placement order: load, then recent new prefixes (0 without pressure).
-    fn rank(&self, i: usize) -> (u32, u8) {
-        (self.load(i), self.pressure.map_or(0, |p| p.of(i)))
+    /// Placement order: load, then over the share bound, then recent new
+    /// prefixes (0 without pressure), then the request share (0 without
+    /// counts). `by_share` (a spill for the share bound): over the bound,
+    /// then the share, then load and pressure.
+    fn rank(&self, i: usize, by_share: bool) -> [u32; 4] {
+        let over = u32::from(self.over_share(i));
+        let share = u32::from(self.share_of(i));
+        let pressure = u32::from(self.pressure.map_or(0, |p| p.of(i)));
+        if by_share {
+            [over, share, self.load(i), pressure]
+        } else {
+            [self.load(i), over, pressure, share]
+        }
+    }
+    fn share_of(&self, i: usize) -> u8 {
+        self.share.map_or(0, |s| s.of(i))
+    }
+    /// Above the request-share bound ([`crate::share`])?
+    fn over_share(&self, i: usize) -> bool {
+        self.share.is_some_and(|s| s.over(i, self.share_limit))
+    }
+    /// Above the request-share bound for placing a new holder?
+    fn over_hard(&self, i: usize) -> bool {
+        self.share.is_some_and(|s| s.over(i, self.share_hard))
     }
     fn acceptable(&self, i: usize) -> bool {
         let l = self.load(i);
@@ -190,6 +235,7 @@ fn place(
     v: &View<'_>,
     excluded: &[usize],
     choices: usize,
+    by_share: bool,
 ) -> Option<usize> {
     let mut picks = [0usize; MAX_CHOICES];
     let mut m = 0;
@@ -212,7 +258,7 @@ fn place(
     }
     let mut best: Option<usize> = None;
     for &c in &picks[..m] {
-        if best.map_or(true, |b| v.rank(c) < v.rank(b)) {
+        if best.map_or(true, |b| v.rank(c, by_share) < v.rank(b, by_share)) {
             best = Some(c);
         }
     }
@@ -235,6 +281,9 @@ pub struct Request<'a> {
     /// Recent new prefixes per replica ([`crate::pressure`]): breaks load
     /// ties of cold placement. `None`: ring order.
     pub pressure: Option<&'a Pressure>,
+    /// Recent requests per replica ([`crate::share`]): the share bound.
+    /// `None`: no bound.
+    pub share: Option<&'a Share>,
 }
 
 /// Would `known` make a request warm (fresh, and covering at least
@@ -275,9 +324,15 @@ pub fn choose(
     } else {
         loads.total(n)
     };
+    let (share_limit, share_hard) = req.share.map_or((f64::INFINITY, f64::INFINITY), |s| {
+        s.limits(cfg.share_factor, n, |i| all || loads.is_available(i))
+    });
     let v = View {
         loads,
         pressure: req.pressure,
+        share: req.share,
+        share_limit,
+        share_hard,
         all,
         n,
         cap: cfg.load_factor * (total as f64 / count.max(1) as f64 + 1.0),
@@ -337,13 +392,30 @@ pub fn choose(
         let warm_cap = v.cap.min(
             mean1 * (1.0 + (cfg.load_factor - 1.0).max(0.0) * (2.0 * coverage).min(1.0)) + 1.0,
         );
+        let load_ok = |h: usize| v.acceptable(h) && f64::from(v.load(h)) + 1.0 <= warm_cap;
+        // Holders within both bounds; equal loads go to the smaller share.
         let best_ok = holders
             .iter()
             .copied()
-            .filter(|&h| v.acceptable(h) && f64::from(v.load(h)) + 1.0 <= warm_cap)
-            .min_by_key(|&h| v.load(h));
-        let alt = place(ring, ring_key, &v, holders, cfg.cold_choices);
+            .filter(|&h| load_ok(h) && !v.over_share(h))
+            .min_by_key(|&h| (v.load(h), v.share_of(h)));
+        // A holder within the load bound but over the share bound: leave it
+        // for the replica with the smallest share if that one is under it.
+        let share_held = holders
+            .iter()
+            .copied()
+            .filter(|&h| load_ok(h))
+            .min_by_key(|&h| (v.load(h), v.share_of(h)));
+        let by_share = best_ok.is_none() && share_held.is_some();
+        let hard = share_held.is_some_and(|h| v.over_hard(h));
+        let alt = place(ring, ring_key, &v, holders, cfg.cold_choices, by_share);
         let (primary, reason) = match (best_ok, alt) {
+            (None, Some(a)) if by_share && (v.over_share(a) || !hard) => match share_held {
+                // Nobody under the share bound: moving costs a prefill
+                // and buys no share.
+                Some(h) => (h, Reason::Warm),
+                None => (a, Reason::Spill),
+            },
             (Some(h), None) => (h, Reason::Warm),
             (Some(h), Some(a)) => {
                 let extra = cost.wait_ms(f64::from(v.load(h).saturating_sub(v.load(a))));
@@ -377,7 +449,7 @@ pub fn choose(
             prompt_tokens,
         };
     }
-    let primary = place(ring, ring_key, &v, &[], cfg.cold_choices).unwrap_or(0);
+    let primary = place(ring, ring_key, &v, &[], cfg.cold_choices, false).unwrap_or(0);
     Choice {
         primary,
         secondary: secondary_of(ring_key, primary),
@@ -446,6 +518,7 @@ mod tests {
             loads,
             ticket: 0,
             pressure: None,
+            share: None,
         }
     }
 
@@ -599,10 +672,82 @@ mod tests {
             loads: Loads::new(&loads),
             ticket: 0,
             pressure: None,
+            share: None,
         };
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
         assert_eq!(c.reason, Reason::Spill);
         assert_ne!(c.primary, 3);
+    }
+
+    fn pick_shared(k: &RoutingKey, kn: Option<&Known>, loads: &[u32], counts: &[u8]) -> Choice {
+        let share = Share::from_counts(counts);
+        let req = Request {
+            share: Some(&share),
+            ..request(k, kn, Loads::new(loads))
+        };
+        choose(
+            &ring(loads.len()),
+            &req,
+            &cost(),
+            &AffinityConfig::default(),
+        )
+    }
+
+    #[test]
+    fn a_holder_over_the_share_bound_passes_its_prefix_on() {
+        let k = key(42, 64);
+        let idle = [0u32; 7];
+        // Replica 3 holds the prefix. Counts: the others 10. With 12 on
+        // replica 3 (mean 73 / 7, soft bound 12.4, hard 14.4): over the soft
+        // bound only, it keeps its prefix.
+        let mut counts = [10u8; 7];
+        counts[3] = 12;
+        let c = pick_shared(&k, Some(&known(64, &[3], 0)), &idle, &counts);
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        // A second holder under the bound takes it (free).
+        let c = pick_shared(&k, Some(&known(64, &[3, 5], 0)), &idle, &counts);
+        assert_eq!((c.primary, c.reason), (5, Reason::Warm));
+        // Two holders under the bound: the smaller share.
+        counts[3] = 9;
+        counts[5] = 11;
+        let c = pick_shared(&k, Some(&known(64, &[5, 3], 0)), &idle, &counts);
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        // Over the hard bound (mean 78 / 7, 14 + 1 > 11.1 + 4): the replica
+        // with the smallest share becomes a holder.
+        let mut counts = [10u8; 7];
+        counts[3] = 14;
+        counts[6] = 7;
+        let c = pick_shared(&k, Some(&known(64, &[3], 0)), &idle, &counts);
+        assert_eq!((c.primary, c.reason), (6, Reason::Spill));
+        assert_eq!(c.expected_cached_tokens, 0.0);
+        // Without counts (or with the bound off in the caller): warm.
+        let c = pick(&k, Some(&known(64, &[3], 0)), &idle);
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        // The load bound still comes first: a holder under the share bound
+        // but over the load bound is not taken.
+        let mut loads = [0u32; 7];
+        loads[5] = 30;
+        counts[5] = 0;
+        let c = pick_shared(&k, Some(&known(64, &[3, 5], 0)), &loads, &counts);
+        assert_ne!(c.primary, 5);
+    }
+
+    #[test]
+    fn cold_placement_breaks_load_ties_by_share() {
+        let r = ring(5);
+        let k = key(0xbeef, 8);
+        let order: Vec<usize> = r.candidates(0xbeef).collect();
+        // The ring's first choice has the most requests: the next one.
+        let mut counts = [5u8; 5];
+        counts[order[0]] = 9;
+        let c = pick_shared(&k, None, &[0; 5], &counts);
+        assert_eq!(c.reason, Reason::Cold);
+        assert_ne!(c.primary, order[0]);
+        assert_eq!(pick_shared(&k, None, &[0; 5], &[5; 5]).primary, order[0]);
+        // Load first: an idle replica with a high share beats a busy one.
+        let mut loads = [2u32; 5];
+        loads[order[0]] = 0;
+        assert_eq!(pick_shared(&k, None, &loads, &counts).primary, order[0]);
     }
 
     #[test]

@@ -152,6 +152,8 @@ pub struct RawConfig {
     pub chars_per_token: Option<f64>,
     /// See [`AffinityParams::spread_cold`].
     pub spread_cold: Option<bool>,
+    /// See [`AffinityParams::share_factor`].
+    pub share_factor: Option<f64>,
     /// See [`Config::read_usage`].
     pub read_usage: Option<bool>,
     /// See [`Config::paths`].
@@ -205,6 +207,8 @@ pub struct AffinityParams {
     /// new prefixes recently ([`crate::pressure`]); false: ring order (every
     /// Envoy places a new prefix alike at equal loads).
     pub spread_cold: bool,
+    /// Request-share bound ([`crate::share`]): 0 (off) or 1–10.
+    pub share_factor: f64,
 }
 
 impl Default for AffinityParams {
@@ -219,6 +223,7 @@ impl Default for AffinityParams {
             learn_costs: true,
             chars_per_token: 4.0,
             spread_cold: true,
+            share_factor: crate::affinity::DEFAULT_SHARE_FACTOR,
         }
     }
 }
@@ -587,6 +592,20 @@ impl Config {
             )?,
             learn_costs: raw.learn_costs.unwrap_or(d.learn_costs),
             spread_cold: raw.spread_cold.unwrap_or(d.spread_cold),
+            share_factor: match float_in_range(
+                "share_factor",
+                raw.share_factor,
+                (0.0, 10.0),
+                d.share_factor,
+            )? {
+                f if f > 0.0 && f < 1.0 => {
+                    return Err(err(
+                        "share_factor",
+                        format!("must be 0 (off) or between 1 and 10, got {f}"),
+                    ))
+                }
+                f => f,
+            },
             chars_per_token: float_in_range(
                 "chars_per_token",
                 raw.chars_per_token,
@@ -758,6 +777,23 @@ mod tests {
                 .spread_cold
         );
         assert!(parse(&format!("{{{EPS},\"spread_cold\":1}}")).is_err());
+    }
+
+    #[test]
+    fn share_factor_is_zero_or_one_to_ten() {
+        let f = |v: &str| parse(&format!("{{{EPS},\"share_factor\":{v}}}"));
+        let d = parse(&format!("{{{EPS}}}")).unwrap().affinity.share_factor;
+        assert_eq!(d, crate::affinity::DEFAULT_SHARE_FACTOR);
+        assert_eq!(f("0").unwrap().affinity.share_factor, 0.0);
+        assert_eq!(f("1.2").unwrap().affinity.share_factor, 1.2);
+        for bad in ["0.5", "10.5", "-1"] {
+            assert_eq!(f(bad).unwrap_err().field, "share_factor");
+        }
+        assert!(f("true").is_err());
+        assert!(f("0.5")
+            .unwrap_err()
+            .message
+            .contains("0 (off) or between 1 and 10"));
     }
 
     #[test]

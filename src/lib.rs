@@ -64,6 +64,7 @@ pub mod responses;
 pub mod ring;
 pub mod router;
 pub mod select;
+pub mod share;
 pub mod usage;
 
 #[cfg(all(target_arch = "wasm32", target_os = "wasi"))]

@@ -16,6 +16,7 @@ use crate::index::{IndexConfig, Known, PrefixIndex, SlotStore};
 use crate::pressure::Pressure;
 use crate::ring::HashRing;
 use crate::select::{bounded, by_ticket, least_request, Bounds, Loads};
+use crate::share::Share;
 use std::borrow::Cow;
 
 /// What the host knows about the request body.
@@ -97,6 +98,7 @@ impl Router {
             routing_budget_ms: a.routing_budget_ms,
             max_age_ms: u64::from(a.index_ttl_s) * 1000,
             spread_cold: a.spread_cold,
+            share_factor: a.share_factor,
             ..AffinityConfig::default()
         };
         Router {
@@ -201,6 +203,7 @@ impl Router {
             .map(|k| horizons.filter(k));
         let known = found.filter(|k| k.entry.holders().next().is_some());
         let pressure = self.placement_pressure(store, key, known.as_ref());
+        let share = self.routed_share(store);
         let request = affinity::Request {
             key,
             prompt_chars,
@@ -208,6 +211,7 @@ impl Router {
             loads,
             ticket,
             pressure: pressure.as_ref(),
+            share: share.as_ref(),
         };
         let choice = affinity::choose(&self.ring, &request, cost, &self.affinity);
         (self.affinity_decision(key, &choice), choice, found)
@@ -260,6 +264,19 @@ impl Router {
         known: Option<&Known>,
     ) -> Option<Pressure> {
         Pressure::for_request(store, self.ring.len(), key, known, &self.affinity)
+    }
+
+    /// The request-share counters ([`Share::read`], one get for ≤ 10
+    /// replicas); `None` with `share_factor` 0.
+    pub fn routed_share<S: SlotStore>(&self, store: &S) -> Option<Share> {
+        Share::for_config(store, self.ring.len(), &self.affinity)
+    }
+
+    /// At routing: count a request for `primary` in the request-share
+    /// counters ([`Share::bump`]: one get, one set); nothing with
+    /// `share_factor` 0.
+    pub fn note_routed<S: SlotStore>(&self, store: &mut S, primary: usize) {
+        Share::note(store, self.ring.len(), primary, &self.affinity);
     }
 
     /// [`Pressure::note`] with this router's configuration.
@@ -421,6 +438,7 @@ impl Router {
                     loads,
                     ticket,
                     pressure: None,
+                    share: None,
                 };
                 self.affinity_decision(
                     key,

@@ -13,6 +13,16 @@ CLUSTER_HOST=127.0.0.1
 CLUSTER_PORTS=(18001 18002 18003 18004 18005 18006 18007)
 CLUSTER_LISTENER=10000
 CLUSTER_ADMIN=9901
+# CLUSTER_PORT_BASE=B (environment) moves everything off the fixed ports, so a run does not
+# collide with the demo or another bench: listener B, admin B+1, replicas B+11..B+17
+# (envoy.yaml is rendered with them). Unset: the fixed ports above.
+if [ -n "${CLUSTER_PORT_BASE:-}" ]; then
+  CLUSTER_LISTENER=$CLUSTER_PORT_BASE
+  CLUSTER_ADMIN=$((CLUSTER_PORT_BASE + 1))
+  CLUSTER_PORTS=()
+  for _i in 1 2 3 4 5 6 7; do CLUSTER_PORTS+=($((CLUSTER_PORT_BASE + 10 + _i))); done
+  unset _i
+fi
 EMULATOR_BIN="$ROOT/target/release/replica-emulator"
 LOAD_BIN="$ROOT/target/release/prefix-load"
 
@@ -61,6 +71,13 @@ cluster_render_envoy() {
     k="${kv%%=*}"; v="${kv#*=}"
     expr+=(-e "s|\"$k\": *[0-9.]*|\"$k\": $v|")
   done
+  if [ -n "${CLUSTER_PORT_BASE:-}" ]; then
+    expr+=(-e "s|port_value: 10000}|port_value: $CLUSTER_LISTENER}|")
+    expr+=(-e "s|port_value: 9901}|port_value: $CLUSTER_ADMIN}|")
+    for i in "${!CLUSTER_PORTS[@]}"; do
+      expr+=(-e "s#\(127\.0\.0\.1:\|port_value: \)1800$((i + 1))\b#\1${CLUSTER_PORTS[$i]}#g")
+    done
+  fi
   sed "${expr[@]}" "$ROOT/envoy/envoy.yaml" >"$out"
   if ! grep -q "\"strategy\": \"$strategy\"" "$out" || ! grep -q "filename: $WASM" "$out"; then
     echo "error: could not render strategy/wasm path into envoy/envoy.yaml (layout changed?)" >&2

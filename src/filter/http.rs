@@ -312,6 +312,8 @@ impl RouterHttp {
                 view.router
                     .record_pending(&mut by_addr, &key.blocks, k.as_ref(), c, t);
             }
+            // The request-share counters (`src/share.rs`).
+            view.router.note_routed(&mut by_addr, chosen.1.primary);
             chosen
         };
         let block_tokens =

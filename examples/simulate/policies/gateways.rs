@@ -40,6 +40,7 @@ use prefix_router::index::{Known, PrefixIndex, SlotValue, VecStore};
 use prefix_router::peers::{self, DeltaLog};
 use prefix_router::peers_log::{NewsRule, Publishing};
 use prefix_router::pressure::Pressure;
+use prefix_router::share::Share;
 use prefix_router::{Loads, Router, RoutingKey};
 
 use super::ours::OursParams;
@@ -522,6 +523,8 @@ impl Gateways {
             &g.store
         };
         let pressure = Pressure::for_request(counters, n, key, known.as_ref(), &self.cfg);
+        // The share counters: this gateway's own (as in the filter).
+        let share = Share::for_config(&g.store, n, &self.cfg);
         let request = affinity::Request {
             key: rkey,
             prompt_chars: req.body_chars as usize,
@@ -529,8 +532,10 @@ impl Gateways {
             loads: Loads::new(&loads),
             ticket: g.ticket,
             pressure: pressure.as_ref(),
+            share: share.as_ref(),
         };
         let c = affinity::choose(self.router.ring(), &request, &g.cost, &self.cfg);
+        Share::note(&mut g.store, n, c.primary, &self.cfg);
         let first_choice = rkey
             .key
             .and_then(|rk| self.router.ring().candidates(rk).next());

@@ -14,6 +14,7 @@ use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::{CostConfig, CostModel};
 use prefix_router::index::{IndexConfig, Known, PrefixIndex, VecStore};
 use prefix_router::pressure::Pressure;
+use prefix_router::share::Share;
 use prefix_router::{Config, Loads, Router};
 
 use super::{Policy, Routed, View};
@@ -135,6 +136,7 @@ impl OursParams {
             "end_marks" => self.index.end_marks = v == "1" || v == "true",
             "continuation" => self.affinity.continuation = v == "1" || v == "true",
             "pressure" | "spread_cold" => self.affinity.spread_cold = v == "1" || v == "true",
+            "share_factor" => self.affinity.share_factor = f()?,
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
@@ -260,6 +262,7 @@ impl Policy for Ours {
         self.ticket += 1;
         let n = self.router.ring().len();
         let pressure = Pressure::for_request(&self.store, n, key, known.as_ref(), &self.cfg);
+        let share = Share::for_config(&self.store, n, &self.cfg);
         let request = affinity::Request {
             key,
             prompt_chars: req.body_chars as usize,
@@ -271,8 +274,10 @@ impl Policy for Ours {
             }),
             ticket: self.ticket,
             pressure: pressure.as_ref(),
+            share: share.as_ref(),
         };
         let c = affinity::choose(self.router.ring(), &request, &self.cost, &self.cfg);
+        Share::note(&mut self.store, n, c.primary, &self.cfg);
         let mut class = match c.reason {
             Reason::Warm => 0,
             Reason::Spill => 1,

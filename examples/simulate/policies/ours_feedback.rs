@@ -20,6 +20,7 @@ use prefix_router::cost::CostModel;
 use prefix_router::feedback::Horizons;
 use prefix_router::hash::BLOCK_UNITS;
 use prefix_router::index::{decis, Known, PrefixIndex, VecStore};
+use prefix_router::share::Share;
 use prefix_router::usage::{compare, predict, Prediction, Surprise};
 use prefix_router::{Loads, Router};
 
@@ -123,6 +124,7 @@ impl Policy for OursFeedback {
         let pressure = self
             .router
             .placement_pressure(&gw.store, key, known.as_ref());
+        let share = Share::for_config(&gw.store, self.router.ring().len(), &self.cfg);
         let request = affinity::Request {
             key,
             prompt_chars: req.body_chars as usize,
@@ -130,8 +132,11 @@ impl Policy for OursFeedback {
             loads: Loads::new(loads),
             ticket: self.ticket,
             pressure: pressure.as_ref(),
+            share: share.as_ref(),
         };
         let c = affinity::choose(self.router.ring(), &request, &gw.cost, &self.cfg);
+        let n = self.router.ring().len();
+        Share::note(&mut gw.store, n, c.primary, &self.cfg);
         // As the filter: a new placement is written at once as pending.
         self.router
             .record_pending(&mut gw.store, &key.blocks, found.as_ref(), &c, now_ms);
