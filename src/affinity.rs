@@ -200,14 +200,16 @@ impl View<'_> {
     }
     /// Placement order: load, then over the share bound, then recent new
     /// prefixes (0 without pressure), then the request share (0 without
-    /// counts). `by_share` (a spill for the share bound): over the bound,
-    /// then the share, then load and pressure.
+    /// counts). `by_share` (a new holder for the share bound): under the
+    /// bound first, then the fewest new prefixes (the cache that has room:
+    /// a split group adds a prefix to its new holder), then the share, then
+    /// the load.
     fn rank(&self, i: usize, by_share: bool) -> [u32; 4] {
         let over = u32::from(self.over_share(i));
         let share = u32::from(self.share_of(i));
         let pressure = u32::from(self.pressure.map_or(0, |p| p.of(i)));
         if by_share {
-            [over, share, self.load(i), pressure]
+            [over, pressure, share, self.load(i)]
         } else {
             [self.load(i), over, pressure, share]
         }

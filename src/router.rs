@@ -202,8 +202,8 @@ impl Router {
             .lookup(store, &key.blocks, now_ms)
             .map(|k| horizons.filter(k));
         let known = found.filter(|k| k.entry.holders().next().is_some());
-        let pressure = self.placement_pressure(store, key, known.as_ref());
         let share = self.routed_share(store);
+        let pressure = self.placement_pressure(store, key, known.as_ref());
         let request = affinity::Request {
             key,
             prompt_chars,
@@ -256,14 +256,14 @@ impl Router {
             .record_pending(store, blocks, known, choice.primary, at)
     }
 
-    /// [`Pressure::for_request`] with this router's configuration.
+    /// [`crate::share::pressure_for`] with this router's configuration.
     pub fn placement_pressure<S: SlotStore>(
         &self,
         store: &S,
         key: &RoutingKey,
         known: Option<&Known>,
     ) -> Option<Pressure> {
-        Pressure::for_request(store, self.ring.len(), key, known, &self.affinity)
+        crate::share::pressure_for(store, self.ring.len(), key, known, &self.affinity)
     }
 
     /// The request-share counters ([`Share::read`], one get for ≤ 10

@@ -26,5 +26,6 @@ mod hostile;
 mod load;
 mod routing;
 mod safety;
+mod share;
 mod soak;
 mod strategies;

@@ -40,7 +40,7 @@ use prefix_router::index::{Known, PrefixIndex, SlotValue, VecStore};
 use prefix_router::peers::{self, DeltaLog};
 use prefix_router::peers_log::{NewsRule, Publishing};
 use prefix_router::pressure::Pressure;
-use prefix_router::share::Share;
+use prefix_router::share::{self, Share};
 use prefix_router::{Loads, Router, RoutingKey};
 
 use super::ours::OursParams;
@@ -522,7 +522,7 @@ impl Gateways {
         } else {
             &g.store
         };
-        let pressure = Pressure::for_request(counters, n, key, known.as_ref(), &self.cfg);
+        let pressure = share::pressure_for(counters, n, key, known.as_ref(), &self.cfg);
         // The share counters: this gateway's own (as in the filter).
         let share = Share::for_config(&g.store, n, &self.cfg);
         let request = affinity::Request {

@@ -14,7 +14,7 @@ use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::{CostConfig, CostModel};
 use prefix_router::index::{IndexConfig, Known, PrefixIndex, VecStore};
 use prefix_router::pressure::Pressure;
-use prefix_router::share::Share;
+use prefix_router::share::{self, Share};
 use prefix_router::{Config, Loads, Router};
 
 use super::{Policy, Routed, View};
@@ -261,7 +261,7 @@ impl Policy for Ours {
         }
         self.ticket += 1;
         let n = self.router.ring().len();
-        let pressure = Pressure::for_request(&self.store, n, key, known.as_ref(), &self.cfg);
+        let pressure = share::pressure_for(&self.store, n, key, known.as_ref(), &self.cfg);
         let share = Share::for_config(&self.store, n, &self.cfg);
         let request = affinity::Request {
             key,
