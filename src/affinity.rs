@@ -38,7 +38,8 @@
 //!    ([`Reason::Spill`]) too: recorded as a new holder, the prefix then
 //!    lives on 2…3 replicas and its traffic is split by load among them
 //!    (hot prefixes grow instead of scattering).
-//!    **Request share** (`share_factor > 0` and the caller read the counts,
+//!    **Request share** (`share_factor > 0`, the caller read the counts
+//!    and the mean in-flight count is under [`crate::share::LIGHT_LOAD`],
 //!    [`crate::share`]): holders above the soft share bound are not taken
 //!    while another holder is under it, and equal loads among holders go to
 //!    the smaller share. If every holder within the load bound is above the
@@ -326,13 +327,17 @@ pub fn choose(
     } else {
         loads.total(n)
     };
-    let (share_limit, share_hard) = req.share.map_or((f64::INFINITY, f64::INFINITY), |s| {
+    // The share bound balances a light load only ([`crate::share::LIGHT_LOAD`]).
+    let share = req
+        .share
+        .filter(|_| (total as f64) < crate::share::LIGHT_LOAD * count.max(1) as f64);
+    let (share_limit, share_hard) = share.map_or((f64::INFINITY, f64::INFINITY), |s| {
         s.limits(cfg.share_factor, n, |i| all || loads.is_available(i))
     });
     let v = View {
         loads,
         pressure: req.pressure,
-        share: req.share,
+        share,
         share_limit,
         share_hard,
         all,

@@ -42,6 +42,16 @@
 //! (mean 46) the hard bound is the mean + 4 requests: 15.5 % of the
 //! requests at most.
 //!
+//! **Light load only** ([`LIGHT_LOAD`]): the bound acts while fewer than one
+//! request per replica is in flight on average. Under more load the
+//! in-flight counts differ between replicas and the load bound and the cost
+//! rule of [`crate::affinity`] balance on them; the share bound on top cost
+//! hit rate for nothing there: in the simulator's criterion runs (fast mode,
+//! 50–95 % of saturation) it narrowed the shares (chat 12.9–16.4 % →
+//! 13.7–14.7 %) but cost 1.8 points of hit rate on chat and 1.0–1.8 on rag,
+//! beyond their CIs, by moving conversations and documents off their
+//! replicas to even out counts that the load already evened out in time.
+//!
 //! **Storage.** Like [`crate::pressure`], in the index's [`SlotStore`]
 //! (shared data in the filter: every worker of one Envoy sees the same
 //! counts, one get for up to 10 replicas) in reserved slots numbered down
@@ -78,6 +88,9 @@ const GROUPS: usize = MAX_REPLICAS.div_ceil(PER_SLOT);
 /// The first share slot: just below the [`crate::pressure`] slots
 /// (`u32::MAX` down to `u32::MAX − GROUPS + 1`).
 const BASE: u32 = u32::MAX - GROUPS as u32;
+/// Mean in-flight requests per available replica below which the bound acts
+/// (see the module docs).
+pub const LIGHT_LOAD: f64 = 1.0;
 /// Smallest slack over `share_factor × mean`, requests (see the module docs).
 pub const SLACK: f64 = 2.0;
 /// Slack per standard deviation of a replica's count, `NOISE × √mean`
@@ -308,7 +321,9 @@ mod balance {
     use crate::router::{RoutingId, RoutingKey};
     use crate::{Config, Loads, Router};
 
-    /// (min share, max share, holders placed beyond one per group, hits).
+    /// (min share %, max share %, placements beyond one per group (spills:
+    /// load or share), warm decisions, cache misses with 3 prefixes per
+    /// replica).
     pub(super) fn run(
         factor: f64,
         groups: u64,
@@ -391,7 +406,6 @@ mod balance {
     fn sixteen_groups_on_seven_replicas_stay_near_one_seventh_each() {
         // Without the bound, the groups a replica holds fix its share.
         let off: Vec<_> = (1..=8).map(|seed| run(0.0, 16, 320, seed)).collect();
-        assert!(off.iter().all(|r| r.2 == 0), "no extra holders without it");
         assert!(off.iter().all(|r| r.1 - r.0 > 5.0), "{off:?}");
         // With it: every replica within 13.0–15.4 % of the requests, for
         // a few extra cold placements (each one prefill of the 8 000 tokens).
@@ -401,7 +415,7 @@ mod balance {
             assert!(extra <= 12 && hits >= 320 - 16 - 12, "{on:?}");
         }
         let mean_extra = on.iter().map(|r| r.2).sum::<u64>() as f64 / on.len() as f64;
-        assert!(mean_extra <= 8.0, "{on:?}");
+        assert!(mean_extra <= 10.0, "{on:?}");
     }
 
     /// `cargo test -p prefix-router --lib share::balance::explore -- --ignored --nocapture`
