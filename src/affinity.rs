@@ -105,6 +105,9 @@ pub struct AffinityConfig {
     /// for another holder under it, else for the acceptable replica with the
     /// smallest share. 0: off.
     pub share_factor: f64,
+    /// Mean in-flight requests per replica below which the share bound acts
+    /// ([`crate::share::LIGHT_LOAD`]).
+    pub share_light_load: f64,
 }
 
 impl Default for AffinityConfig {
@@ -122,6 +125,7 @@ impl Default for AffinityConfig {
             record_pending: true,
             continuation: true,
             share_factor: DEFAULT_SHARE_FACTOR,
+            share_light_load: crate::share::LIGHT_LOAD,
         }
     }
 }
@@ -327,10 +331,10 @@ pub fn choose(
     } else {
         loads.total(n)
     };
-    // The share bound balances a light load only ([`crate::share::LIGHT_LOAD`]).
+    // The share bound balances a light load only (`share_light_load`).
     let share = req
         .share
-        .filter(|_| (total as f64) < crate::share::LIGHT_LOAD * count.max(1) as f64);
+        .filter(|_| (total as f64) < cfg.share_light_load * count.max(1) as f64);
     let (share_limit, share_hard) = share.map_or((f64::INFINITY, f64::INFINITY), |s| {
         s.limits(cfg.share_factor, n, |i| all || loads.is_available(i))
     });

@@ -137,6 +137,7 @@ impl OursParams {
             "continuation" => self.affinity.continuation = v == "1" || v == "true",
             "pressure" | "spread_cold" => self.affinity.spread_cold = v == "1" || v == "true",
             "share_factor" => self.affinity.share_factor = f()?,
+            "share_light_load" => self.affinity.share_light_load = f()?,
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
