@@ -422,7 +422,7 @@ mod balance {
     #[test]
     #[ignore]
     fn explore() {
-        for factor in [0.0, 1.0] {
+        for factor in [0.0, 1.0, 1.02, 1.05] {
             for (groups, requests) in [(16, 320), (56, 1120)] {
                 let mut line = format!("factor {factor} groups {groups}:");
                 for seed in 1..=8 {
