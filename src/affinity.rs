@@ -534,7 +534,14 @@ mod tests {
     }
 
     fn pick(k: &RoutingKey, kn: Option<&Known>, loads: &[u32]) -> Choice {
-        let req = request(k, kn, Loads::new(loads));
+        pick_with(k, kn, loads, None)
+    }
+
+    fn pick_with(k: &RoutingKey, kn: Option<&Known>, loads: &[u32], s: Option<&Share>) -> Choice {
+        let req = Request {
+            share: s,
+            ..request(k, kn, Loads::new(loads))
+        };
         choose(
             &ring(loads.len()),
             &req,
@@ -691,17 +698,7 @@ mod tests {
     }
 
     fn pick_shared(k: &RoutingKey, kn: Option<&Known>, loads: &[u32], counts: &[u8]) -> Choice {
-        let share = Share::from_counts(counts);
-        let req = Request {
-            share: Some(&share),
-            ..request(k, kn, Loads::new(loads))
-        };
-        choose(
-            &ring(loads.len()),
-            &req,
-            &cost(),
-            &AffinityConfig::default(),
-        )
+        pick_with(k, kn, loads, Some(&Share::from_counts(counts)))
     }
 
     #[test]

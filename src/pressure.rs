@@ -55,8 +55,13 @@ impl Default for Pressure {
     }
 }
 
-fn slot_of(group: usize) -> u32 {
-    u32::MAX - group as u32
+/// The top slot of the pressure table (its groups go down from here).
+const TOP: u32 = u32::MAX;
+/// Slots one counter table takes for [`MAX_REPLICAS`] replicas.
+pub const TABLE_SLOTS: u32 = MAX_REPLICAS.div_ceil(PER_SLOT) as u32;
+
+fn slot_of(top: u32, group: usize) -> u32 {
+    top - group as u32
 }
 
 fn groups(n: usize) -> usize {
@@ -64,11 +69,17 @@ fn groups(n: usize) -> usize {
 }
 
 impl Pressure {
-    /// Read the counters of replicas `0..n` (`⌈n / 16⌉` gets).
+    /// Read the counters of replicas `0..n` (`⌈n / 10⌉` gets).
     pub fn read<S: SlotStore>(store: &S, n: usize) -> Pressure {
+        Pressure::read_at(store, n, TOP)
+    }
+
+    /// [`Pressure::read`] of the same layout in the table whose groups go
+    /// down from slot `top` ([`crate::share`] keeps its counts so).
+    pub fn read_at<S: SlotStore>(store: &S, n: usize, top: u32) -> Pressure {
         let mut p = Pressure::default();
         for g in 0..groups(n) {
-            if let Some(v) = store.get(slot_of(g)) {
+            if let Some(v) = store.get(slot_of(top, g)) {
                 let lo = g * PER_SLOT;
                 let own = p.counts.iter_mut().skip(lo).take(PER_SLOT);
                 for (c, &x) in own.zip(&v[SKIP..]) {
@@ -128,6 +139,11 @@ impl Pressure {
     /// Replica `r` of `n` was given a new prefix: add one to its counter,
     /// halving every counter first if it is at 255.
     pub fn bump<S: SlotStore>(store: &mut S, r: usize, n: usize) {
+        Pressure::bump_at(store, r, n, TOP);
+    }
+
+    /// [`Pressure::bump`] in the table whose groups go down from `top`.
+    pub fn bump_at<S: SlotStore>(store: &mut S, r: usize, n: usize, top: u32) {
         if r >= MAX_REPLICAS || r >= n {
             return;
         }
@@ -136,13 +152,14 @@ impl Pressure {
             v[..SKIP].fill(0);
             v
         };
-        let mut v: SlotValue = clean(store.get(slot_of(g)).unwrap_or([0; ENTRY_BYTES]));
+        let at = |g| slot_of(top, g);
+        let mut v: SlotValue = clean(store.get(at(g)).unwrap_or([0; ENTRY_BYTES]));
         if v.get(i) == Some(&u8::MAX) {
             for h in (0..groups(n)).filter(|&h| h != g) {
-                if let Some(w) = store.get(slot_of(h)) {
+                if let Some(w) = store.get(at(h)) {
                     let mut w = clean(w);
                     w.iter_mut().for_each(|x| *x /= 2);
-                    store.set(slot_of(h), w);
+                    store.set(at(h), w);
                 }
             }
             v.iter_mut().for_each(|x| *x /= 2);
@@ -150,7 +167,7 @@ impl Pressure {
         if let Some(c) = v.get_mut(i) {
             *c = c.saturating_add(1);
         }
-        store.set(slot_of(g), v);
+        store.set(at(g), v);
     }
 }
 
@@ -174,7 +191,7 @@ mod tests {
         // Nothing in the block slots, and never an entry.
         assert_eq!(s.occupied(), 0, "reserved slots are outside the table");
         for g in 0..2 {
-            let v = s.get(slot_of(g)).unwrap();
+            let v = s.get(slot_of(TOP, g)).unwrap();
             assert_eq!(crate::index::Entry::decode(&v), None);
         }
         for _ in 0..252 {

@@ -77,17 +77,13 @@
 //! slots; the first 6 bytes of every value written are 0.
 
 use crate::affinity::AffinityConfig;
-use crate::index::{Known, SlotStore, SlotValue, ENTRY_BYTES};
-use crate::pressure::{Pressure, MAX_REPLICAS, PER_SLOT};
+use crate::index::{Known, SlotStore};
+use crate::pressure::{Pressure, TABLE_SLOTS};
 use crate::router::RoutingKey;
 
-/// Zero bytes before the counters (an entry's tag: 0 = not an entry).
-const SKIP: usize = ENTRY_BYTES - PER_SLOT;
-/// Slots per counter table.
-const GROUPS: usize = MAX_REPLICAS.div_ceil(PER_SLOT);
-/// The first share slot: just below the [`crate::pressure`] slots
-/// (`u32::MAX` down to `u32::MAX − GROUPS + 1`).
-const BASE: u32 = u32::MAX - GROUPS as u32;
+/// The top share slot: just below the [`crate::pressure`] slots (`u32::MAX`
+/// down to `u32::MAX − TABLE_SLOTS + 1`); same layout ([`Pressure::read_at`]).
+const BASE: u32 = u32::MAX - TABLE_SLOTS;
 /// Mean in-flight requests per available replica below which the bound acts
 /// (see the module docs).
 pub const LIGHT_LOAD: f64 = 1.0;
@@ -118,46 +114,19 @@ pub fn pressure_for<S: SlotStore>(
         .or_else(|| warm_may_place.then(|| Pressure::read(store, n)))
 }
 
-/// Per-replica counts of recently routed requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Per-replica counts of recently routed requests (the [`Pressure`] counter
+/// layout in other slots).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Share {
-    counts: [u8; MAX_REPLICAS],
-}
-
-impl Default for Share {
-    fn default() -> Self {
-        Share {
-            counts: [0; MAX_REPLICAS],
-        }
-    }
-}
-
-fn slot_of(group: usize) -> u32 {
-    BASE - group as u32
-}
-
-fn groups(n: usize) -> usize {
-    n.min(MAX_REPLICAS).div_ceil(PER_SLOT)
-}
-
-fn clean(mut v: SlotValue) -> SlotValue {
-    v[..SKIP].fill(0);
-    v
+    counts: Pressure,
 }
 
 impl Share {
     /// Read the counters of replicas `0..n` (`⌈n / 10⌉` gets).
     pub fn read<S: SlotStore>(store: &S, n: usize) -> Share {
-        let mut s = Share::default();
-        for g in 0..groups(n) {
-            if let Some(v) = store.get(slot_of(g)) {
-                let own = s.counts.iter_mut().skip(g * PER_SLOT).take(PER_SLOT);
-                for (c, &x) in own.zip(&v[SKIP..]) {
-                    *c = x;
-                }
-            }
+        Share {
+            counts: Pressure::read_at(store, n, BASE),
         }
-        s
     }
 
     /// The counters of `n` replicas when `cfg` bounds the share
@@ -176,40 +145,20 @@ impl Share {
 
     /// Counters from values (tests, callers that keep their own).
     pub fn from_counts(counts: &[u8]) -> Share {
-        let mut s = Share::default();
-        for (c, &x) in s.counts.iter_mut().zip(counts) {
-            *c = x;
+        Share {
+            counts: Pressure::from_counts(counts),
         }
-        s
     }
 
-    /// Count of replica `r` (0 beyond [`MAX_REPLICAS`]).
+    /// Count of replica `r` (0 beyond [`crate::pressure::MAX_REPLICAS`]).
     pub fn of(&self, r: usize) -> u8 {
-        self.counts.get(r).copied().unwrap_or(0)
+        self.counts.of(r)
     }
 
     /// Replica `r` of `n` was routed a request: add one to its counter,
     /// halving every counter first if it is at 255.
     pub fn bump<S: SlotStore>(store: &mut S, r: usize, n: usize) {
-        if r >= MAX_REPLICAS || r >= n {
-            return;
-        }
-        let (g, i) = (r / PER_SLOT, SKIP + r % PER_SLOT);
-        let mut v = clean(store.get(slot_of(g)).unwrap_or([0; ENTRY_BYTES]));
-        if v.get(i) == Some(&u8::MAX) {
-            for h in (0..groups(n)).filter(|&h| h != g) {
-                if let Some(w) = store.get(slot_of(h)) {
-                    let mut w = clean(w);
-                    w.iter_mut().for_each(|x| *x /= 2);
-                    store.set(slot_of(h), w);
-                }
-            }
-            v.iter_mut().for_each(|x| *x /= 2);
-        }
-        if let Some(c) = v.get_mut(i) {
-            *c = c.saturating_add(1);
-        }
-        store.set(slot_of(g), v);
+        Pressure::bump_at(store, r, n, BASE);
     }
 
     /// The two bounds on `count + 1` ([`Share::over`]), `(soft, hard)` =
@@ -245,7 +194,7 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
-    fn counts_accumulate_fade_together_and_stay_out_of_the_table() {
+    fn counts_accumulate_per_replica_outside_the_table() {
         let mut s = VecStore::new(16);
         let n = 12;
         for _ in 0..5 {
@@ -256,24 +205,15 @@ mod tests {
         assert_eq!((sh.of(11), sh.of(0), sh.of(5)), (5, 1, 0));
         assert_eq!(s.occupied(), 0, "reserved slots are outside the table");
         for g in 0..2 {
-            let v = s.get(slot_of(g)).unwrap();
+            let v = s.get(BASE - g).unwrap();
             assert_eq!(crate::index::Entry::decode(&v), None);
-            assert_eq!(v[..SKIP], [0; SKIP]);
+            assert_eq!(v[..6], [0; 6]);
         }
-        // Separate from the pressure counters (both in reserved slots).
+        // Separate from the pressure counters (same layout, other slots;
+        // the halving at 255 is `Pressure::bump_at`'s, tested there).
         crate::pressure::Pressure::bump(&mut s, 11, n);
         assert_eq!(Share::read(&s, n).of(11), 5);
         assert_eq!(crate::pressure::Pressure::read(&s, n).of(11), 1);
-        for _ in 0..250 {
-            Share::bump(&mut s, 11, n);
-        }
-        assert_eq!(Share::read(&s, n).of(11), 255);
-        Share::bump(&mut s, 11, n);
-        let sh = Share::read(&s, n);
-        assert_eq!((sh.of(11), sh.of(0)), (128, 0));
-        // Out of range: ignored.
-        Share::bump(&mut s, 12, n);
-        assert_eq!(Share::read(&s, 16).of(12), 0);
         // Never published to peers.
         let mut publishing = crate::peers_log::Publishing::new(&mut s, 1200, true);
         Share::bump(&mut publishing, 3, n);
