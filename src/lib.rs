@@ -57,6 +57,7 @@ pub mod index;
 pub mod json;
 pub mod paths;
 pub mod peers;
+pub mod peers_backoff;
 pub mod peers_config;
 pub mod peers_log;
 pub mod pressure;

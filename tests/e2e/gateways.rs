@@ -619,8 +619,11 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
 /// A fake peer on loopback for `life`: `garbage` answers every request 200
 /// with bytes that are not a valid batch (a `PRX3` magic, then junk);
 /// otherwise it accepts, reads and never answers (a hung peer). Returns its
-/// port; the thread stops by itself after `life` (bounded).
-fn fake_peer(garbage: bool, life: Duration) -> u16 {
+/// port and the number of requests it has read so far; the thread stops by
+/// itself after `life` (bounded).
+fn fake_peer(garbage: bool, life: Duration) -> (u16, Arc<AtomicUsize>) {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let count = seen.clone();
     let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind fake peer");
     let port = listener.local_addr().expect("addr").port();
     listener.set_nonblocking(true).expect("nonblocking");
@@ -633,7 +636,9 @@ fn fake_peer(garbage: bool, life: Duration) -> u16 {
                     s.set_nonblocking(false).ok();
                     s.set_read_timeout(Some(Duration::from_millis(200))).ok();
                     let mut buf = [0u8; 4096];
-                    let _ = s.read(&mut buf);
+                    if s.read(&mut buf).is_ok_and(|n| n > 0) {
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
                     if garbage {
                         let mut body = b"PRX3".to_vec();
                         body.extend(
@@ -653,22 +658,26 @@ fn fake_peer(garbage: bool, life: Duration) -> u16 {
             }
         }
     });
-    port
+    (port, seen)
 }
 
-/// A peer that answers garbage and one that hangs cost nothing but
-/// staleness: every request is served, both are counted (`bad_batch`,
-/// `pull_fail`), nothing of theirs is merged; a real peer pulling at the
-/// shipped default period (100 ms) still learns this gateway's writes; and
-/// hostile requests to the sync path are refused.
+/// A peer that answers garbage, one that hangs and one that is down cost
+/// nothing but staleness: every request is served, each kind is counted
+/// (`bad_batch`, `pull_timeout`, `pull_refused`, and the pulls skipped while
+/// backing off in `pull_backoff`), the garbage peer is pulled at most about
+/// once a second per gateway once backed off (not every 100 ms), nothing of
+/// theirs is merged; a real peer pulling at the shipped default period
+/// (100 ms) still learns this gateway's writes; and hostile requests to the
+/// sync path are refused.
 #[test]
 fn hostile_peers_cost_only_staleness() {
     let dir = workdir("gateways-hostile");
     let fleet = Fleet::start(&dir, 3, &ReplicaOpts::default());
     let life = Duration::from_secs(120);
-    let (bad, hung) = (fake_peer(true, life), fake_peer(false, life));
+    let ((bad, bad_seen), (hung, _)) = (fake_peer(true, life), fake_peer(false, life));
+    let down = free_port(); // nothing listens: connection refused
     let ports: Vec<(u16, u16)> = (0..2).map(|_| (free_port(), free_port())).collect();
-    let peer_ports = [bad, hung, ports[0].1, ports[1].1];
+    let peer_ports = [bad, hung, down, ports[0].1, ports[1].1];
     // The shipped defaults: pull_ms 100, timeout_ms 250, hosts_refresh_ms 1000.
     let cfg = EnvoyConfig::new(&fleet.endpoints()).with(
         "peers",
@@ -683,6 +692,7 @@ fn hostile_peers_cost_only_staleness() {
     }
     // Let the puller list the hosts and meet the fake peers.
     std::thread::sleep(Duration::from_millis(2500));
+    let (window_start, garbage_before) = (Instant::now(), bad_seen.load(Ordering::SeqCst));
     let live: Live = Arc::new(Mutex::new(vec![(0, gws[0].url(""))]));
     let out = run(
         Mixed::new(11).take(60),
@@ -692,15 +702,20 @@ fn hostile_peers_cost_only_staleness() {
     let failed = out.iter().filter(|o| o.status != 200).count();
     assert_eq!(failed, 0, "{failed} requests failed with hostile peers");
     std::thread::sleep(Duration::from_millis(1500));
+    let garbage_pulls = bad_seen.load(Ordering::SeqCst) - garbage_before;
+    let window = window_start.elapsed().as_secs_f64();
     let a = gws[0].stats();
     let b = gws[1].stats();
     let stat =
         |s: &crate::harness::stats::Stats, k: &str| s.get(&format!("prefix_router.peers.{k}"));
     eprintln!(
-        "gateways: hostile peers: gw0 pull_ok {} pull_fail {} bad_batch {} applied {} published {} hosts {}; gw1 pull_ok {} applied {}",
+        "gateways: hostile peers: garbage peer pulled {garbage_pulls} times in {window:.1} s by 2 gateways; gw0 pull_ok {} pull_fail {} refused {} timeout {} bad_batch {} backoff {} applied {} published {} hosts {}; gw1 pull_ok {} applied {}",
         stat(&a, "pull_ok"),
         stat(&a, "pull_fail"),
+        stat(&a, "pull_refused"),
+        stat(&a, "pull_timeout"),
         stat(&a, "bad_batch"),
+        stat(&a, "pull_backoff"),
         stat(&a, "writes_applied"),
         stat(&a, "writes_published"),
         stat(&a, "hosts"),
@@ -711,8 +726,28 @@ fn hostile_peers_cost_only_staleness() {
         stat(&a, "bad_batch") >= 1,
         "the garbage peer was not counted"
     );
-    assert!(stat(&a, "pull_fail") >= 1, "the hung peer was not counted");
-    assert_eq!(stat(&a, "hosts"), 4);
+    assert!(
+        stat(&a, "pull_timeout") >= 1,
+        "the hung peer was not counted"
+    );
+    assert!(
+        stat(&a, "pull_refused") >= 1,
+        "the down peer was not counted"
+    );
+    assert_eq!(
+        stat(&a, "pull_fail"),
+        stat(&a, "pull_refused") + stat(&a, "pull_timeout")
+    );
+    assert!(stat(&a, "pull_backoff") >= 1, "no pull was skipped");
+    // Backed off: at most one pull a second per gateway once at the 1-s cap
+    // (plus the doubling steps 200, 400, 800 ms), against 10 a second each
+    // without back-off.
+    let bound = 2.0 * (window + 4.0);
+    assert!(
+        (garbage_pulls as f64) <= bound,
+        "the garbage peer was pulled {garbage_pulls} times in {window:.1} s (bound {bound:.0})"
+    );
+    assert_eq!(stat(&a, "hosts"), 5);
     // The real peer, pulling at the default period, learned gw0's writes.
     assert!(stat(&a, "writes_published") > 0);
     assert!(stat(&b, "pull_ok") > 0 && stat(&b, "writes_applied") > 0);
