@@ -46,7 +46,8 @@
 //!
 //! Stats (`prefix_router.peers.*`): counters `pull_ok`, `pull_fail`
 //! (= `pull_refused` + `pull_timeout`), `pull_refused`, `pull_timeout`,
-//! `bad_batch` (garbage), `pull_backoff` (pulls skipped), `writes_applied`, `writes_lost`, `writes_published`,
+//! `bad_batch` (garbage), `pull_backoff` (pulls skipped), `budget_refused`
+//! (records whose new blocks the sync budget kept local), `writes_applied`, `writes_lost`, `writes_published`,
 //! `served`, `served_bytes`, `pulled_bytes`, `unauthorized`, `bad_request`,
 //! `snapshot_bytes` (served), `snapshot_applied`; gauge `hosts`.
 
@@ -58,10 +59,12 @@ use crate::cluster::admin::parse_clusters;
 use crate::cluster::tables::try_lease;
 use crate::hash::hash_id;
 use crate::index::{SlotStore, SlotValue};
+use crate::peers::MIN_ITEM_BYTES;
 use crate::peers::{
     ct_eq, decode, encode, fill, merge, parse_query, PeerError, Query, SNAPSHOT_SPAN,
 };
 use crate::peers_backoff::{classify, Backoff, Failure};
+use crate::peers_budget::{Budget, Offer};
 use crate::peers_config::{PeersParams, SECRET_HEADER};
 use crate::peers_log::{self, NewsRule, PeerKeys, Publishing};
 use std::cell::{Cell, RefCell};
@@ -128,7 +131,11 @@ pub struct Shared {
     pub epoch: u32,
     layout: u32,
     slots: u32,
-    ids: [Option<u32>; 17],
+    ids: [Option<u32>; 18],
+    /// This VM's sync budget ([`crate::peers_budget`]).
+    budget: Cell<Budget>,
+    /// Peers (hosts of the peers cluster but this one) and when read, ms.
+    peers: Cell<(u64, usize)>,
 }
 
 const S_PULL_OK: usize = 0;
@@ -148,7 +155,8 @@ const S_SNAPSHOT_APPLIED: usize = 13;
 const S_PULL_TIMEOUT: usize = 14;
 const S_PULL_REFUSED: usize = 15;
 const S_PULL_BACKOFF: usize = 16;
-const NAMES: [&str; 17] = [
+const S_BUDGET_REFUSED: usize = 17;
+const NAMES: [&str; 18] = [
     "pull_ok",
     "pull_fail",
     "bad_batch",
@@ -166,6 +174,7 @@ const NAMES: [&str; 17] = [
     "pull_timeout",
     "pull_refused",
     "pull_backoff",
+    "budget_refused",
 ];
 
 impl Shared {
@@ -204,7 +213,31 @@ impl Shared {
             layout: params.layout(slots),
             slots,
             ids,
+            budget: Cell::new(Budget::new(
+                f64::from(params.sync_budget_bp) / 10_000.0,
+                params.min_publish_chars as usize,
+            )),
+            peers: Cell::new((0, 0)),
         })
+    }
+
+    /// Peers of this gateway: the peers cluster's hosts (as the puller last
+    /// listed them, in shared data) but this one; read at most once a
+    /// second per VM.
+    fn peer_count(&self) -> usize {
+        let now = host::now_nanos() / 1_000_000;
+        let (at, n) = self.peers.get();
+        if at != 0 && now.saturating_sub(at) < 1000 {
+            return n;
+        }
+        let n = match host::shared_get(&self.keys.hosts) {
+            Ok((Some(v), _)) => <[u8; 4]>::try_from(v.as_slice())
+                .map_or(0, |b| u32::from_le_bytes(b) as usize)
+                .saturating_sub(1),
+            _ => n,
+        };
+        self.peers.set((now.max(1), n));
+        n
     }
 
     fn add(&self, stat: usize, n: u64) {
@@ -222,19 +255,37 @@ impl Shared {
     }
 }
 
-/// Publish the news of one record that added `new_chars` characters beyond
-/// the known prefix (`moved`: it put a known prefix on another replica; see
-/// [`Publishing::outbox`]).
+/// Publish the news of one record of `chars` hashed characters that added
+/// `new_chars` beyond the known prefix (`moved`: it put a known prefix on
+/// another replica; see [`Publishing::outbox`]), within the sync budget
+/// (`peers.sync_budget_bp`, [`crate::peers_budget`]: the record earns
+/// credit for its `chars`; a refused record publishes its placement changes
+/// only, counted in `budget_refused`).
 pub fn publish<S: SlotStore>(
     p: &Plugin,
     writes: &Publishing<'_, S>,
-    new_chars: usize,
+    (chars, new_chars): (usize, usize),
     moved: bool,
 ) {
     let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
         return;
     };
-    let out = writes.outbox(new_chars, params.min_publish_chars as usize, moved);
+    let min = params.min_publish_chars as usize;
+    let mut out = writes.outbox(new_chars, min, moved);
+    if params.sync_budget_bp > 0 {
+        let mut budget = s.budget.get();
+        budget.earn(chars, s.peer_count());
+        let offer = Offer {
+            new_chars,
+            bytes: out.len() * MIN_ITEM_BYTES + 4,
+            blocks: new_chars >= min,
+        };
+        if !out.is_empty() && !budget.admit(offer) {
+            out = writes.outbox(0, usize::MAX, moved);
+            s.add(S_BUDGET_REFUSED, 1);
+        }
+        s.budget.set(budget);
+    }
     if out.is_empty() {
         return;
     }
@@ -557,6 +608,10 @@ impl Puller {
                 Ok(hosts) => {
                     let list: Vec<String> = hosts.into_iter().map(|h| h.addr).collect();
                     s.gauge(S_HOSTS, list.len() as u64);
+                    let n = u32::try_from(list.len()).unwrap_or(u32::MAX);
+                    if host::shared_set(&s.keys.hosts, &n.to_le_bytes(), 0).is_err() {
+                        p.stats.failure(super::stats::HostFailure::SharedData);
+                    }
                     if let Ok(mut h) = self.hosts.try_borrow_mut() {
                         *h = list;
                     }
