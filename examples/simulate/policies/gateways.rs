@@ -275,11 +275,12 @@ fn moved(known: Option<&Known>, served: usize) -> bool {
     known.is_some_and(|k| k.entry.holders().next() != Some(served))
 }
 
-/// Bytes of one pull besides its items, counted once per direction: the
-/// request (line, host, target and secret headers) and the response head
-/// with the 28-byte batch header (the e2e test's estimate of 350 B per
-/// served pull).
-const PULL_BYTES: f64 = 350.0;
+/// Bytes of one pull besides its items, both directions: the request and
+/// the response head with the 28-byte batch header, as measured on the wire
+/// by the e2e test (`tests/e2e/gateways.rs`, Envoy's counters of the peers
+/// cluster): 97 B over HTTP/2 (HPACK-indexed headers on a kept connection,
+/// the shipped `envoy/envoy-peers.yaml`), 390 B over HTTP/1.1.
+const PULL_BYTES: f64 = 100.0;
 /// The filter's default pull period, ms.
 const PULL_PERIOD_MS: f64 = 100.0;
 
@@ -772,9 +773,10 @@ impl Policy for Gateways {
         // *sent* item bytes over its request bytes). Every gateway also
         // receives its N − 1 peers' writes (the same amount on average), and
         // pays per pull, whatever the rate, a request and a response head
-        // (`PULL_BYTES` each way, both as puller and as server): the share
+        // (`PULL_BYTES`, both directions, as puller and as server): the share
         // `sync_share_total_at_1000` adds both at 1 000 requests/s per gateway
-        // and the filter's default 100 ms period.
+        // and the filter's default 100 ms period (every pull is made by one
+        // gateway and served by another: 2 (N − 1) pulls per period).
         let peers = self.gws.len().saturating_sub(1) as f64;
         let bytes = self.c.wire_bytes as f64 / n * peers;
         let body = self.c.body_chars as f64 / n;
@@ -994,6 +996,39 @@ mod tests {
         e.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
         assert!(e.c.wire_bytes > 0);
         assert!(e.known_depth(1, blocks, 1000) > 0);
+    }
+
+    #[test]
+    fn the_budget_bounds_what_is_published() {
+        let (book, reqs) = sagemaker(0.05);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let run = |budget_bp: u32| {
+            let knobs = Knobs {
+                record_at_route: true,
+                budget_bp,
+                ..Knobs::default()
+            };
+            let mut g = gateways(&book, "peer/2/0", knobs);
+            for (i, r) in reqs.iter().enumerate() {
+                g.route_on(i % 2, i as u32, r, &view(1.0 + i as f64, &reps, &m));
+            }
+            g.c
+        };
+        let (free, capped) = (run(0), run(1));
+        assert_eq!(free.refused, 0);
+        assert!(capped.refused > 0);
+        // 1 bp of the request bytes, shared by 2 × 1 peer, plus the burst
+        // and a placement-only overdraw: far less than without a budget.
+        let earned = 0.0001 * capped.body_chars as f64 / 2.0;
+        // (× 1.5: an item takes 7 to 8 bytes on the wire, the budget charges 7).
+        let bound = 1.5 * (earned + 2.0 * prefix_router::peers_budget::BURST);
+        assert!(
+            (capped.wire_bytes as f64) < bound,
+            "{} vs {bound}",
+            capped.wire_bytes
+        );
+        assert!(capped.wire_bytes < free.wire_bytes / 2);
     }
 
     #[test]
