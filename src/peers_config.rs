@@ -6,7 +6,8 @@
 //!           "admin_cluster": "envoy_admin", "path": "/prefix-router/peers",
 //!           "pull_ms": 100, "timeout_ms": 250, "hosts_refresh_ms": 1000,
 //!           "max_batch": 2048, "log_capacity": 16384,
-//!           "min_publish_chars": 512, "refresh_publish_s": 120}
+//!           "min_publish_chars": 512, "refresh_publish_s": 120,
+//!           "sync_budget_bp": 0}
 //! ```
 //!
 //! `cluster` and `secret` are required; `admin_cluster` defaults to the
@@ -330,6 +331,10 @@ mod tests {
             (
                 format!(r#"{{"cluster":"p","admin_cluster":"a","timeout_ms":0,{s}}}"#),
                 "peers.timeout_ms",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","sync_budget_bp":10001,{s}}}"#),
+                "peers.sync_budget_bp",
             ),
             (
                 format!(r#"{{"cluster":"p","admin_cluster":"a","bogus":1,{s}}}"#),
