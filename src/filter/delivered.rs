@@ -516,6 +516,9 @@ impl Delivery {
             fmt(prompt),
             surprise.unwrap_or("-")
         );
+        if super::probe::off(super::probe::Ablate::Property) {
+            return;
+        }
         if let Err(e) = host::set_property(PROPERTY, &value) {
             log::debug!("cannot set {PROPERTY}: {e}");
         }
