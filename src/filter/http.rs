@@ -519,7 +519,9 @@ impl HttpContext for RouterHttp {
     fn on_log(&mut self) {
         let t = probe::start();
         self.log_end();
-        super::batch::flush_at_request_end();
+        if !probe::off(Ablate::IdleFlush) {
+            super::batch::flush_at_request_end();
+        }
         probe::end(Phase::Log, t);
         probe::request_done();
         if log::log_enabled!(log::Level::Debug) {
@@ -698,7 +700,7 @@ impl RouterHttp {
         if !super::local::LOCAL.with(|local| self.slot.release_later(&local.releases)) {
             return;
         }
-        if !super::batch::others_live() {
+        if !super::batch::others_live() && !probe::off(Ablate::IdleFlush) {
             super::local::flush_releases(&p);
         }
         // The primary was decided at routing; count requests another host served.

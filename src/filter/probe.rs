@@ -37,6 +37,9 @@ pub enum Ablate {
     Slots,
     /// `noflush`: counters and gauges are never published.
     Flush,
+    /// `noidleflush`: a request end that leaves the VM idle writes neither
+    /// its release nor the batched stats (the next take or tick does).
+    IdleFlush,
 }
 
 impl Ablate {
@@ -50,6 +53,7 @@ impl Ablate {
             Ablate::Key => "nokey",
             Ablate::Slots => "noslots",
             Ablate::Flush => "noflush",
+            Ablate::IdleFlush => "noidleflush",
         }
     }
 }
