@@ -2,7 +2,10 @@
 //! prefixes on several replicas, consistent cold placement.
 //!
 //! Inputs (all available to the filter at decision time): the
-//! [`RoutingKey`] (chained block keys, one per 256 characters), the prompt
+//! [`RoutingKey`] (chained block keys, one per 256 characters of each
+//! message, the last one of a message shorter; the key's `ends` give their
+//! offsets, so a known depth is turned into characters and tokens by
+//! [`RoutingKey::units_at`]), the prompt
 //! size, what the [`crate::index`] knows about the key ([`Known`]: depth,
 //! holders, age), the per-replica in-flight counts, the [`HashRing`], the
 //! [`CostModel`] prices and this configuration. Never the replicas' true
@@ -51,7 +54,6 @@
 //! loads; the secondary, when present, differs from the primary.
 
 use crate::cost::CostModel;
-use crate::hash::BLOCK_UNITS;
 use crate::index::Known;
 use crate::pressure::Pressure;
 use crate::ring::HashRing;
@@ -245,7 +247,7 @@ pub fn warm_coverage(key: &RoutingKey, known: Option<&Known>, cfg: &AffinityConf
     let k = known.filter(|k| k.age_ms <= cfg.max_age_ms)?;
     // Coverage of what the router hashed (the prompt may go on beyond
     // `prefix_length`; a fully known window says nothing against it).
-    let seen = (k.depth * BLOCK_UNITS).min(key.units) as f64;
+    let seen = key.units_at(k.depth).min(key.units) as f64;
     let units = key.units.max(1) as f64;
     let coverage = seen / units;
     if cfg.continuation && k.entry.is_end() {
@@ -307,16 +309,21 @@ pub fn choose(
         };
     };
     let ring_key = if cfg.anchor_cold && !key.blocks.is_empty() {
+        // The first block reaching `min_match` of the window (blocks are
+        // uneven: by units, not by count).
         let n = key.blocks.len();
-        let i = ((cfg.min_match * n as f64).ceil() as usize).clamp(1, n) - 1;
-        key.blocks[i]
+        let want = (cfg.min_match * key.units as f64).ceil() as usize;
+        let i = key
+            .ends
+            .partition_point(|&e| (e as usize) < want)
+            .min(n - 1);
+        key.blocks.get(i).copied().unwrap_or(window_key)
     } else {
         window_key
     };
-    let block_tokens = BLOCK_UNITS as f64 / cpt;
     let warm = known.and_then(|k| {
         let coverage = warm_coverage(key, Some(k), cfg)?;
-        let cached = (k.depth as f64 * block_tokens).min(prompt_tokens);
+        let cached = (key.units_at(k.depth) as f64 / cpt).min(prompt_tokens);
         let mut holders = [0usize; crate::index::MAX_HOLDERS];
         let mut m = 0;
         for h in k.entry.holders().filter(|&h| v.available(h)) {
@@ -392,6 +399,7 @@ mod tests {
     use super::*;
     use crate::cost::CostConfig;
     use crate::decision::KeySource;
+    use crate::hash::BLOCK_UNITS;
     use crate::index::{Entry, MAX_HOLDERS};
     use crate::router::RoutingId;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -406,6 +414,7 @@ mod tests {
         RoutingKey {
             key: Some(k),
             blocks: (0..blocks as u64).map(|b| b ^ k).collect(),
+            ends: (1..=blocks).map(|b| (b * BLOCK_UNITS) as u32).collect(),
             units: blocks * BLOCK_UNITS,
             source: KeySource::Chat,
             routing_id: RoutingId::Absent,
@@ -606,6 +615,45 @@ mod tests {
     }
 
     #[test]
+    fn cached_tokens_and_coverage_follow_uneven_blocks() {
+        // Blocks closed at message ends: 256 | 44 | 256 | 44 | 1000 × 256.
+        let mut k = key(7, 1004);
+        let mut ends = vec![256u32, 300, 556, 600];
+        ends.extend((1..=1000).map(|b| 600 + 256 * b));
+        k.ends = ends;
+        k.units = 600 + 256_000;
+        let cfg = AffinityConfig {
+            min_match: 0.0,
+            ..AffinityConfig::default()
+        };
+        let kn = known(4, &[3], 0);
+        let c = choose(
+            &ring(7),
+            &request(&k, Some(&kn), Loads::new(&[0; 7])),
+            &cost(),
+            &cfg,
+        );
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        // 600 characters known, not 4 × 256.
+        let cpt = cfg.chars_per_token;
+        assert!((c.expected_cached_tokens - 600.0 / cpt).abs() < 1e-9);
+        // Coverage by characters: the first 2 blocks are 300 of 600.
+        k.ends.truncate(4);
+        k.blocks.truncate(4);
+        k.units = 600;
+        let half = warm_coverage(&k, Some(&known(2, &[3], 0)), &cfg).unwrap();
+        assert!((half - 0.5).abs() < 1e-9);
+        // With min_match 0.6 the same depth is not enough (by count it
+        // would be: 2 of 4 blocks × 256 = 512 ≥ 360).
+        let strict = AffinityConfig {
+            min_match: 0.6,
+            ..cfg
+        };
+        assert_eq!(warm_coverage(&k, Some(&known(2, &[3], 0)), &strict), None);
+        assert!(warm_coverage(&k, Some(&known(3, &[3], 0)), &strict).is_some());
+    }
+
+    #[test]
     fn unavailable_and_keyless() {
         let k = key(5, 16);
         let order: Vec<usize> = ring(3).candidates(5).collect();
@@ -634,6 +682,7 @@ mod tests {
         let nokey = RoutingKey {
             key: None,
             blocks: vec![],
+            ends: vec![],
             units: 0,
             source: KeySource::None,
             routing_id: RoutingId::Absent,

@@ -11,7 +11,7 @@ use crate::cost::{CostConfig, CostModel};
 use crate::decision::{Branch, Decision, KeySource};
 use crate::extract::{extract, raw_prefix, BodyKind};
 use crate::feedback::Horizons;
-use crate::hash::{mix, seed, BLOCK_UNITS};
+use crate::hash::{depth_at, mix, seed, units_at, BLOCK_UNITS};
 use crate::index::{IndexConfig, Known, PrefixIndex, SlotStore};
 use crate::pressure::Pressure;
 use crate::ring::HashRing;
@@ -47,12 +47,29 @@ pub struct RoutingKey {
     pub key: Option<u64>,
     /// Seeded chained block keys of the prefix (longest-prefix matching).
     pub blocks: Vec<u64>,
+    /// Units hashed up to the end of each block ([`crate::hash::PrefixHashes`]'s
+    /// `ends`): blocks end at message boundaries, so a depth is converted to
+    /// characters with [`RoutingKey::units_at`], never `depth × BLOCK_UNITS`.
+    pub ends: Vec<u32>,
     /// Units (characters or bytes) of prefix text hashed.
     pub units: usize,
     /// Where the key came from.
     pub source: KeySource,
     /// What happened to the routing id.
     pub routing_id: RoutingId,
+}
+
+impl RoutingKey {
+    /// Units covered by the first `depth` blocks (capped by the key).
+    pub fn units_at(&self, depth: usize) -> usize {
+        units_at(&self.ends, depth)
+    }
+
+    /// Whole blocks within the first `units` units (e.g. an engine's cached
+    /// tokens × chars per token).
+    pub fn depth_at(&self, units: usize) -> usize {
+        depth_at(&self.ends, units)
+    }
 }
 
 /// The prompt size the `affinity` policy and the cost model reason about:
@@ -376,6 +393,7 @@ impl Router {
             let k = RoutingKey {
                 key,
                 blocks: Vec::new(),
+                ends: Vec::new(),
                 units: 0,
                 source,
                 routing_id,
@@ -391,6 +409,7 @@ impl Router {
         let k = RoutingKey {
             key,
             blocks,
+            ends: prefix.ends,
             units: prefix.units,
             source,
             routing_id,

@@ -61,8 +61,9 @@ pub struct RouterHttp {
     view: Option<Rc<View>>,
     /// `affinity`: the request is on a configured API path (may be recorded).
     api_path: bool,
-    /// `affinity`: the prefix to record once the upstream answered 2xx.
-    pending_record: Option<(Vec<u64>, Option<Known>)>,
+    /// `affinity`: the prefix to record once the upstream answered 2xx (and
+    /// its characters beyond the known depth, for the peers' news).
+    pending_record: Option<(Vec<u64>, Option<Known>, usize)>,
     /// The request has been routed (headers set).
     routed: bool,
     /// Host time of the routing decision, ms.
@@ -260,7 +261,7 @@ impl RouterHttp {
         );
         if cfg.strategy == Strategy::Affinity && self.api_path {
             // Confirmed depths are written for API paths only, like the record.
-            self.delivery.keep_blocks(key.blocks);
+            self.delivery.keep_blocks(key.blocks, key.ends);
         }
     }
 
@@ -314,8 +315,11 @@ impl RouterHttp {
             }
             chosen
         };
-        let block_tokens =
-            crate::hash::BLOCK_UNITS as f64 / view.router.affinity_config().chars_per_token;
+        // Blocks are uneven (they end at message boundaries): the block after
+        // the known depth, in tokens.
+        let depth = known.as_ref().map_or(0, |k| k.depth);
+        let next_units = key.units_at(depth + 1) - key.units_at(depth);
+        let block_tokens = next_units as f64 / view.router.affinity_config().chars_per_token;
         self.delivery.predicted_from(
             &choice,
             known.as_ref(),
@@ -327,7 +331,8 @@ impl RouterHttp {
             p.stats.failure(HostFailure::SharedData);
         }
         if self.api_path && choice.reason != crate::affinity::Reason::NoKey {
-            self.pending_record = Some((key.blocks.clone(), known));
+            let new_chars = key.units.saturating_sub(key.units_at(depth));
+            self.pending_record = Some((key.blocks.clone(), known, new_chars));
         }
         let in_flight = loads.of(d.primary);
         self.pending_cost = Some((choice.expected_uncached_tokens(), f64::from(in_flight)));
@@ -382,7 +387,7 @@ impl RouterHttp {
     /// `:status`). At most once per request.
     /// Holders are written as address ids through the routing-time view.
     fn record_if_accepted(&mut self, p: &Plugin, served: Option<&str>, status: Option<&[u8]>) {
-        let Some((blocks, known)) = self.pending_record.take() else {
+        let Some((blocks, known, new_chars)) = self.pending_record.take() else {
             return;
         };
         let ok = status.is_some_and(|s| s.first() == Some(&b'2'));
@@ -406,11 +411,10 @@ impl RouterHttp {
                 view.router
                     .record_affinity(&mut by_addr, &blocks, known.as_ref(), served, now_ms);
             }
-            let new_blocks = blocks.len() - known.as_ref().map_or(0, |k| k.depth.min(blocks.len()));
             let moved = known
                 .as_ref()
                 .is_some_and(|k| k.entry.holders().next() != Some(served));
-            super::peers::publish(p, &publishing, new_blocks * crate::hash::BLOCK_UNITS, moved);
+            super::peers::publish(p, &publishing, new_chars, moved);
         }
         if slots.failures.get() > 0 {
             p.stats.failure(HostFailure::SharedData);

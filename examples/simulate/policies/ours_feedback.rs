@@ -145,13 +145,18 @@ impl Policy for OursFeedback {
         self.pending[idx as usize] = Pending {
             gateway: g as u8,
             primary: c.primary as u32,
-            predicted: predict(
-                c.expected_cached_tokens,
-                known.map_or(0, |k| k.depth),
-                key.blocks.len(),
-                BLOCK_UNITS as f64 / self.cfg.chars_per_token.max(0.1),
-                c.prompt_tokens,
-            ) as f32,
+            predicted: {
+                // The block after the known depth (blocks are uneven), in tokens.
+                let depth = known.map_or(0, |k| k.depth);
+                let next = key.units_at(depth + 1) - key.units_at(depth);
+                predict(
+                    c.expected_cached_tokens,
+                    depth,
+                    key.blocks.len(),
+                    next as f64 / self.cfg.chars_per_token.max(0.1),
+                    c.prompt_tokens,
+                ) as f32
+            },
             uncached: c.expected_uncached_tokens() as f32,
             load,
             entry_time: known.map(|k| k.entry.time),
@@ -193,13 +198,13 @@ impl Policy for OursFeedback {
             0.0
         };
         // The engine had more than the index could show: confirm that depth.
-        let block_tokens = BLOCK_UNITS as f64 / self.cfg.chars_per_token.max(0.1);
-        let confirmed = (f64::from(cached) / block_tokens) as usize;
-        if confirmed as f64 * block_tokens > predicted + 0.5 {
-            if let (Some(gw), Some(key)) = (
-                self.gateways.get_mut(p.gateway as usize),
-                req.keys.core.get(self.key),
-            ) {
+        // Whole blocks within the cached characters (blocks are uneven).
+        let cpt = self.cfg.chars_per_token.max(0.1);
+        let key = req.keys.core.get(self.key);
+        let confirmed = key.map_or(0, |k| k.depth_at((f64::from(cached) * cpt) as usize));
+        let confirmed_tokens = key.map_or(0, |k| k.units_at(confirmed)) as f64 / cpt;
+        if confirmed_tokens > predicted + 0.5 {
+            if let (Some(gw), Some(key)) = (self.gateways.get_mut(p.gateway as usize), key) {
                 let now_ms = u64::from(p.routed_at) * 100;
                 self.index.confirm(
                     &mut gw.store,
