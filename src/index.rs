@@ -599,18 +599,22 @@ impl PrefixIndex {
         let mut sets = 0;
         let depth = known.map_or(0, |k| k.depth.min(n));
         let bits = self.cfg.ladder_bits;
-        // The end mark goes on the last whole block (the last one may be
-        // partial), position `n − 2`, with the lookup's search path to it,
-        // only when that block is new to the index: a block that an earlier
-        // prompt contained too is shared (a system prompt under which short
-        // prompts end), and its mark would make every prompt under it look
-        // like a continuation. The deepest known block, shared by
-        // definition, is rewritten without a mark for the same reason.
+        // The end mark goes on the last block, position `n − 1` (it ends at
+        // a message boundary, so the next turn shares it), and on the one
+        // before, `n − 2` (the last whole block when the last one is a
+        // partial block that a longer prompt does not share: a completions
+        // string), each with the lookup's search path to it, and only when
+        // that block is new to the index: a block that an earlier prompt
+        // contained too is shared (a system prompt under which short prompts
+        // end), and its mark would make every prompt under it look like a
+        // continuation. The deepest known block, shared by definition, is
+        // rewritten without a mark for the same reason.
         let end_at = if marks && n >= 2 && n - 1 > depth {
             n - 1
         } else {
             0
         };
+        let mark_last = marks && depth < n;
         if let Some(k) = known.filter(|_| depth > 0) {
             self.put(
                 store,
@@ -636,16 +640,30 @@ impl PrefixIndex {
             sets += 1;
             budget -= 1;
         }
-        // The search path to the end mark (nothing when it is a ladder
-        // position, written above, or known already).
+        // The search paths to the end marks (nothing when they are ladder
+        // positions, written above, or known already); the two paths share
+        // most positions, each is written once.
+        let mut written = [usize::MAX; 64];
+        let mut w = 0;
         for p in gap_path(end_at, bits).filter(|&p| p >= depth) {
             if let Some(&key) = blocks.get(p) {
                 self.put(store, key, (time, p + 1 == end_at), fresh);
                 sets += 1;
+                if let Some(x) = written.get_mut(w) {
+                    *x = p;
+                    w += 1;
+                }
+            }
+        }
+        let last_path = gap_path(if mark_last { n } else { 0 }, bits);
+        for p in last_path.filter(|&p| p >= depth && p + 1 < n && !written[..w].contains(&p)) {
+            if let Some(&key) = blocks.get(p) {
+                self.put(store, key, (time, false), fresh);
+                sets += 1;
             }
         }
         if depth < n {
-            self.put(store, last, (time, false), fresh);
+            self.put(store, last, (time, mark_last), fresh);
             sets += 1;
         }
         sets
@@ -891,8 +909,8 @@ mod tests {
         // is in the ladder gap 40..47.
         let t1 = chain(5, 44, 1, 45);
         let sets = idx.record(&mut st, &t1, None, 2, 0);
-        // 17 ladder positions below 44, the last block, ≤ 3 path blocks.
-        assert!((19..=21).contains(&sets), "{sets} sets");
+        // 17 ladder positions below 44, the last block, ≤ 3 + 3 path blocks.
+        assert!((19..=24).contains(&sets), "{sets} sets");
         // Turn 2 extends turn 1's whole blocks, longer or shorter than the
         // next ladder position (47): found exactly, with the end mark.
         for n in [46, 60, 200] {
@@ -905,6 +923,18 @@ mod tests {
             );
             assert_eq!(k.entry.holders[0], Some(2));
         }
+        // Blocks closed at message ends: turn 2 shares turn 1's last block
+        // too and finds all of turn 1, marked (turn 1's last block, 44, is
+        // in the gap 40..47; a search that went past the mark on 43 used to
+        // find 44 unmarked).
+        for n in [46, 47, 60, 200] {
+            let t2 = chain(5, 44, 1, n);
+            let k = idx.lookup(&st, &t2, 1000).unwrap();
+            assert_eq!((k.depth, k.entry.is_end()), (45, true), "closed, {n}");
+        }
+        // An exact repeat: one get, marked.
+        let k = idx.lookup(&st, &t1, 1000).unwrap();
+        assert_eq!((k.depth, k.entry.is_end()), (45, true));
         // A prompt sharing less (same first 42 blocks): a lower bound, no mark.
         let other = chain(5, 42, 9, 60);
         let k = idx.lookup(&st, &other, 1000).unwrap();
