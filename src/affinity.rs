@@ -41,7 +41,7 @@
 //!    lives on 2…3 replicas and its traffic is split by load among them
 //!    (hot prefixes grow instead of scattering).
 //!    A known prefix that ends on an **end mark** (a recorded prompt's last
-//!    whole block, [`crate::index`]: the request continues that prompt, and
+//!    block or last whole block, [`crate::index`]: the request continues that prompt, and
 //!    its holder also cached the answer the index cannot see) is warm
 //!    whatever its coverage (`continuation`).
 //! 4. Otherwise **cold** ([`Reason::Cold`]): `place(∅)`.

@@ -6,7 +6,8 @@
 //! **direct-mapped table** of `slots` entries behind the [`SlotStore`] trait
 //! (Vec-backed [`VecStore`] in tests and in the simulator; shared-data-backed
 //! in the filter). A block key `k` (a seeded chained hash from
-//! [`crate::RoutingKey::blocks`], one per 256 characters of prefix) lives in
+//! [`crate::RoutingKey::blocks`], one per 256 characters of prefix, blocks
+//! ending early at message boundaries) lives in
 //! slot `(k >> 32) % slots`; a write simply overwrites the slot, so memory is
 //! bounded and old prefixes fade out as new ones take their slots.
 //!
@@ -53,14 +54,16 @@
 //!   the known ones too restores blocks that colliding keys overwrote, so the
 //!   prefixes in use keep intact ladders while unused ones fade out;
 //! - the last block (so an identical request is found with one get);
-//! - the **end mark** ([`IndexConfig::end_marks`]; not in a pending record,
-//!   [`PrefixIndex::record_pending`]): the request's last whole
-//!   block (`n − 2`: the last one may be partial, and a continuation of the
-//!   prompt does not share a partial block) is written with bit 47 of its tag
-//!   set, together with the blocks the lookup's gap search probes on its way
-//!   to it (≤ `⌈log2(gap + 1)⌉`, none when it is a ladder position), so a
-//!   longer prompt extending this one to its last whole block finds exactly
-//!   that depth and the mark: a **continuation** (the next turn of a
+//! - the **end marks** ([`IndexConfig::end_marks`]; not in a pending record,
+//!   [`PrefixIndex::record_pending`]): the request's last block (`n − 1`:
+//!   it ends at a message boundary, [`crate::hash`], so the next turn
+//!   shares it) and the one before (`n − 2`: the last whole block when the
+//!   last one is a partial block a longer prompt does not share, e.g. a
+//!   completions string) are written with bit 47 of their tag set, together
+//!   with the blocks the lookup's gap search probes on its way to them
+//!   (≤ `⌈log2(gap + 1)⌉` each, mostly shared, none for a ladder position),
+//!   so a longer prompt extending this one finds exactly that depth and the
+//!   mark: a **continuation** (the next turn of a
 //!   conversation), which [`crate::affinity`] treats as warm whatever its
 //!   share of the window. Only a block new to the index gets a mark; the
 //!   deepest known block is rewritten without one, so a block that two
@@ -69,8 +72,8 @@
 //!
 //! Invariants: a slot holds the entry of at most one key; lookups never
 //! report a depth whose block key is not present with its exact 47-bit tag;
-//! record writes at most `max_writes + 2 + ⌈log2(gap + 1)⌉` slots (≤ 5 path
-//! blocks for 256 blocks with 3 bits). A peer that merges entries treats
+//! record writes at most `max_writes + 2 + 2⌈log2(gap + 1)⌉` slots (≤ 10
+//! path blocks for 256 blocks with 3 bits, usually 0–4). A peer that merges entries treats
 //! two tags that differ only in the mark as different keys (the incoming
 //! one wins): marks are hints, never needed for correctness.
 //!
@@ -230,9 +233,10 @@ impl Entry {
         Some(Entry { tag, time, holders })
     }
 
-    /// The end mark: some recorded prompt ended in the block after this one
-    /// (this is its last whole block; the prompt's partial last block, if
-    /// any, is not shared by its continuations). See [`PrefixIndex::record`].
+    /// The end mark: some recorded prompt ended with this block (its last
+    /// block, closed at a message boundary) or in the block after it (its
+    /// last whole block, when the last one is a partial block that a
+    /// continuation does not share). See [`PrefixIndex::record`].
     pub fn is_end(&self) -> bool {
         self.tag & END_BIT != 0
     }

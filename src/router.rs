@@ -233,8 +233,8 @@ impl Router {
     /// `affinity`: record that `served` holds the prefix `blocks` (`known`:
     /// what the lookup at routing found). The filter calls it when the
     /// upstream answered 2xx, so only requests an engine accepted (and
-    /// therefore cached) enter the index. Shared-data cost: ≤ 39 sets (≤ 5 of
-    /// them the end mark's search path, [`crate::index`]).
+    /// therefore cached) enter the index. Shared-data cost: ≤ 44 sets (≤ 10 of
+    /// them the end marks' search paths, [`crate::index`]).
     pub fn record_affinity<S: SlotStore>(
         &self,
         store: &mut S,
