@@ -318,7 +318,7 @@ impl RouterHttp {
         // Blocks are uneven (they end at message boundaries): the block after
         // the known depth, in tokens.
         let depth = known.as_ref().map_or(0, |k| k.depth);
-        let next_units = key.units_at(depth + 1) - key.units_at(depth);
+        let next_units = key.units_at(depth + 1).saturating_sub(key.units_at(depth));
         let block_tokens = next_units as f64 / view.router.affinity_config().chars_per_token;
         self.delivery.predicted_from(
             &choice,

@@ -234,7 +234,9 @@ pub fn grid(modes: &[String], ns: &[usize], delays: &[u64]) -> Result<Vec<String
 /// no block is full.
 pub fn anchor_key(key: &RoutingKey, anchor_block: usize) -> Option<u64> {
     let n = key.blocks.len();
-    let last = key.units_at(n) - key.units_at(n.saturating_sub(1));
+    let last = key
+        .units_at(n)
+        .saturating_sub(key.units_at(n.saturating_sub(1)));
     let full = if last < BLOCK_UNITS {
         n.saturating_sub(1)
     } else {

@@ -148,7 +148,7 @@ impl Policy for OursFeedback {
             predicted: {
                 // The block after the known depth (blocks are uneven), in tokens.
                 let depth = known.map_or(0, |k| k.depth);
-                let next = key.units_at(depth + 1) - key.units_at(depth);
+                let next = key.units_at(depth + 1).saturating_sub(key.units_at(depth));
                 predict(
                     c.expected_cached_tokens,
                     depth,
