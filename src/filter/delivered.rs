@@ -481,14 +481,22 @@ impl Delivery {
             let confirmed_tokens = units_at(&self.ends, confirmed) as f64 / cpt;
             if confirmed_tokens > predicted.unwrap_or(0) as f64 + 0.5 {
                 let mut by_addr = AddrSlots::new(&mut slots, view, &[]);
-                view.router.index().confirm(
-                    &mut by_addr,
-                    &self.blocks,
-                    confirmed,
-                    self.known.as_ref(),
-                    r,
-                    now,
-                );
+                // The whole request confirmed (the engine's count includes
+                // chat-template tokens, so it can reach into the last
+                // message): confirm the depth before its last block too,
+                // which the next request with another last message shares.
+                let n = self.blocks.len();
+                let short = (confirmed == n && n > 1).then(|| n - 1);
+                for depth in std::iter::once(confirmed).chain(short) {
+                    view.router.index().confirm(
+                        &mut by_addr,
+                        &self.blocks,
+                        depth,
+                        self.known.as_ref(),
+                        r,
+                        now,
+                    );
+                }
             }
             if slots.failures.get() > 0 {
                 p.stats.failure(super::stats::HostFailure::SharedData);

@@ -206,14 +206,20 @@ impl Policy for OursFeedback {
         if confirmed_tokens > predicted + 0.5 {
             if let (Some(gw), Some(key)) = (self.gateways.get_mut(p.gateway as usize), key) {
                 let now_ms = u64::from(p.routed_at) * 100;
-                self.index.confirm(
-                    &mut gw.store,
-                    &key.blocks,
-                    confirmed,
-                    p.known.as_ref(),
-                    replica,
-                    now_ms,
-                );
+                // As the filter: a whole-request depth is also confirmed one
+                // block short (the next request's last message differs).
+                let n = key.blocks.len();
+                let short = (confirmed == n && n > 1).then(|| n - 1);
+                for depth in std::iter::once(confirmed).chain(short) {
+                    self.index.confirm(
+                        &mut gw.store,
+                        &key.blocks,
+                        depth,
+                        p.known.as_ref(),
+                        replica,
+                        now_ms,
+                    );
+                }
                 self.confirms += 1;
             }
         }
