@@ -1,12 +1,12 @@
-//! Prefix hashing: chained xxh3 block hashes over a bounded prefix.
+//! Prefix hashing: chained xxh64 block hashes over a bounded prefix.
 //!
 //! Algorithm: the prefix text is cut into blocks of `block_units` units
 //! (characters for extracted text, bytes for raw bodies). Block `i` is hashed
-//! one-shot with unseeded xxh3 (straight from the input when it is a whole
+//! one-shot with unseeded xxh64 (straight from the input when it is a whole
 //! ASCII block, else from a reused block buffer) and chained:
-//! `h_i = chain(h_{i-1}, xxh3(block_i))`, `h_{-1} = 0`, where `chain` is
-//! xxh3 of the 8-byte block hash seeded with `h_{i-1}` (xxh3's short-input
-//! path). So `h_i` identifies the whole prefix up to the end of block `i`, as
+//! `h_i = chain(h_{i-1}, xxh64(block_i))`, `h_{-1} = 0`, where `chain` is a
+//! splitmix64-style mix of the two (see [`chain`]; only 64-bit multiplies,
+//! which wasm32 has, unlike xxh3's 128-bit products). So `h_i` identifies the whole prefix up to the end of block `i`, as
 //! vLLM's chained block hashes do. (Seeding the 256-byte block hash itself
 //! with `h_{i-1}`, as before, made xxh3 derive a 192-byte secret from the
 //! seed for every block: as much work as hashing the block.) The request seed (model, tenant salt, routing id)
@@ -39,6 +39,7 @@
 
 use std::cell::Cell;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+use xxhash_rust::xxh64::xxh64;
 
 thread_local! {
     /// The open-block buffer of the last finished hasher, reused by the next
@@ -155,7 +156,7 @@ impl PrefixHasher {
     }
 
     fn close_block(&mut self) {
-        self.chain = chain(self.chain, xxh3_64(&self.cur));
+        self.chain = chain(self.chain, block_hash(&self.cur));
         self.push_block();
         self.cur.clear();
         self.in_block = 0;
@@ -254,7 +255,7 @@ impl PrefixHasher {
     /// Hash the whole block `b[..n]` of `n` units in place; the rest of `b`.
     fn hash_in_place<'b>(&mut self, b: &'b [u8], n: usize) -> &'b [u8] {
         let (block, rest) = b.split_at(n);
-        self.chain = chain(self.chain, xxh3_64(block));
+        self.chain = chain(self.chain, block_hash(block));
         self.units += n;
         self.remaining -= n;
         self.push_block();
@@ -330,12 +331,28 @@ fn split_chars(b: &[u8], room: usize) -> (usize, usize) {
     (b.len(), chars)
 }
 
-/// The chained hash of a block: xxh3 of the block's own hash, seeded with
-/// the chain so far (xxh3's 8-byte path: a few multiplies, no secret
-/// derivation).
+/// The hash of one block's bytes: xxh64 (unseeded). Not xxh3: xxh3 folds
+/// 64×64→128-bit products, which wasm32 has no instruction for (each one is
+/// a call to the `__multi3` helper), while xxh64 needs only 64-bit multiplies
+/// (`i64.mul`): measured with `scripts/cost-adapter.sh`, the 16 KiB request's
+/// key costs several times fewer wasm instructions (docs/overhead.md).
+#[inline]
+fn block_hash(block: &[u8]) -> u64 {
+    xxh64(block, 0)
+}
+
+/// The chained hash of a block: `fmix(prev · K ⊕ block)`, with `K` odd and
+/// `fmix` the splitmix64 finalizer (a bijection). For a fixed `prev` it is a
+/// bijection of `block`, and for a fixed `block` a bijection of `prev`, so
+/// two chains that differ anywhere stay different at every later block
+/// (up to 64-bit collisions of the block hashes themselves). Two 64-bit
+/// multiplies, no 128-bit product.
 #[inline]
 fn chain(prev: u64, block: u64) -> u64 {
-    xxh3_64_with_seed(&block.to_le_bytes(), prev)
+    let mut z = prev.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ block;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Seed from the request's scoping fields: model name and tenant salt. Each
