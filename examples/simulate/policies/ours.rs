@@ -12,6 +12,8 @@
 
 use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::{CostConfig, CostModel};
+use prefix_router::engine::load::{host_load, LoadRule};
+use prefix_router::engine::EngineSample;
 use prefix_router::index::{IndexConfig, Known, PrefixIndex, VecStore};
 use prefix_router::pressure::Pressure;
 use prefix_router::{Config, Loads, Router};
@@ -46,19 +48,22 @@ pub struct OursParams {
 
 /// Which load the policy sees per replica (the filter's `engine` block,
 /// `src/cluster/engines.rs`, scraping every `engine_refresh_ms`; the sample
-/// taken is the simulator's 50 ms-periodic scrape current at that time, and
-/// the filter's saturation rule is not modelled).
+/// taken is the simulator's 50 ms-periodic scrape current at that time, our
+/// in-flight count stored with it is the one at the first request of the
+/// period, and the filter's saturation rule is not modelled). The rules are
+/// the core's [`host_load`], the function the filter calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineLoad {
     /// Our in-flight counts only (no `engine` block).
     Off,
-    /// The filter before this session: `max(in-flight, waiting + running)`.
+    /// [`LoadRule::Max`]: `max(in-flight, waiting + running)` (the filter
+    /// before the fourth session).
     Max,
-    /// The filter now: `max(in-flight, waiting + running) + waiting`.
+    /// [`LoadRule::Queued`]: `max(in-flight, waiting + running) + waiting`
+    /// (fourth session).
     Queued,
-    /// A proposal: the sample corrected by our own routes since it,
-    /// `in-flight + max(0, waiting + running − in-flight at the scrape) +
-    /// waiting` (others' traffic plus the queue, our own counted live).
+    /// [`LoadRule::Delta`], the filter now: `in-flight + max(0, waiting +
+    /// running − in-flight at the sample) + waiting`.
     Delta,
 }
 
@@ -223,19 +228,25 @@ impl Ours {
             self.snap_own = view.in_flight.to_vec();
         }
         self.loads.clear();
+        let rule = match self.engine_load {
+            EngineLoad::Off => None,
+            EngineLoad::Max => Some(LoadRule::Max),
+            EngineLoad::Queued => Some(LoadRule::Queued),
+            EngineLoad::Delta => Some(LoadRule::Delta),
+        };
         for i in 0..n {
             let own = view.in_flight.get(i).copied().unwrap_or(0);
             let m = self.snap.get(i).copied().unwrap_or_default();
-            let engine = m.outstanding;
-            self.loads.push(match self.engine_load {
-                EngineLoad::Off => own,
-                EngineLoad::Max => own.max(engine),
-                EngineLoad::Queued => own.max(engine) + m.waiting,
-                EngineLoad::Delta => {
-                    let then = self.snap_own.get(i).copied().unwrap_or(0);
-                    own + engine.saturating_sub(then) + m.waiting
-                }
-            });
+            // The scrape as the filter's parser would read it.
+            let sample = EngineSample {
+                waiting: Some(f64::from(m.waiting)),
+                running: Some(f64::from(m.outstanding.saturating_sub(m.waiting))),
+                kv_usage: Some(m.kv_usage),
+                ..EngineSample::default()
+            };
+            let then = self.snap_own.get(i).copied();
+            self.loads
+                .push(rule.map_or(own, |r| host_load(r, own, &sample, then)));
         }
     }
 }
