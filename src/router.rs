@@ -208,6 +208,7 @@ impl Router {
             loads,
             ticket,
             pressure: pressure.as_ref(),
+            queued_prefill: None,
         };
         let choice = affinity::choose(&self.ring, &request, cost, &self.affinity);
         (self.affinity_decision(key, &choice), choice, found)
@@ -421,6 +422,7 @@ impl Router {
                     loads,
                     ticket,
                     pressure: None,
+                    queued_prefill: None,
                 };
                 self.affinity_decision(
                     key,

@@ -529,6 +529,7 @@ impl Gateways {
             loads: Loads::new(&loads),
             ticket: g.ticket,
             pressure: pressure.as_ref(),
+            queued_prefill: None,
         };
         let c = affinity::choose(self.router.ring(), &request, &g.cost, &self.cfg);
         let first_choice = rkey

@@ -44,6 +44,12 @@ pub struct OursParams {
     pub engine_load: EngineLoad,
     /// Scrape period of `engine_load`, ms (the filter's `engine.refresh_ms`).
     pub engine_refresh_ms: f64,
+    /// Give `affinity::choose` the queued prefill tokens per replica
+    /// ([`affinity::Request::queued_prefill`]), counted as a router can:
+    /// + the decision's expected uncached tokens at routing, − the same at
+    /// the first token (`--ours queue=1`; the filter does not keep this
+    /// count yet).
+    pub queued_prefill: bool,
 }
 
 /// Which load the policy sees per replica (the filter's `engine` block,
@@ -85,6 +91,7 @@ impl Default for OursParams {
                 record_at_route: false,
                 engine_load: EngineLoad::Off,
                 engine_refresh_ms: 500.0,
+                queued_prefill: false,
             },
             None => OursParams {
                 prefix_length: 65536,
@@ -95,6 +102,7 @@ impl Default for OursParams {
                 record_at_route: false,
                 engine_load: EngineLoad::Off,
                 engine_refresh_ms: 500.0,
+                queued_prefill: false,
             },
         }
     }
@@ -137,6 +145,7 @@ impl OursParams {
                 }
             }
             "engine_refresh_ms" => self.engine_refresh_ms = f()?.max(1.0),
+            "queue" | "queued_prefill" => self.queued_prefill = v == "1" || v == "true",
             "end_marks" => self.index.end_marks = v == "1" || v == "true",
             "continuation" => self.affinity.continuation = v == "1" || v == "true",
             "pressure" | "spread_cold" => self.affinity.spread_cold = v == "1" || v == "true",
@@ -176,6 +185,10 @@ pub struct Ours {
     snap: Vec<crate::replica::Metrics>,
     snap_own: Vec<u32>,
     loads: Vec<u32>,
+    /// With `queued_prefill`: tokens queued per replica, and per request
+    /// (replica, tokens) until its first token.
+    queued: Option<Vec<u32>>,
+    queued_of: Vec<(u32, u32)>,
 }
 
 impl Ours {
@@ -212,6 +225,8 @@ impl Ours {
             snap: Vec::new(),
             snap_own: Vec::new(),
             loads: Vec::new(),
+            queued: p.queued_prefill.then(Vec::new),
+            queued_of: Vec::new(),
         })
     }
 }
@@ -271,6 +286,9 @@ impl Policy for Ours {
         self.ticket += 1;
         let n = self.router.ring().len();
         let pressure = Pressure::for_request(&self.store, n, key, known.as_ref(), &self.cfg);
+        if let Some(q) = &mut self.queued {
+            q.resize(n, 0);
+        }
         let request = affinity::Request {
             key,
             prompt_chars: req.body_chars as usize,
@@ -282,6 +300,7 @@ impl Policy for Ours {
             }),
             ticket: self.ticket,
             pressure: pressure.as_ref(),
+            queued_prefill: self.queued.as_deref(),
         };
         let c = affinity::choose(self.router.ring(), &request, &self.cost, &self.cfg);
         let mut class = match c.reason {
@@ -327,6 +346,16 @@ impl Policy for Ours {
             self.pending_known.resize(idx as usize + 1, None);
         }
         self.pending_known[idx as usize] = known;
+        if let Some(q) = &mut self.queued {
+            let tokens = c.expected_uncached_tokens().round() as u32;
+            if let Some(x) = q.get_mut(c.primary) {
+                *x = x.saturating_add(tokens);
+            }
+            if self.queued_of.len() <= idx as usize {
+                self.queued_of.resize(idx as usize + 1, (0, 0));
+            }
+            self.queued_of[idx as usize] = (c.primary as u32, tokens);
+        }
         self.pending[idx as usize] = (
             c.expected_uncached_tokens() as f32,
             view.in_flight.get(c.primary).copied().unwrap_or(0),
@@ -345,6 +374,12 @@ impl Policy for Ours {
     }
 
     fn on_first_token(&mut self, idx: u32, req: &SimRequest, replica: usize, ttft: f64, now: f64) {
+        if let (Some(q), Some(&(r, tokens))) = (&mut self.queued, self.queued_of.get(idx as usize))
+        {
+            if let Some(x) = q.get_mut(r as usize) {
+                *x = x.saturating_sub(tokens);
+            }
+        }
         if !self.record_at_route {
             if let Some(key) = req.keys.core.get(self.key) {
                 let known = self.pending_known.get(idx as usize).copied().flatten();
