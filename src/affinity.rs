@@ -44,16 +44,16 @@
 //! 4. Otherwise **cold** ([`Reason::Cold`]): `place(∅)`.
 //!
 //! **Queue** (when the caller passes [`Request::queued_prefill`], the prompt
-//! tokens each replica still has to prefill for requests routed there): "least
-//! loaded" in steps 2 and 3 becomes "least expected delay", `wait_ms(in-flight)
-//! + prefill_ms(queued tokens)`, then load. In-flight counts rank a replica
-//! busy with one 30 000-token prefill (a second of queueing for whatever comes
-//! next) like one decoding a short answer; on the held-out traces that wait
-//! made most of the p90 (`docs/benchmarks.md`, "p90 tail"). The spill rule
-//! (step 3) still compares in-flight counts: letting the queue decide spills
-//! too moved 18 % of requests off their holders and cut the hit rate from
-//! 65.7 to 54 % on the same trace (each spill re-prefills elsewhere, which
-//! lengthens the queues it fled).
+//! tokens each replica still has to prefill for requests routed there):
+//! "least loaded" in steps 2 and 3 becomes "least expected delay", that is
+//! `wait_ms(in-flight) + prefill_ms(queued tokens)`, then load. In-flight
+//! counts rank a replica busy with one 30 000-token prefill (a second of
+//! queueing for whatever comes next) like one decoding a short answer; on
+//! the held-out traces that wait made most of the p90 (`docs/benchmarks.md`,
+//! "p90 tail"). The spill rule (step 3) still compares in-flight counts:
+//! letting the queue decide spills too moved 18 % of requests off their
+//! holders and cut the hit rate from 65.7 to 54 % on the same trace (each
+//! spill re-prefills elsewhere, which lengthens the queues it fled).
 //!
 //! Cost: O(N) for the load sums plus a ring walk of a few points; no shared
 //! data access (the index lookup and record are done by the caller).

@@ -45,9 +45,9 @@ pub struct OursParams {
     /// Scrape period of `engine_load`, ms (the filter's `engine.refresh_ms`).
     pub engine_refresh_ms: f64,
     /// Give `affinity::choose` the queued prefill tokens per replica
-    /// ([`affinity::Request::queued_prefill`]), counted as a router can:
-    /// + the decision's expected uncached tokens at routing, − the same at
-    /// the first token (`--ours queue=1`; the filter does not keep this
+    /// ([`affinity::Request::queued_prefill`]), counted as a router can: the
+    /// decision's expected uncached tokens added at routing and taken off
+    /// at the first token (`--ours queue=1`; the filter does not keep this
     /// count yet).
     pub queued_prefill: bool,
 }
