@@ -3,7 +3,7 @@
 //!
 //! The count a router can keep (`docs/benchmarks.md`, "p90 tail"): when a
 //! request is routed, its decision's expected uncached tokens are added to
-//! its primary ([`Queued::start`]); at its first response byte (or its end,
+//! its primary ([`Queued::start`]); at its first response body byte (or its end,
 //! whichever comes first) the same amount is taken off ([`Queued::finish`],
 //! idempotent). The simulator's `--ours queue=1` counts exactly this.
 //!
@@ -14,14 +14,13 @@
 //! Invariants: a request adds at most once and takes off exactly what it
 //! added, at most once; counts saturate at 0 (a take-off after a reset never
 //! wraps). A worker that dies between the two leaves its tokens counted;
-//! [`reconcile`] (for the poller, after each admin poll) drops the
+//! [`reconcile`] (called by the poller after each admin poll) drops the
 //! count of every host with no request in flight, so a leak lasts at most
 //! until the host drains.
 //!
-//! **Not wired into the request path yet** (`src/filter/http.rs`,
-//! `src/router.rs`: the `cost5` / `chatblocks` work's files): the filter
-//! passes `queued_prefill: None`; the hook points are listed in
-//! `docs/benchmarks.md`, "p90 tail".
+//! Wired in `src/filter/http.rs` (read and `start` at routing with the
+//! affinity strategy, `finish` at the first response body byte or at
+//! `on_log`) and `src/filter/poll.rs` (`reconcile` after each admin poll).
 
 use super::shared::{ShareError, SharedData};
 use super::tables::{addr_hash, InFlight, Keys, Table};

@@ -213,6 +213,11 @@ impl Poller {
         };
         let now = host::now_nanos() / 1_000_000;
         let applied = apply_admin(&HostShared, &p.keys, &body, &d.cluster, now);
+        // Queued-prefill tokens of hosts with nothing in flight are leaks (a
+        // worker that died between routing and the first byte): drop them.
+        if crate::cluster::queued::reconcile(&HostShared, &p.keys).is_err() {
+            p.stats.poll_failed();
+        }
         super::local::marks_written(); // recovered hosts' marks may be cleared
         match applied {
             Ok(o) => {

@@ -45,10 +45,10 @@ pub struct OursParams {
     /// Scrape period of `engine_load`, ms (the filter's `engine.refresh_ms`).
     pub engine_refresh_ms: f64,
     /// Give `affinity::choose` the queued prefill tokens per replica
-    /// ([`affinity::Request::queued_prefill`]), counted as a router can: the
-    /// decision's expected uncached tokens added at routing and taken off
-    /// at the first token (`--ours queue=1`; the filter does not keep this
-    /// count yet).
+    /// ([`affinity::Request::queued_prefill`]), counted as the filter does
+    /// (`src/cluster/queued.rs`): the decision's expected uncached tokens
+    /// added at routing and taken off at the first token (on by default, as
+    /// in the filter; `--ours queue=0` turns it off).
     pub queued_prefill: bool,
 }
 
@@ -91,7 +91,7 @@ impl Default for OursParams {
                 record_at_route: false,
                 engine_load: EngineLoad::Off,
                 engine_refresh_ms: 500.0,
-                queued_prefill: false,
+                queued_prefill: true,
             },
             None => OursParams {
                 prefix_length: 65536,
@@ -102,7 +102,7 @@ impl Default for OursParams {
                 record_at_route: false,
                 engine_load: EngineLoad::Off,
                 engine_refresh_ms: 500.0,
-                queued_prefill: false,
+                queued_prefill: true,
             },
         }
     }
