@@ -247,7 +247,7 @@ pub fn apply(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::shared::MockShared;
     use super::super::tables::{addr_hash, Snapshot};
     use super::*;
@@ -255,7 +255,8 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn view(n: usize) -> View {
+    /// A view of `n` hosts `10.0.0.i:80` (shared with `queued`'s tests).
+    pub(crate) fn view(n: usize) -> View {
         let base = Config::from_json(br#"{"cluster":"l","admin_cluster":"a"}"#).unwrap();
         let hosts = (0..n).map(|i| (format!("10.0.0.{i}:80"), 0)).collect();
         View::from_snapshot(

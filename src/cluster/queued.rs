@@ -114,24 +114,11 @@ impl Queued {
 
 #[cfg(test)]
 mod tests {
+    use super::super::engines::tests::view;
     use super::super::shared::MockShared;
-    use super::super::tables::Snapshot;
     use super::*;
-    use crate::config::Config;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-
-    fn view(n: usize) -> View {
-        let base = Config::from_json(br#"{"cluster":"l","admin_cluster":"a"}"#).unwrap();
-        let hosts = (0..n).map(|i| (format!("10.0.0.{i}:80"), 0)).collect();
-        View::from_snapshot(
-            &base,
-            &Snapshot {
-                generation: 1,
-                hosts,
-            },
-        )
-    }
 
     #[test]
     fn start_adds_once_and_finish_takes_off_once() {
