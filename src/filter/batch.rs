@@ -96,7 +96,9 @@ pub fn gauge_now(id: u32, value: u64) {
             p.gauges.retain(|(i, _)| *i != id);
         }
     });
-    host::record_metric(id, value);
+    if !super::probe::off(super::probe::Ablate::Flush) {
+        host::record_metric(id, value);
+    }
 }
 
 /// Publish every pending update (one host call per metric touched).
@@ -105,6 +107,11 @@ pub fn flush() {
         let Ok(mut p) = p.try_borrow_mut() else {
             return;
         };
+        if super::probe::off(super::probe::Ablate::Flush) {
+            p.counters.clear();
+            p.gauges.clear();
+            return;
+        }
         for &(id, delta) in &p.counters {
             if delta != 0 {
                 host::increment_metric(id, delta);

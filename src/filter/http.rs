@@ -27,6 +27,7 @@
 
 use super::delivered::Delivery;
 use super::host::{self, HostShared, BUFFER_REQUEST_BODY};
+use super::probe::{self, Ablate, Phase};
 use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::HostFailure;
@@ -146,6 +147,10 @@ impl RouterHttp {
     fn route(&mut self, body: Body<'_>, body_len: usize) {
         let Some(p) = self.plugin.clone() else { return };
         self.routed = true;
+        if probe::off(Ablate::Route) {
+            return;
+        }
+        let t = probe::start();
         let view = p.follower.current(&HostShared, &p.keys);
         if p.stats_generation.replace(view.generation) != view.generation {
             p.stats.members(view.endpoints());
@@ -168,7 +173,14 @@ impl RouterHttp {
             },
             None => None,
         };
+        let body = if probe::off(Ablate::Key) {
+            Body::None
+        } else {
+            body
+        };
         let (key, model) = view.router.key_and_model(body, header_id.as_deref());
+        probe::end(Phase::Key, t);
+        let t = probe::start();
         self.routed_at_ms = host::now_nanos() / 1_000_000;
         let pic = super::local::LOCAL.with(|local| {
             picture(
@@ -184,6 +196,8 @@ impl RouterHttp {
         if pic.failures > 0 {
             p.stats.failure(HostFailure::SharedData);
         }
+        probe::end(Phase::Picture, t);
+        let t = probe::start();
         if let Some(e) = &pic.engine {
             p.stats.engine_effect(e);
         }
@@ -218,6 +232,8 @@ impl RouterHttp {
         } else {
             view.router.select(&key, l, ticket)
         };
+        probe::end(Phase::Select, t);
+        let t = probe::start();
         let primary = view.addr(decision.primary).unwrap_or_default().to_string();
         let taken = super::local::LOCAL.with(|local| {
             self.slot.take(
@@ -252,7 +268,11 @@ impl RouterHttp {
         }
         self.delivery
             .routed(decision.branch.as_str(), decision.primary);
+        probe::end(Phase::Take, t);
+        let t = probe::start();
         self.set_headers(&p, &view, decision);
+        probe::end(Phase::SetHeaders, t);
+        let t = probe::start();
         self.view = Some(view.clone());
         p.stats.decision(decision.branch, key.source, &primary);
         if key.routing_id == RoutingId::Rejected {
@@ -277,6 +297,7 @@ impl RouterHttp {
             // Confirmed depths are written for API paths only, like the record.
             self.delivery.keep_blocks(key.blocks);
         }
+        probe::end(Phase::RouteRest, t);
     }
 
     /// `affinity`: index lookup + choice + record over shared data; index
@@ -372,6 +393,11 @@ impl RouterHttp {
             if name.is_empty() {
                 continue; // `decision_header: ""`: not sent
             }
+            if (name == cfg.target_header && probe::off(Ablate::Target))
+                || (name == cfg.decision_header && probe::off(Ablate::Decision))
+            {
+                continue;
+            }
             if let Err(e) = host::set_request_header(name, value) {
                 log::warn!("#{} cannot set {name}: {e}", self.context_id);
                 p.stats.failure(HostFailure::Header);
@@ -394,7 +420,10 @@ impl RouterHttp {
     }
 
     fn route_buffered(&mut self, size: usize) {
-        match self.body(size) {
+        let t = probe::start();
+        let body = self.body(size);
+        probe::end(Phase::Body, t);
+        match body {
             Some(b) => self.route(Body::Complete(&b), b.len()),
             None => self.route(Body::None, 0),
         }
@@ -469,6 +498,69 @@ impl Context for RouterHttp {}
 
 impl HttpContext for RouterHttp {
     fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
+        let t = probe::start();
+        let a = self.request_headers(end_of_stream);
+        probe::end(Phase::Headers, t);
+        a
+    }
+
+    fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        self.request_body(size, end_of_stream)
+    }
+
+    fn on_http_request_trailers(&mut self, _trailers: usize) -> Action {
+        if !self.routed {
+            // The body never signalled end of stream; it is complete now.
+            let size = self
+                .plugin
+                .as_ref()
+                .map_or(0, |p| p.config().max_body_bytes);
+            self.route_buffered(size);
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        if probe::off(Ablate::Response) {
+            return Action::Continue;
+        }
+        let t = probe::start();
+        self.response_headers();
+        probe::end(Phase::RespHeaders, t);
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if probe::off(Ablate::Response) {
+            return Action::Continue;
+        }
+        let t = probe::start();
+        self.response_body(size, end_of_stream);
+        probe::end(Phase::RespBody, t);
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        let t = probe::start();
+        self.log_end();
+        if !probe::off(Ablate::IdleFlush) {
+            super::batch::flush_at_request_end();
+        }
+        probe::end(Phase::Log, t);
+        probe::request_done();
+        if log::log_enabled!(log::Level::Debug) {
+            // After the request's last host call (the debug line is not counted).
+            log::debug!(
+                "#{} host calls: {}",
+                self.context_id,
+                super::tally::take_line()
+            );
+        }
+    }
+}
+
+impl RouterHttp {
+    fn request_headers(&mut self, end_of_stream: bool) -> Action {
         // Never trust a client-supplied target: it is removed before anything
         // else, so even a request that ends up unrouted cannot pick its host.
         // One host call for every header read here (the client's target, the
@@ -515,7 +607,7 @@ impl HttpContext for RouterHttp {
         Action::Pause
     }
 
-    fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+    fn request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         if self.routed {
             return Action::Continue;
         }
@@ -538,21 +630,9 @@ impl HttpContext for RouterHttp {
         Action::Continue
     }
 
-    fn on_http_request_trailers(&mut self, _trailers: usize) -> Action {
-        if !self.routed {
-            // The body never signalled end of stream; it is complete now.
-            let size = self
-                .plugin
-                .as_ref()
-                .map_or(0, |p| p.config().max_body_bytes);
-            self.route_buffered(size);
-        }
-        Action::Continue
-    }
-
-    fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+    fn response_headers(&mut self) {
         let Some(p) = self.plugin.clone() else {
-            return Action::Continue;
+            return;
         };
         self.load_upstream();
         let upstream = self.upstream.clone();
@@ -601,10 +681,9 @@ impl HttpContext for RouterHttp {
                     .any(|w| w.eq_ignore_ascii_case(b"text/event-stream"))
             });
         }
-        Action::Continue
     }
 
-    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+    fn response_body(&mut self, size: usize, end_of_stream: bool) {
         if let Some(p) = self.plugin.clone() {
             // The first response byte (a stream's first token; a streaming
             // server may send its headers before any token): the prefill
@@ -635,23 +714,6 @@ impl HttpContext for RouterHttp {
                 }
             }
         }
-        Action::Continue
-    }
-
-    fn on_log(&mut self) {
-        if let Some(p) = self.plugin.clone() {
-            self.finish_queued(&p);
-        }
-        self.log_end();
-        super::batch::flush_at_request_end();
-        if log::log_enabled!(log::Level::Debug) {
-            // After the request's last host call (the debug line is not counted).
-            log::debug!(
-                "#{} host calls: {}",
-                self.context_id,
-                super::tally::take_line()
-            );
-        }
     }
 }
 
@@ -659,6 +721,7 @@ impl RouterHttp {
     /// `on_log`: the response-end bookkeeping and the in-flight release.
     fn log_end(&mut self) {
         let Some(p) = self.plugin.clone() else { return };
+        self.finish_queued(&p); // no body byte came (an error, a reset)
         self.load_upstream();
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());
@@ -668,7 +731,7 @@ impl RouterHttp {
         if !super::local::LOCAL.with(|local| self.slot.release_later(&local.releases)) {
             return;
         }
-        if !super::batch::others_live() {
+        if !super::batch::others_live() && !probe::off(Ablate::IdleFlush) {
             super::local::flush_releases(&p);
         }
         // The primary was decided at routing; count requests another host served.

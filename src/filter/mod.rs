@@ -16,6 +16,7 @@
 //! - [`stats`]: Envoy stats;
 //! - [`batch`]: counter and gauge updates batched in the VM, published in bursts;
 //! - [`tally`]: host calls per request by kind (debug log, a measuring instrument);
+//! - [`probe`]: build-time ablations (`PR_ABLATE`) and the `selfprof` phase timer;
 //! - [`delivered`]: predicted vs delivered cached tokens, read from the
 //!   response as it passes, and the index feedback.
 
@@ -27,6 +28,7 @@ mod http;
 mod local;
 mod peers;
 mod poll;
+mod probe;
 mod root;
 mod secret;
 mod slots;

@@ -59,6 +59,9 @@ impl<'p> SharedSlots<'p> {
 
 impl SlotStore for SharedSlots<'_> {
     fn get(&self, slot: u32) -> Option<SlotValue> {
+        if super::probe::off(super::probe::Ablate::Slots) {
+            return None;
+        }
         match self.with_key(slot, host::shared_get) {
             Ok((Some(v), _)) => <SlotValue>::try_from(v.as_slice()).ok(),
             Ok((None, _)) => None,
@@ -70,6 +73,9 @@ impl SlotStore for SharedSlots<'_> {
     }
 
     fn set(&mut self, slot: u32, value: SlotValue) {
+        if super::probe::off(super::probe::Ablate::Slots) {
+            return;
+        }
         if self
             .with_key(slot, |k| host::shared_set(k, &value[..ENTRY_BYTES], 0))
             .is_err()
