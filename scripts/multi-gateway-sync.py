@@ -1,21 +1,31 @@
 #!/usr/bin/env python3
 """Sync traffic of the simulator's `peer` gateway policies, per workload.
 
-usage: scripts/multi-gateway-sync.py RUN.json [...]
+usage: scripts/multi-gateway-sync.py [--label NAME=RUN.json ...] RUN.json [...]
 
 For each `--json` output of `simulate --gw-modes peer...`: one row per
-(file, workload), one column per gateway count, cells `hit % / sync share`
-where the share is the bytes a gateway serves to its N - 1 peers (14-byte
-items, batch headers not counted) over its request bytes, and the hit rate
-of one gateway (`ours`) for reference. Python 3 standard library only.
+(file, workload), one column per gateway count N, cells
+`hit % / items % / total %`:
+- items: the item bytes a gateway sends to its N - 1 peers (batches as the
+  filter encodes them, headers not counted) over its request bytes
+  (`sync_share_of_body`);
+- total: sent + received items plus, per pull, a request and a response
+  head (350 B, both as puller and as server) at 1 000 requests/s per
+  gateway and the default 100 ms period (`sync_share_total_at_1000`;
+  printed as "-" for runs made before it existed);
+and the hit rate of one gateway (`ours`) for reference. A file may be
+given as NAME=PATH to print NAME in the first column. Python 3 standard
+library only.
 """
 import json
 import sys
 
 
-def main(paths):
+def main(args):
     rows, ns = [], set()
-    for path in paths:
+    for arg in args:
+        label, _, path = arg.rpartition("=")
+        label = label or path
         d = json.load(open(path))
         for w in d["workloads"]:
             cells, one = {}, None
@@ -29,22 +39,28 @@ def main(paths):
                         continue
                     n = int(parts[1])
                     ns.add(n)
-                    share = p["extra"].get("sync_share_of_body", 0.0)
-                    cells[n] = (p["hit_rate"], share)
-            rows.append((path, w["workload"], one, cells))
+                    extra = p["extra"]
+                    cells[n] = (
+                        p["hit_rate"],
+                        extra.get("sync_share_of_body", 0.0),
+                        extra.get("sync_share_total_at_1000"),
+                    )
+            rows.append((label, w["workload"].split(":")[0], one, cells))
     ns = sorted(ns)
-    print("| run | workload | one gateway hit | " + " | ".join(f"N={n}: hit / sync" for n in ns) + " |")
+    print("| run | workload | one gateway hit | "
+          + " | ".join(f"N={n}: hit / items / total" for n in ns) + " |")
     print("|---|---|---|" + "---|" * len(ns))
-    for path, wl, one, cells in rows:
+    for label, wl, one, cells in rows:
         one_s = f"{100 * one:.1f} %" if one is not None else "—"
         out = []
         for n in ns:
             if n in cells:
-                h, s = cells[n]
-                out.append(f"{100 * h:.1f} % / {100 * s:.2f} %")
+                h, s, t = cells[n]
+                t_s = f"{100 * t:.2f} %" if t is not None else "-"
+                out.append(f"{100 * h:.1f} % / {100 * s:.2f} % / {t_s}")
             else:
                 out.append("—")
-        print(f"| {path} | {wl} | {one_s} | " + " | ".join(out) + " |")
+        print(f"| {label} | {wl} | {one_s} | " + " | ".join(out) + " |")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,8 @@ pub mod index;
 pub mod json;
 pub mod paths;
 pub mod peers;
+pub mod peers_backoff;
+pub mod peers_budget;
 pub mod peers_config;
 pub mod peers_log;
 pub mod pressure;

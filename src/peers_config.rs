@@ -6,7 +6,8 @@
 //!           "admin_cluster": "envoy_admin", "path": "/prefix-router/peers",
 //!           "pull_ms": 100, "timeout_ms": 250, "hosts_refresh_ms": 1000,
 //!           "max_batch": 2048, "log_capacity": 16384,
-//!           "min_publish_chars": 512, "refresh_publish_s": 120}
+//!           "min_publish_chars": 512, "refresh_publish_s": 120,
+//!           "sync_budget_bp": 0}
 //! ```
 //!
 //! `cluster` and `secret` are required; `admin_cluster` defaults to the
@@ -54,6 +55,8 @@ pub struct RawPeers {
     pub min_publish_chars: Option<i64>,
     /// See [`PeersParams::refresh_publish_s`].
     pub refresh_publish_s: Option<i64>,
+    /// See [`PeersParams::sync_budget_bp`].
+    pub sync_budget_bp: Option<i64>,
 }
 
 /// Default path of the sync endpoint.
@@ -92,6 +95,11 @@ pub struct PeersParams {
     /// A slot write that changes neither the tag nor the holders (a warm
     /// repeat) is published only if the peers' copy is older than this (s).
     pub refresh_publish_s: u32,
+    /// Sync budget, basis points (1/10 000) of the request bytes: the item
+    /// bytes a gateway's writes cost (sent to its `N − 1` peers, and as much
+    /// received from them) stay within this share at any `N`, the longest
+    /// new prefixes published first ([`crate::peers_budget`]); 0: no budget.
+    pub sync_budget_bp: u32,
     /// Seed of the index slot hash, derived from `secret`.
     pub index_secret: u64,
 }
@@ -218,6 +226,7 @@ pub fn validate(
         (0u32, 86_400),
         120,
     )?;
+    let sync_budget_bp = int_in_range("peers.sync_budget_bp", r.sync_budget_bp, (0u32, 10_000), 0)?;
     Ok(Some(PeersParams {
         index_secret: derive_index_secret(&secret),
         cluster,
@@ -231,6 +240,7 @@ pub fn validate(
         log_capacity,
         min_publish_chars,
         refresh_publish_s,
+        sync_budget_bp,
     }))
 }
 
@@ -321,6 +331,10 @@ mod tests {
             (
                 format!(r#"{{"cluster":"p","admin_cluster":"a","timeout_ms":0,{s}}}"#),
                 "peers.timeout_ms",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","sync_budget_bp":10001,{s}}}"#),
+                "peers.sync_budget_bp",
             ),
             (
                 format!(r#"{{"cluster":"p","admin_cluster":"a","bogus":1,{s}}}"#),

@@ -26,11 +26,12 @@
 //! writes, and the puller counts it as lost.
 //!
 //! Publication filter ([`Publishing`], [`news`]): a slot write is **news**
-//! when the slot was empty or held another tag (a new block), or its holders
-//! changed, or its time is older than the refresh horizon (so peers' copies
-//! do not expire while this gateway keeps a prefix warm). Warm repeats (same
-//! tag, same holders, a recent time) are not logged: they would tell peers
-//! nothing. New blocks are published only for records that add a long
+//! when the slot was empty or held another tag (a new block), or its set of
+//! holders changed, or its time is older than the refresh horizon (so peers'
+//! copies do not expire while this gateway keeps a prefix warm). Warm repeats
+//! (same tag, same holders, a recent time) and reorders (the same set of
+//! holders with another one in front: a hot prefix served by its second
+//! holder) are not logged: they would tell peers nothing they use. New blocks are published only for records that add a long
 //! enough new extent (see [`Publishing`]).
 //!
 //! Costs: publishing a record = 1 CAS increment + 1 set per news write (+ 1
@@ -61,6 +62,9 @@ pub struct PeerKeys {
     pub lease: String,
     /// Snapshot progress of a cold start (next slot, `u32::MAX` when done).
     pub snapshot: String,
+    /// Hosts of the peers cluster (u32, this gateway included), written by
+    /// the puller, read by every worker's sync budget.
+    pub hosts: String,
 }
 
 impl PeerKeys {
@@ -73,6 +77,7 @@ impl PeerKeys {
             cursor: format!("{prefix}peers/cursor/"),
             lease: format!("{prefix}peers/lease"),
             snapshot: format!("{prefix}peers/snapshot"),
+            hosts: format!("{prefix}peers/hosts"),
         }
     }
 
@@ -210,8 +215,14 @@ pub fn store_cursor<S: SharedData + ?Sized>(
 pub enum News {
     /// A warm repeat: same tag, same holders, a recent time.
     None,
-    /// Same tag, other holders (a spill or a migration), or a time older
-    /// than the refresh horizon: always published.
+    /// Same tag, the same set of holders in another order, a recent time: a
+    /// warm request served by a holder that was not the front one. Peers
+    /// that know the prefix already have this set (the order only says which
+    /// holder this gateway used last), so it is not published.
+    Reorder,
+    /// Same tag, another set of holders (a spill, or a holder learned from
+    /// a peer that this gateway now serves first), or a time older than the
+    /// refresh horizon: always published.
     Placement,
     /// A new block (the slot was empty or held another tag): published
     /// when the record's new extent is long enough (see [`Publishing`]).
@@ -277,7 +288,15 @@ pub fn news(old: Option<&SlotValue>, new: &SlotValue, rule: NewsRule) -> News {
     if o.tag != n.tag {
         News::Block
     } else if o.holders != n.holders {
-        News::Placement
+        let same_set = n.holders.iter().flatten().count() == o.holders.iter().flatten().count()
+            && n.holders
+                .iter()
+                .all(|h| h.is_none() || o.holders.contains(h));
+        if same_set && age < rule.refresh_ds {
+            News::Reorder
+        } else {
+            News::Placement
+        }
     } else if rule.confirms(age) {
         News::Confirmed
     } else if age >= rule.refresh_ds {
@@ -341,7 +360,7 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
                 News::Placement => true,
                 News::Block => blocks,
                 News::Confirmed => blocks || moved,
-                News::None => false,
+                News::None | News::Reorder => false,
             })
             .map(|w| (w.0, w.1))
             .collect()
@@ -450,6 +469,19 @@ mod tests {
         assert_eq!(news(Some(&a), &entry(5, 1300, &[1]), r), News::Placement);
         assert_eq!(news(Some(&a), &entry(5, 150, &[2, 1]), r), News::Placement);
         assert_eq!(news(Some(&a), &entry(6, 150, &[1]), r), News::Block);
+        // A hot prefix served by its other holder: the same set, not news;
+        // a new holder in the set, or the same set past the horizon, is.
+        let two = entry(5, 100, &[1, 2]);
+        assert_eq!(news(Some(&two), &entry(5, 150, &[2, 1]), r), News::Reorder);
+        assert_eq!(
+            news(Some(&two), &entry(5, 150, &[3, 1, 2]), r),
+            News::Placement
+        );
+        assert_eq!(news(Some(&two), &entry(5, 150, &[2]), r), News::Placement);
+        assert_eq!(
+            news(Some(&two), &entry(5, 1300, &[2, 1]), r),
+            News::Placement
+        );
         // Through the index: a first record is all news, a warm repeat is none,
         // and the published writes rebuild the same knowledge on a peer.
         let idx = PrefixIndex::new(IndexConfig {

@@ -463,7 +463,13 @@ impl RouterHttp {
             let moved = known
                 .as_ref()
                 .is_some_and(|k| k.entry.holders().next() != Some(served));
-            super::peers::publish(p, &publishing, new_blocks * crate::hash::BLOCK_UNITS, moved);
+            let units = crate::hash::BLOCK_UNITS;
+            super::peers::publish(
+                p,
+                &publishing,
+                (blocks.len() * units, new_blocks * units),
+                moved,
+            );
         }
         if slots.failures.get() > 0 {
             p.stats.failure(HostFailure::SharedData);

@@ -26,9 +26,11 @@
 //!   merged slot by slot into the local table, and the cursor advances (a
 //!   gap counts `writes_lost`, a new peer epoch restarts it). A pull that
 //!   fails, times out or returns garbage changes nothing but the counters; a
-//!   request never waits for a pull; a failing peer is retried after
-//!   `pull_ms · 2^failures` (at most 1 s). A batch carrying this process's
-//!   own epoch is our own listener: that host is skipped from then on.
+//!   request never waits for a pull; a failing peer (refused, timed out or
+//!   garbage, each counted) is retried after `pull_ms · 2^failures` (at most
+//!   1 s, [`crate::peers_backoff`]), each skipped pull counted in
+//!   `pull_backoff`. A batch carrying this process's own epoch is our own
+//!   listener: that host is skipped from then on.
 //! - **Cold start**: a new gateway's cursors start at 0, so its first pull of
 //!   each peer returns that peer's whole retained log; and it copies one live
 //!   peer's table (`?slots=START`, [`SNAPSHOT_SPAN`] slots per tick, filling
@@ -42,8 +44,10 @@
 //! (unknown cluster) or InternalFailure from `proxy_http_call`, which the SDK
 //! maps to `Result`; the admin poll relies on the same call.
 //!
-//! Stats (`prefix_router.peers.*`): counters `pull_ok`, `pull_fail`,
-//! `bad_batch`, `writes_applied`, `writes_lost`, `writes_published`,
+//! Stats (`prefix_router.peers.*`): counters `pull_ok`, `pull_fail`
+//! (= `pull_refused` + `pull_timeout`), `pull_refused`, `pull_timeout`,
+//! `bad_batch` (garbage), `pull_backoff` (pulls skipped), `budget_refused`
+//! (records whose new blocks the sync budget kept local), `writes_applied`, `writes_lost`, `writes_published`,
 //! `served`, `served_bytes`, `pulled_bytes`, `unauthorized`, `bad_request`,
 //! `snapshot_bytes` (served), `snapshot_applied`; gauge `hosts`.
 
@@ -55,9 +59,12 @@ use crate::cluster::admin::parse_clusters;
 use crate::cluster::tables::try_lease;
 use crate::hash::hash_id;
 use crate::index::{SlotStore, SlotValue};
+use crate::peers::MIN_ITEM_BYTES;
 use crate::peers::{
     ct_eq, decode, encode, fill, merge, parse_query, PeerError, Query, SNAPSHOT_SPAN,
 };
+use crate::peers_backoff::{classify, Backoff, Failure};
+use crate::peers_budget::{Budget, Offer};
 use crate::peers_config::{PeersParams, SECRET_HEADER};
 use crate::peers_log::{self, NewsRule, PeerKeys, Publishing};
 use std::cell::{Cell, RefCell};
@@ -124,7 +131,11 @@ pub struct Shared {
     pub epoch: u32,
     layout: u32,
     slots: u32,
-    ids: [Option<u32>; 14],
+    ids: [Option<u32>; 18],
+    /// This VM's sync budget ([`crate::peers_budget`]).
+    budget: Cell<Budget>,
+    /// Peers (hosts of the peers cluster but this one) and when read, ms.
+    peers: Cell<(u64, usize)>,
 }
 
 const S_PULL_OK: usize = 0;
@@ -141,7 +152,11 @@ const S_BAD_REQUEST: usize = 10;
 const S_HOSTS: usize = 11;
 const S_SNAPSHOT_BYTES: usize = 12;
 const S_SNAPSHOT_APPLIED: usize = 13;
-const NAMES: [&str; 14] = [
+const S_PULL_TIMEOUT: usize = 14;
+const S_PULL_REFUSED: usize = 15;
+const S_PULL_BACKOFF: usize = 16;
+const S_BUDGET_REFUSED: usize = 17;
+const NAMES: [&str; 18] = [
     "pull_ok",
     "pull_fail",
     "bad_batch",
@@ -156,6 +171,10 @@ const NAMES: [&str; 14] = [
     "hosts",
     "snapshot_bytes",
     "snapshot_applied",
+    "pull_timeout",
+    "pull_refused",
+    "pull_backoff",
+    "budget_refused",
 ];
 
 impl Shared {
@@ -194,7 +213,31 @@ impl Shared {
             layout: params.layout(slots),
             slots,
             ids,
+            budget: Cell::new(Budget::new(
+                f64::from(params.sync_budget_bp) / 10_000.0,
+                params.min_publish_chars as usize,
+            )),
+            peers: Cell::new((0, 0)),
         })
+    }
+
+    /// Peers of this gateway: the peers cluster's hosts (as the puller last
+    /// listed them, in shared data) but this one; read at most once a
+    /// second per VM.
+    fn peer_count(&self) -> usize {
+        let now = host::now_nanos() / 1_000_000;
+        let (at, n) = self.peers.get();
+        if at != 0 && now.saturating_sub(at) < 1000 {
+            return n;
+        }
+        let n = match host::shared_get(&self.keys.hosts) {
+            Ok((Some(v), _)) => <[u8; 4]>::try_from(v.as_slice())
+                .map_or(0, |b| u32::from_le_bytes(b) as usize)
+                .saturating_sub(1),
+            _ => n,
+        };
+        self.peers.set((now.max(1), n));
+        n
     }
 
     fn add(&self, stat: usize, n: u64) {
@@ -212,19 +255,37 @@ impl Shared {
     }
 }
 
-/// Publish the news of one record that added `new_chars` characters beyond
-/// the known prefix (`moved`: it put a known prefix on another replica; see
-/// [`Publishing::outbox`]).
+/// Publish the news of one record of `chars` hashed characters that added
+/// `new_chars` beyond the known prefix (`moved`: it put a known prefix on
+/// another replica; see [`Publishing::outbox`]), within the sync budget
+/// (`peers.sync_budget_bp`, [`crate::peers_budget`]: the record earns
+/// credit for its `chars`; a refused record publishes its placement changes
+/// only, counted in `budget_refused`).
 pub fn publish<S: SlotStore>(
     p: &Plugin,
     writes: &Publishing<'_, S>,
-    new_chars: usize,
+    (chars, new_chars): (usize, usize),
     moved: bool,
 ) {
     let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
         return;
     };
-    let out = writes.outbox(new_chars, params.min_publish_chars as usize, moved);
+    let min = params.min_publish_chars as usize;
+    let mut out = writes.outbox(new_chars, min, moved);
+    if params.sync_budget_bp > 0 {
+        let mut budget = s.budget.get();
+        budget.earn(chars, s.peer_count());
+        let offer = Offer {
+            new_chars,
+            bytes: out.len() * MIN_ITEM_BYTES + 4,
+            blocks: new_chars >= min,
+        };
+        if !out.is_empty() && !budget.admit(offer) {
+            out = writes.outbox(0, usize::MAX, moved);
+            s.add(S_BUDGET_REFUSED, 1);
+        }
+        s.budget.set(budget);
+    }
     if out.is_empty() {
         return;
     }
@@ -407,12 +468,9 @@ pub struct Puller {
     hosts_at: Cell<u64>,
     last_tick: Cell<u64>,
     calls: RefCell<HashMap<u32, (Call, u64)>>,
-    /// Failing peers: address → (consecutive failures, next try at ms).
-    backoff: RefCell<HashMap<String, (u32, u64)>>,
+    /// Failing peers (down, slow or answering garbage).
+    backoff: RefCell<Backoff>,
 }
-
-/// Longest wait before pulling a failing peer again, ms.
-const MAX_BACKOFF_MS: u64 = 1_000;
 
 impl Puller {
     /// A puller with lease owner id `owner`.
@@ -475,24 +533,26 @@ impl Puller {
         let Ok(hosts) = self.hosts.try_borrow() else {
             return;
         };
-        let backoff = self
-            .backoff
-            .try_borrow()
-            .map(|b| b.clone())
-            .unwrap_or_default();
+        let Ok(backoff) = self.backoff.try_borrow().map(|b| b.clone()) else {
+            return;
+        };
         let mut live_peer = None;
         for addr in hosts.iter() {
             let cursor = peers_log::cursor(&host::HostShared, &s.keys, addr);
             if cursor.epoch == Some(s.epoch) {
                 continue; // our own listener
             }
-            if cursor.epoch.is_some() && !backoff.contains_key(addr) {
+            if cursor.epoch.is_some() && !backoff.failing(addr) {
                 live_peer.get_or_insert(addr);
             }
             let busy = calls
                 .values()
                 .any(|(c, _)| matches!(c, Call::Pull(a) if a == addr));
-            if busy || backoff.get(addr).is_some_and(|&(_, at)| now < at) {
+            if busy {
+                continue;
+            }
+            if !backoff.ready(addr, now) {
+                s.add(S_PULL_BACKOFF, 1);
                 continue;
             }
             let path = format!("{}?since={}", params.path, cursor.seq);
@@ -500,7 +560,7 @@ impl Puller {
                 Some(token) => {
                     calls.insert(token, (Call::Pull(addr.clone()), now));
                 }
-                None => self.failed(s, addr, period),
+                None => self.failed(s, addr, period, Failure::Refused),
             }
         }
         // Cold start: copy a live peer's table, one chunk per tick.
@@ -516,7 +576,7 @@ impl Puller {
 
     /// A `dispatch_http_call` response; true if it was this puller's.
     pub fn response(&self, p: &Plugin, token: u32, body_size: usize) -> bool {
-        let Some((call, _)) = self
+        let Some((call, sent)) = self
             .calls
             .try_borrow_mut()
             .ok()
@@ -533,9 +593,12 @@ impl Puller {
             host::buffer(BUFFER_HTTP_CALL_RESPONSE_BODY, 0, body_size),
         ) {
             (Some(b"200"), Ok(b)) => b.unwrap_or_default(),
-            _ => {
+            (st, _) => {
                 if let Call::Pull(addr) = &call {
-                    self.failed(s, addr, u64::from(params.pull_ms));
+                    let elapsed = (host::now_nanos() / 1_000_000).saturating_sub(sent);
+                    let why = classify(st, elapsed, u64::from(params.timeout_ms))
+                        .unwrap_or(Failure::Refused);
+                    self.failed(s, addr, u64::from(params.pull_ms), why);
                 }
                 return true;
             }
@@ -545,6 +608,10 @@ impl Puller {
                 Ok(hosts) => {
                     let list: Vec<String> = hosts.into_iter().map(|h| h.addr).collect();
                     s.gauge(S_HOSTS, list.len() as u64);
+                    let n = u32::try_from(list.len()).unwrap_or(u32::MAX);
+                    if host::shared_set(&s.keys.hosts, &n.to_le_bytes(), 0).is_err() {
+                        p.stats.failure(super::stats::HostFailure::SharedData);
+                    }
                     if let Ok(mut h) = self.hosts.try_borrow_mut() {
                         *h = list;
                     }
@@ -557,26 +624,30 @@ impl Puller {
         true
     }
 
-    /// A pull of `addr` failed: count it and wait `period · 2^failures`
-    /// (at most [`MAX_BACKOFF_MS`]) before the next one, so a dead peer
-    /// costs a connection attempt a second, not one every tick, and a peer that
-    /// comes back is pulled again within a second.
-    fn failed(&self, s: &Shared, addr: &str, period: u64) {
-        s.add(S_PULL_FAIL, 1);
+    /// A pull of `addr` failed (`why`): count it (`pull_fail` and
+    /// `pull_refused` / `pull_timeout`, or `bad_batch` for garbage) and back
+    /// off ([`Backoff::fail`]: `period · 2^failures`, at most
+    /// [`crate::peers_backoff::MAX_BACKOFF_MS`]), so a dead, hung or
+    /// garbage-answering peer costs one pull a second, not one every tick,
+    /// and a peer that comes back is pulled again within a second.
+    fn failed(&self, s: &Shared, addr: &str, period: u64, why: Failure) {
+        match why {
+            Failure::Refused => s.add(S_PULL_REFUSED, 1),
+            Failure::Timeout => s.add(S_PULL_TIMEOUT, 1),
+            Failure::Garbage => s.add(S_BAD_BATCH, 1),
+        }
+        if why != Failure::Garbage {
+            s.add(S_PULL_FAIL, 1);
+        }
         let now = host::now_nanos() / 1_000_000;
         if let Ok(mut b) = self.backoff.try_borrow_mut() {
-            let e = b.entry(addr.to_string()).or_insert((0, 0));
-            e.0 = e.0.saturating_add(1);
-            e.1 = now + (period << e.0.min(4)).min(MAX_BACKOFF_MS);
+            b.fail(addr, now, period);
         }
     }
 
     /// Decode, merge and advance the cursor of `addr`.
     fn apply(&self, p: &Plugin, params: &PeersParams, s: &Shared, addr: &str, body: &[u8]) {
         s.add(S_PULLED_BYTES, body.len() as u64);
-        if let Ok(mut b) = self.backoff.try_borrow_mut() {
-            b.remove(addr);
-        }
         let batch = match decode(
             body,
             s.layout,
@@ -589,10 +660,13 @@ impl Puller {
                 if e == PeerError::Layout {
                     log::warn!("peers: {addr} has another layout (secret or index_slots differ)");
                 }
-                s.add(S_BAD_BATCH, 1);
+                self.failed(s, addr, u64::from(params.pull_ms), Failure::Garbage);
                 return;
             }
         };
+        if let Ok(mut b) = self.backoff.try_borrow_mut() {
+            b.ok(addr);
+        }
         let mut cursor = peers_log::cursor(&host::HostShared, &s.keys, addr);
         if batch.epoch == s.epoch {
             // Our own listener: remember it and skip it from now on.

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use crate::harness::procs::{free_port, wait_for};
 use crate::harness::workload::{text, MODEL};
 use crate::harness::{wasm_path, workdir, Client, Envoy, EnvoyConfig, Fleet, ReplicaOpts};
-use prefix_router::peers::{HEADER_BYTES, ITEM_BYTES};
+use prefix_router::peers::HEADER_BYTES;
 
 const SECRET: &str = "e2e-peers-secret-0123456789";
 const PEERS_PATH: &str = "/prefix-router/peers";
@@ -38,9 +38,29 @@ const PULL_MS: u64 = 50;
 /// Offered load (requests per second, open loop).
 const RATE: f64 = 50.0;
 
+/// Does the peers cluster speak HTTP/2 (`E2E_PEERS_H1=1`: HTTP/1.1, to
+/// compare the bytes of a pull)? With HTTP/2 a pull's headers are mostly
+/// HPACK indices (the secret, the target header, the method) on one
+/// long-lived connection per peer.
+fn peers_h2() -> bool {
+    std::env::var("E2E_PEERS_H1").map_or(true, |v| v != "1")
+}
+
 /// The `prefix_router_peers` cluster over the gateways' listener ports (YAML
-/// lines under `clusters:`), `override_host` with a round-robin fallback.
-fn peers_cluster(ports: &[u16]) -> String {
+/// lines under `clusters:`), `override_host` with a round-robin fallback,
+/// HTTP/2 if `h2` (the listener's codec is AUTO: it accepts prior-knowledge
+/// HTTP/2).
+fn peers_cluster(ports: &[u16], h2: bool) -> String {
+    let h2 = if h2 {
+        r#"    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http2_protocol_options: {}
+"#
+    } else {
+        ""
+    };
     let hosts: String = ports
         .iter()
         .map(|p| {
@@ -51,7 +71,7 @@ fn peers_cluster(ports: &[u16]) -> String {
         r#"  - name: prefix_router_peers
     type: STATIC
     connect_timeout: 0.25s
-    load_assignment:
+{h2}    load_assignment:
       cluster_name: prefix_router_peers
       endpoints:
       - lb_endpoints:
@@ -103,13 +123,24 @@ fn spawn_gateway(
     (admin, port): (u16, u16),
     peer_ports: &[u16],
 ) -> Envoy {
+    spawn_gateway_h(dir, name, cfg, (admin, port), (peer_ports, peers_h2()))
+}
+
+/// [`spawn_gateway`], the peers cluster speaking HTTP/2 or not.
+fn spawn_gateway_h(
+    dir: &std::path::Path,
+    name: &str,
+    cfg: &EnvoyConfig,
+    (admin, port): (u16, u16),
+    (peer_ports, h2): (&[u16], bool),
+) -> Envoy {
     let yaml = cfg.render_in(admin, port, &wasm_path().to_string_lossy(), dir);
     let yaml = if peer_ports.is_empty() {
         yaml
     } else {
         yaml.replacen(
             "  clusters:\n",
-            &format!("  clusters:\n{}", peers_cluster(peer_ports)),
+            &format!("  clusters:\n{}", peers_cluster(peer_ports, h2)),
             1,
         )
     };
@@ -564,13 +595,14 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
         );
     }
 
-    // Sync traffic: what each surviving gateway served, per routed request.
-    // Entries scale with requests; a pull's fixed cost (batch header + HTTP,
-    // ~350 B) scales with time, so it is given at 1 000 req/s. The bound is
-    // checked on the steady-state fan-out: published writes x ITEM_BYTES (the
-    // largest item; a typical one is 7 B, MIN_ITEM_BYTES, in runs) x 2
-    // peers (the measured serving also includes the cold gateway's one-off
-    // catch-up of the whole log).
+    // Sync traffic of each surviving gateway, measured: the entry bytes it
+    // served (its writes, to 2 peers, plus the cold gateway's one-off
+    // catch-up of the whole log) and received, per routed request; a pull's
+    // fixed cost (28-byte batch header + HTTP, measured on the wire by
+    // Envoy's counters of the peers cluster) scales with time, so it is
+    // given at 1 000 req/s and the default 100 ms period. The bound is
+    // checked on what a gateway sends (served entries + served pulls'
+    // fixed cost); sent + received is printed.
     let all: Vec<&Outcome> = out1.iter().chain(&out2).chain(&out3).collect();
     let elapsed = out1.last().map_or(0.0, |o| o.at.as_secs_f64())
         + out2.last().map_or(0.0, |o| o.at.as_secs_f64())
@@ -586,14 +618,32 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
         let pulls = s.get("prefix_router.peers.served");
         let entries = served.saturating_sub(pulls * HEADER_BYTES as u64) as f64;
         let published = s.get("prefix_router.peers.writes_published") as f64;
-        let steady = 100.0 * published * ITEM_BYTES as f64 * 2.0 / own_bytes;
+        let sent = 100.0 * entries / own_bytes;
+        let pulled_ok = s.get("prefix_router.peers.pull_ok");
+        let received_entries = s
+            .get("prefix_router.peers.pulled_bytes")
+            .saturating_sub(pulled_ok * HEADER_BYTES as u64);
+        let received = 100.0 * received_entries as f64 / own_bytes;
+        // On the wire (Envoy's own counters of the peers cluster): what this
+        // gateway's pulls sent and received, headers included; the bytes of
+        // a pull besides its entries (a served pull costs the same).
+        let wire = |d: &str| {
+            s.get(&format!(
+                "cluster.prefix_router_peers.upstream_cx_{d}_bytes_total"
+            ))
+        };
+        let (tx, rx) = (wire("tx"), wire("rx"));
+        let wire_pulls = s
+            .get("cluster.prefix_router_peers.upstream_rq_total")
+            .max(1);
+        let per_pull = (tx + rx).saturating_sub(received_entries) as f64 / wire_pulls as f64;
         // Pulls served per second, at the default 100 ms period (the test pulls every 50).
         let pulls_per_s = pulls as f64 / elapsed.max(1.0) * (PULL_MS as f64 / 100.0);
-        let fixed_at_1000 = 100.0 * pulls_per_s * 350.0 / (1000.0 * own_bytes / routed);
+        let fixed_at_1000 = 100.0 * pulls_per_s * per_pull / (1000.0 * own_bytes / routed);
         eprintln!(
-            "gateways: gw{i}: routed {routed} ({own_bytes} request bytes), published {published} writes ({:.2}/request); served {pulls} pulls, {served} B, {entries} B of entries ({:.2} % of its request bytes with the cold catch-up); steady state 2 peers {steady:.2} % + pulls (100 ms) at 1000 req/s {fixed_at_1000:.2} %; snapshot served {} B; pull_ok {} pull_fail {} bad_batch {} lost {}",
+            "gateways: gw{i}: routed {routed} ({own_bytes} request bytes), published {published} writes ({:.2}/request); served {pulls} pulls, {served} B, {entries} B of entries; pulls on the wire ({}): {wire_pulls}, sent {tx} B, received {rx} B, {per_pull:.0} B per pull besides entries; share of its request bytes: entries sent {sent:.2} % + received {received:.2} %, pulls at 1000 req/s (100 ms) {fixed_at_1000:.2} % each way; snapshot served {} B; pull_ok {} pull_fail {} bad_batch {} lost {}",
             published / routed,
-            100.0 * entries / own_bytes,
+            if peers_h2() { "HTTP/2" } else { "HTTP/1.1" },
             s.get("prefix_router.peers.snapshot_bytes"),
             s.get("prefix_router.peers.pull_ok"),
             s.get("prefix_router.peers.pull_fail"),
@@ -601,8 +651,8 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
             s.get("prefix_router.peers.writes_lost"),
         );
         assert!(
-            steady + fixed_at_1000 < 1.0,
-            "gw{i}: sync traffic {steady:.2} % + {fixed_at_1000:.2} % of request bytes"
+            sent + fixed_at_1000 < 1.0,
+            "gw{i}: sync traffic sent {sent:.2} % + {fixed_at_1000:.2} % of request bytes"
         );
     }
     assert!(
@@ -619,8 +669,11 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
 /// A fake peer on loopback for `life`: `garbage` answers every request 200
 /// with bytes that are not a valid batch (a `PRX3` magic, then junk);
 /// otherwise it accepts, reads and never answers (a hung peer). Returns its
-/// port; the thread stops by itself after `life` (bounded).
-fn fake_peer(garbage: bool, life: Duration) -> u16 {
+/// port and the number of requests it has read so far; the thread stops by
+/// itself after `life` (bounded).
+fn fake_peer(garbage: bool, life: Duration) -> (u16, Arc<AtomicUsize>) {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let count = seen.clone();
     let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind fake peer");
     let port = listener.local_addr().expect("addr").port();
     listener.set_nonblocking(true).expect("nonblocking");
@@ -633,7 +686,9 @@ fn fake_peer(garbage: bool, life: Duration) -> u16 {
                     s.set_nonblocking(false).ok();
                     s.set_read_timeout(Some(Duration::from_millis(200))).ok();
                     let mut buf = [0u8; 4096];
-                    let _ = s.read(&mut buf);
+                    if s.read(&mut buf).is_ok_and(|n| n > 0) {
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
                     if garbage {
                         let mut body = b"PRX3".to_vec();
                         body.extend(
@@ -653,22 +708,26 @@ fn fake_peer(garbage: bool, life: Duration) -> u16 {
             }
         }
     });
-    port
+    (port, seen)
 }
 
-/// A peer that answers garbage and one that hangs cost nothing but
-/// staleness: every request is served, both are counted (`bad_batch`,
-/// `pull_fail`), nothing of theirs is merged; a real peer pulling at the
-/// shipped default period (100 ms) still learns this gateway's writes; and
-/// hostile requests to the sync path are refused.
+/// A peer that answers garbage, one that hangs and one that is down cost
+/// nothing but staleness: every request is served, each kind is counted
+/// (`bad_batch`, `pull_timeout`, `pull_refused`, and the pulls skipped while
+/// backing off in `pull_backoff`), the garbage peer is pulled at most about
+/// once a second per gateway once backed off (not every 100 ms), nothing of
+/// theirs is merged; a real peer pulling at the shipped default period
+/// (100 ms) still learns this gateway's writes; and hostile requests to the
+/// sync path are refused.
 #[test]
 fn hostile_peers_cost_only_staleness() {
     let dir = workdir("gateways-hostile");
     let fleet = Fleet::start(&dir, 3, &ReplicaOpts::default());
     let life = Duration::from_secs(120);
-    let (bad, hung) = (fake_peer(true, life), fake_peer(false, life));
+    let ((bad, bad_seen), (hung, _)) = (fake_peer(true, life), fake_peer(false, life));
+    let down = free_port(); // nothing listens: connection refused
     let ports: Vec<(u16, u16)> = (0..2).map(|_| (free_port(), free_port())).collect();
-    let peer_ports = [bad, hung, ports[0].1, ports[1].1];
+    let peer_ports = [bad, hung, down, ports[0].1, ports[1].1];
     // The shipped defaults: pull_ms 100, timeout_ms 250, hosts_refresh_ms 1000.
     let cfg = EnvoyConfig::new(&fleet.endpoints()).with(
         "peers",
@@ -676,13 +735,18 @@ fn hostile_peers_cost_only_staleness() {
                "secret": SECRET}),
     );
     let mut gws: Vec<Envoy> = (0..2)
-        .map(|i| spawn_gateway(&dir, &format!("gw{i}"), &cfg, ports[i], &peer_ports))
+        .map(|i| {
+            // HTTP/1.1: the fake peers speak nothing else.
+            let peers = (&peer_ports[..], false);
+            spawn_gateway_h(&dir, &format!("gw{i}"), &cfg, ports[i], peers)
+        })
         .collect();
     for g in &mut gws {
         g.wait_ready();
     }
     // Let the puller list the hosts and meet the fake peers.
     std::thread::sleep(Duration::from_millis(2500));
+    let (window_start, garbage_before) = (Instant::now(), bad_seen.load(Ordering::SeqCst));
     let live: Live = Arc::new(Mutex::new(vec![(0, gws[0].url(""))]));
     let out = run(
         Mixed::new(11).take(60),
@@ -692,15 +756,20 @@ fn hostile_peers_cost_only_staleness() {
     let failed = out.iter().filter(|o| o.status != 200).count();
     assert_eq!(failed, 0, "{failed} requests failed with hostile peers");
     std::thread::sleep(Duration::from_millis(1500));
+    let garbage_pulls = bad_seen.load(Ordering::SeqCst) - garbage_before;
+    let window = window_start.elapsed().as_secs_f64();
     let a = gws[0].stats();
     let b = gws[1].stats();
     let stat =
         |s: &crate::harness::stats::Stats, k: &str| s.get(&format!("prefix_router.peers.{k}"));
     eprintln!(
-        "gateways: hostile peers: gw0 pull_ok {} pull_fail {} bad_batch {} applied {} published {} hosts {}; gw1 pull_ok {} applied {}",
+        "gateways: hostile peers: garbage peer pulled {garbage_pulls} times in {window:.1} s by 2 gateways; gw0 pull_ok {} pull_fail {} refused {} timeout {} bad_batch {} backoff {} applied {} published {} hosts {}; gw1 pull_ok {} applied {}",
         stat(&a, "pull_ok"),
         stat(&a, "pull_fail"),
+        stat(&a, "pull_refused"),
+        stat(&a, "pull_timeout"),
         stat(&a, "bad_batch"),
+        stat(&a, "pull_backoff"),
         stat(&a, "writes_applied"),
         stat(&a, "writes_published"),
         stat(&a, "hosts"),
@@ -711,8 +780,28 @@ fn hostile_peers_cost_only_staleness() {
         stat(&a, "bad_batch") >= 1,
         "the garbage peer was not counted"
     );
-    assert!(stat(&a, "pull_fail") >= 1, "the hung peer was not counted");
-    assert_eq!(stat(&a, "hosts"), 4);
+    assert!(
+        stat(&a, "pull_timeout") >= 1,
+        "the hung peer was not counted"
+    );
+    assert!(
+        stat(&a, "pull_refused") >= 1,
+        "the down peer was not counted"
+    );
+    assert_eq!(
+        stat(&a, "pull_fail"),
+        stat(&a, "pull_refused") + stat(&a, "pull_timeout")
+    );
+    assert!(stat(&a, "pull_backoff") >= 1, "no pull was skipped");
+    // Backed off: at most one pull a second per gateway once at the 1-s cap
+    // (plus the doubling steps 200, 400, 800 ms), against 10 a second each
+    // without back-off.
+    let bound = 2.0 * (window + 4.0);
+    assert!(
+        (garbage_pulls as f64) <= bound,
+        "the garbage peer was pulled {garbage_pulls} times in {window:.1} s (bound {bound:.0})"
+    );
+    assert_eq!(stat(&a, "hosts"), 5);
     // The real peer, pulling at the default period, learned gw0's writes.
     assert!(stat(&a, "writes_published") > 0);
     assert!(stat(&b, "pull_ok") > 0 && stat(&b, "writes_applied") > 0);

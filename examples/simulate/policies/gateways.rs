@@ -38,7 +38,8 @@ use prefix_router::cost::CostModel;
 use prefix_router::hash::BLOCK_UNITS;
 use prefix_router::index::{Known, PrefixIndex, SlotValue, VecStore};
 use prefix_router::peers::{self, DeltaLog};
-use prefix_router::peers_log::{NewsRule, Publishing};
+use prefix_router::peers_budget::{Budget, Offer};
+use prefix_router::peers_log::{News, NewsRule, Publishing};
 use prefix_router::pressure::Pressure;
 use prefix_router::{Loads, Router, RoutingKey};
 
@@ -69,6 +70,13 @@ pub struct Knobs {
     /// One set of `spread_cold` counters for all gateways (the upper bound
     /// of publishing them; the filter keeps one set per Envoy).
     pub shared_pressure: bool,
+    /// Each gateway multiplies its own in-flight counts by N (its estimate
+    /// of every gateway's requests on a replica, under a uniform spread).
+    pub scale_load: bool,
+    /// The filter's `peers.sync_budget_bp`: sync item bytes (sent +
+    /// received) per gateway at most this many basis points of its request
+    /// bytes ([`prefix_router::peers_budget`]); 0: no budget.
+    pub budget_bp: u32,
 }
 
 impl Default for Knobs {
@@ -83,6 +91,8 @@ impl Default for Knobs {
             pub_pending: false,
             record_at_route: false,
             shared_pressure: false,
+            scale_load: false,
+            budget_bp: shipped_peers().2,
         }
     }
 }
@@ -103,22 +113,29 @@ impl Knobs {
             "pub_pending" => self.pub_pending = v == "1" || v == "true",
             "record_at_route" => self.record_at_route = v == "1" || v == "true",
             "shared_pressure" => self.shared_pressure = v == "1" || v == "true",
+            "scale_load" => self.scale_load = v == "1" || v == "true",
+            "budget_bp" => self.budget_bp = u().ok_or_else(bad)? as u32,
             _ => return Err(format!("--gw: unknown knob {k}")),
         }
         Ok(())
     }
 }
 
-/// The filter's shipped `min_publish_chars` and `refresh_publish_s` (from
-/// the core's validated configuration, so the simulator runs its defaults).
-fn shipped_peers() -> (usize, u32) {
+/// The filter's shipped `min_publish_chars`, `refresh_publish_s` and
+/// `sync_budget_bp` (from the core's validated configuration, so the
+/// simulator runs its defaults).
+fn shipped_peers() -> (usize, u32, u32) {
     let json = br#"{"endpoints":["127.0.0.1:1"],
         "peers":{"cluster":"c","secret":"0123456789abcdef0123"}}"#;
     prefix_router::Config::from_json(json)
         .ok()
         .and_then(|c| c.peers)
-        .map_or((512, 120), |p| {
-            (p.min_publish_chars as usize, p.refresh_publish_s)
+        .map_or((512, 120, 0), |p| {
+            (
+                p.min_publish_chars as usize,
+                p.refresh_publish_s,
+                p.sync_budget_bp,
+            )
         })
 }
 
@@ -258,6 +275,15 @@ fn moved(known: Option<&Known>, served: usize) -> bool {
     known.is_some_and(|k| k.entry.holders().next() != Some(served))
 }
 
+/// Bytes of one pull besides its items, both directions: the request and
+/// the response head with the 28-byte batch header, as measured on the wire
+/// by the e2e test (`tests/e2e/gateways.rs`, Envoy's counters of the peers
+/// cluster): 97 B over HTTP/2 (HPACK-indexed headers on a kept connection,
+/// the shipped `envoy/envoy-peers.yaml`), 390 B over HTTP/1.1.
+const PULL_BYTES: f64 = 100.0;
+/// The filter's default pull period, ms.
+const PULL_PERIOD_MS: f64 = 100.0;
+
 /// A slot write published to the peers.
 #[derive(Debug, Clone, Copy)]
 struct Delta {
@@ -275,6 +301,7 @@ struct Gateway {
     outbox: VecDeque<Delta>,
     log: DeltaLog,
     ticket: u64,
+    budget: Budget,
 }
 
 /// Per routed request, until its first token.
@@ -302,6 +329,13 @@ struct Counts {
     taught: u64,
     body_chars: u64,
     wire_bytes: u64,
+    /// Slot writes of the records by news kind: block, confirmed, placement,
+    /// reorder (published or not).
+    news: [u64; 4],
+    /// Slot writes published.
+    published: u64,
+    /// Records the budget refused.
+    refused: u64,
 }
 
 /// `N` gateways (see the module docs).
@@ -369,6 +403,7 @@ impl Gateways {
                 outbox: VecDeque::new(),
                 log: DeltaLog::new(knobs.max_pending),
                 ticket: 0,
+                budget: Budget::new(f64::from(knobs.budget_bp) / 10_000.0, knobs.min_publish),
             })
             .collect();
         Gateways {
@@ -497,6 +532,9 @@ impl Gateways {
                 .zip(&g.since_scrape)
                 .map(|(a, b)| a + b)
                 .collect()
+        } else if self.knobs.scale_load {
+            let n = self.gws.len() as u32;
+            self.gws[k].in_flight.iter().map(|x| x * n).collect()
         } else {
             self.gws[k].in_flight.clone()
         };
@@ -511,9 +549,13 @@ impl Gateways {
             key
         };
         let n = self.router.ring().len();
+        let n_peers = self.gws.len() - 1;
         let g = &mut self.gws[k];
         let known = self.index.lookup(&g.store, &key.blocks, now_ms);
         g.ticket += 1;
+        if mode.peer {
+            g.budget.earn(req.body_chars as usize, n_peers);
+        }
         // spread_cold: this gateway's own counters (as in the filter: one
         // set per Envoy, never published).
         let counters = if self.knobs.shared_pressure {
@@ -619,11 +661,29 @@ impl Gateways {
         let sets = self
             .index
             .record(&mut p, &key.blocks, known, served, now_ms);
-        let out = p.outbox(
-            new_chars(key.blocks.len(), known),
-            self.knobs.min_publish,
-            moved(known, served),
-        );
+        let new = new_chars(key.blocks.len(), known);
+        let mut out = p.outbox(new, self.knobs.min_publish, moved(known, served));
+        // The filter's budget: a refused record publishes its placement
+        // changes only.
+        let offer = Offer {
+            new_chars: new,
+            bytes: out.len() * peers::MIN_ITEM_BYTES + 4,
+            blocks: new >= self.knobs.min_publish,
+        };
+        if peer && !out.is_empty() && !g.budget.admit(offer) {
+            out = p.outbox(0, usize::MAX, moved(known, served));
+            self.c.refused += 1;
+        }
+        for w in &p.writes {
+            let i = match w.2 {
+                News::Block => 0,
+                News::Confirmed => 1,
+                News::Placement => 2,
+                News::Reorder | News::None => 3,
+            };
+            self.c.news[i] += 1;
+        }
+        self.c.published += out.len() as u64;
         self.c.sets += sets as u64;
         for (slot, v) in out {
             g.log.push(slot, v);
@@ -710,11 +770,28 @@ impl Policy for Gateways {
         let n = self.c.routed.max(1) as f64;
         let sets = self.c.sets as f64 / n;
         // Each published slot write goes to N − 1 peers (batch headers,
-        // 24 bytes per pull, not counted).
+        // 28 bytes per pull, not counted in `sync_share_of_body`: a gateway's
+        // *sent* item bytes over its request bytes). Every gateway also
+        // receives its N − 1 peers' writes (the same amount on average), and
+        // pays per pull, whatever the rate, a request and a response head
+        // (`PULL_BYTES`, both directions, as puller and as server): the share
+        // `sync_share_total_at_1000` adds both at 1 000 requests/s per gateway
+        // and the filter's default 100 ms period (every pull is made by one
+        // gateway and served by another: 2 (N − 1) pulls per period).
         let peers = self.gws.len().saturating_sub(1) as f64;
         let bytes = self.c.wire_bytes as f64 / n * peers;
         let body = self.c.body_chars as f64 / n;
+        let pulls_per_req = 2.0 * peers * (1000.0 / PULL_PERIOD_MS) / 1000.0;
+        let total = 2.0 * bytes + pulls_per_req * PULL_BYTES;
+        let news = |i: usize| self.c.news[i] as f64 / n;
         vec![
+            ("news_block_per_req".into(), news(0)),
+            ("news_confirmed_per_req".into(), news(1)),
+            ("news_placement_per_req".into(), news(2)),
+            ("news_reorder_per_req".into(), news(3)),
+            ("published_per_req".into(), self.c.published as f64 / n),
+            ("budget_refused_per_req".into(), self.c.refused as f64 / n),
+            ("sync_share_total_at_1000".into(), total / body.max(1.0)),
             ("warm".into(), self.c.reasons[0] as f64 / n),
             ("spill".into(), self.c.reasons[1] as f64 / n),
             ("cold".into(), self.c.reasons[2] as f64 / n),
@@ -925,6 +1002,39 @@ mod tests {
         e.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
         assert!(e.c.wire_bytes > 0);
         assert!(e.known_depth(1, blocks, 1000) > 0);
+    }
+
+    #[test]
+    fn the_budget_bounds_what_is_published() {
+        let (book, reqs) = sagemaker(0.05);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let run = |budget_bp: u32| {
+            let knobs = Knobs {
+                record_at_route: true,
+                budget_bp,
+                ..Knobs::default()
+            };
+            let mut g = gateways(&book, "peer/2/0", knobs);
+            for (i, r) in reqs.iter().enumerate() {
+                g.route_on(i % 2, i as u32, r, &view(1.0 + i as f64, &reps, &m));
+            }
+            g.c
+        };
+        let (free, capped) = (run(0), run(1));
+        assert_eq!(free.refused, 0);
+        assert!(capped.refused > 0);
+        // 1 bp of the request bytes, shared by 2 × 1 peer, plus the burst
+        // and a placement-only overdraw: far less than without a budget.
+        let earned = 0.0001 * capped.body_chars as f64 / 2.0;
+        // (× 1.5: an item takes 7 to 8 bytes on the wire, the budget charges 7).
+        let bound = 1.5 * (earned + 2.0 * prefix_router::peers_budget::BURST);
+        assert!(
+            (capped.wire_bytes as f64) < bound,
+            "{} vs {bound}",
+            capped.wire_bytes
+        );
+        assert!(capped.wire_bytes < free.wire_bytes / 2);
     }
 
     #[test]
