@@ -46,6 +46,18 @@
 //!    whatever its coverage (`continuation`).
 //! 4. Otherwise **cold** ([`Reason::Cold`]): `place(∅)`.
 //!
+//! **Queue** (when the caller passes [`Request::queued_prefill`], the prompt
+//! tokens each replica still has to prefill for requests routed there):
+//! "least loaded" in steps 2 and 3 becomes "least expected delay", that is
+//! `wait_ms(in-flight) + prefill_ms(queued tokens)`, then load. In-flight
+//! counts rank a replica busy with one 30 000-token prefill (a second of
+//! queueing for whatever comes next) like one decoding a short answer; on
+//! the held-out traces that wait made most of the p90 (`docs/benchmarks.md`,
+//! "p90 tail"). The spill rule (step 3) still compares in-flight counts:
+//! letting the queue decide spills too moved 18 % of requests off their
+//! holders and cut the hit rate from 65.7 to 54 % on the same trace (each
+//! spill re-prefills elsewhere, which lengthens the queues it fled).
+//!
 //! Cost: O(N) for the load sums plus a ring walk of a few points; no shared
 //! data access (the index lookup and record are done by the caller).
 //!
@@ -163,6 +175,10 @@ const MAX_CHOICES: usize = 8;
 struct View<'a> {
     loads: Loads<'a>,
     pressure: Option<&'a Pressure>,
+    /// Prompt tokens queued for prefill per replica ([`Request::queued_prefill`]).
+    queued: Option<&'a [u32]>,
+    /// Prices: ms per in-flight request, ms per 1000 prefill tokens.
+    prices: (f64, f64),
     all: bool,
     n: usize,
     cap: f64,
@@ -176,9 +192,31 @@ impl View<'_> {
     fn load(&self, i: usize) -> u32 {
         self.loads.of(i)
     }
-    /// Placement order: load, then recent new prefixes (0 without pressure).
-    fn rank(&self, i: usize) -> (u32, u8) {
-        (self.load(i), self.pressure.map_or(0, |p| p.of(i)))
+    /// Expected delay before a new request's prefill starts on `i`, whole
+    /// ms: `wait_ms(in-flight) + prefill_ms(queued prefill tokens)`; 0
+    /// without a queue picture (the order is then the load's alone).
+    fn delay(&self, i: usize) -> u64 {
+        let Some(q) = self.queued else { return 0 };
+        let tokens = f64::from(q.get(i).copied().unwrap_or(0));
+        let ms = self.prices.0 * f64::from(self.load(i)) + self.prices.1 * tokens / 1000.0;
+        if ms.is_finite() && ms > 0.0 {
+            ms.min(u64::MAX as f64) as u64
+        } else {
+            0
+        }
+    }
+    /// Holder order: expected delay, then load.
+    fn holder_rank(&self, i: usize) -> (u64, u32) {
+        (self.delay(i), self.load(i))
+    }
+    /// Placement order: expected delay, load, then recent new prefixes (0
+    /// without pressure).
+    fn rank(&self, i: usize) -> (u64, u32, u8) {
+        (
+            self.delay(i),
+            self.load(i),
+            self.pressure.map_or(0, |p| p.of(i)),
+        )
     }
     fn acceptable(&self, i: usize) -> bool {
         let l = self.load(i);
@@ -237,6 +275,12 @@ pub struct Request<'a> {
     /// Recent new prefixes per replica ([`crate::pressure`]): breaks load
     /// ties of cold placement. `None`: ring order.
     pub pressure: Option<&'a Pressure>,
+    /// Prompt tokens routed to each replica whose prefill has not finished
+    /// (the expected uncached tokens of requests without a first token
+    /// yet). With it, holders and cold candidates are ranked by expected
+    /// delay before their prefill starts (module docs, "Queue"). `None`: by
+    /// load.
+    pub queued_prefill: Option<&'a [u32]>,
 }
 
 /// Would `known` make a request warm (fresh, and covering at least
@@ -280,6 +324,8 @@ pub fn choose(
     let v = View {
         loads,
         pressure: req.pressure,
+        queued: req.queued_prefill,
+        prices: (cost.wait_ms(1.0), cost.prefill_ms(1000.0)),
         all,
         n,
         cap: cfg.load_factor * (total as f64 / count.max(1) as f64 + 1.0),
@@ -348,7 +394,7 @@ pub fn choose(
             .iter()
             .copied()
             .filter(|&h| v.acceptable(h) && f64::from(v.load(h)) + 1.0 <= warm_cap)
-            .min_by_key(|&h| v.load(h));
+            .min_by_key(|&h| v.holder_rank(h));
         let alt = place(ring, ring_key, &v, holders, cfg.cold_choices);
         let (primary, reason) = match (best_ok, alt) {
             (Some(h), None) => (h, Reason::Warm),
@@ -455,6 +501,7 @@ mod tests {
             loads,
             ticket: 0,
             pressure: None,
+            queued_prefill: None,
         }
     }
 
@@ -608,6 +655,7 @@ mod tests {
             loads: Loads::new(&loads),
             ticket: 0,
             pressure: None,
+            queued_prefill: None,
         };
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
         assert_eq!(c.reason, Reason::Spill);
@@ -651,6 +699,49 @@ mod tests {
         };
         assert_eq!(warm_coverage(&k, Some(&known(2, &[3], 0)), &strict), None);
         assert!(warm_coverage(&k, Some(&known(3, &[3], 0)), &strict).is_some());
+    }
+
+    #[test]
+    fn queued_prefill_ranks_holders_and_cold_candidates_by_expected_delay() {
+        let r = ring(7);
+        let k = key(0xfeed, 64);
+        let order: Vec<usize> = r.candidates(0xfeed).collect();
+        // The ring owner has 30 000 tokens queued (900 ms at 30 ms per 1000
+        // tokens), every other replica none.
+        let mut queued = [0u32; 7];
+        queued[order[0]] = 30_000;
+        let go = |kn: Option<&Known>, loads: &[u32], q: Option<&[u32]>| {
+            let req = Request {
+                queued_prefill: q,
+                ..request(&k, kn, Loads::new(loads))
+            };
+            choose(&r, &req, &cost(), &AffinityConfig::default())
+        };
+        let loads = [2u32; 7];
+        // Cold, equal loads: the second candidate; by load alone the owner.
+        let c = go(None, &loads, Some(&queued));
+        assert_eq!((c.primary, c.reason), (order[1], Reason::Cold));
+        assert_eq!(go(None, &loads, None).primary, order[0]);
+        // One more in flight on every other replica (10 ms) does not
+        // outweigh 900 ms of queue, 100 more (1000 ms) do.
+        for (l, want) in [(3, order[1]), (102, order[0])] {
+            let mut loads = [l; 7];
+            loads[order[0]] = 2;
+            assert_eq!(go(None, &loads, Some(&queued)).primary, want, "{l}");
+        }
+        // Warm, two holders at equal load: the one without a queue; by load
+        // alone the first listed (most recent).
+        let loads = [2u32; 7];
+        let other = order[1];
+        let two = known(64, &[order[0] as u16, other as u16], 0);
+        let c = go(Some(&two), &loads, Some(&queued));
+        assert_eq!((c.primary, c.reason), (other, Reason::Warm));
+        assert_eq!(go(Some(&two), &loads, None).primary, order[0]);
+        // The spill rule still compares in-flight counts: a lone holder with
+        // a queue keeps its prefix.
+        let lone = known(64, &[order[0] as u16], 0);
+        let c = go(Some(&lone), &loads, Some(&queued));
+        assert_eq!((c.primary, c.reason), (order[0], Reason::Warm));
     }
 
     #[test]

@@ -191,6 +191,7 @@ impl Router {
             cost,
             (now_ms, ticket),
             &Horizons::default(),
+            None,
         )
     }
 
@@ -199,7 +200,8 @@ impl Router {
     /// ([`crate::feedback`]). The returned lookup keeps an entry left
     /// without holders (its depth is right, its holders were not): passed
     /// to [`Router::record_affinity`], it is rewritten for the served
-    /// replica. `at` = (now ms, ticket).
+    /// replica. `at` = (now ms, ticket). `queued`: prompt tokens queued
+    /// for prefill per replica ([`crate::affinity::Request::queued_prefill`]).
     #[allow(clippy::too_many_arguments)]
     pub fn choose_affinity_fed<S: SlotStore>(
         &self,
@@ -210,6 +212,7 @@ impl Router {
         cost: &CostModel,
         at: (u64, u64),
         horizons: &Horizons,
+        queued: Option<&[u32]>,
     ) -> (Decision, Choice, Option<Known>) {
         let (now_ms, ticket) = at;
         let found = self
@@ -225,6 +228,7 @@ impl Router {
             loads,
             ticket,
             pressure: pressure.as_ref(),
+            queued_prefill: queued,
         };
         let choice = affinity::choose(&self.ring, &request, cost, &self.affinity);
         (self.affinity_decision(key, &choice), choice, found)
@@ -440,6 +444,7 @@ impl Router {
                     loads,
                     ticket,
                     pressure: None,
+                    queued_prefill: None,
                 };
                 self.affinity_decision(
                     key,

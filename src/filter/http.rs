@@ -31,6 +31,7 @@ use super::probe::{self, Ablate, Phase};
 use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::HostFailure;
+use crate::cluster::queued::{self, Queued};
 use crate::cluster::request::{picture, Slot};
 use crate::cluster::shared::MAX_CAS_ATTEMPTS;
 use crate::cluster::view::{AddrSlots, View};
@@ -75,6 +76,8 @@ pub struct RouterHttp {
     /// `affinity`: (expected uncached tokens, in-flight at routing), waiting
     /// for the first token of a streamed response to teach the cost model.
     pending_cost: Option<(f64, f64)>,
+    /// This request's tokens in the queued-prefill count (`cluster::queued`).
+    queued: Queued,
     /// The response is a server-sent-event stream.
     streaming: bool,
     /// `upstream.address` as read at response headers (final: a response that
@@ -107,6 +110,7 @@ impl RouterHttp {
             routed: false,
             routed_at_ms: 0,
             pending_cost: None,
+            queued: Queued::default(),
             streaming: false,
             upstream: None,
             delivery: Delivery::default(),
@@ -255,6 +259,17 @@ impl RouterHttp {
                 p.stats.failure(HostFailure::SharedData);
             }
         }
+        // Its expected prefill joins the primary's queue until the first byte.
+        if let Some((uncached, _)) = self.pending_cost {
+            let tokens = uncached.clamp(0.0, f64::from(u32::MAX)) as u32;
+            if self
+                .queued
+                .start(&HostShared, &p.keys, &primary, tokens)
+                .is_err()
+            {
+                p.stats.failure(HostFailure::SharedData);
+            }
+        }
         self.delivery
             .routed(decision.branch.as_str(), decision.primary);
         probe::end(Phase::Take, t);
@@ -316,6 +331,7 @@ impl RouterHttp {
         };
         let mut slots = SharedSlots::new(&p.keys.prefix);
         let usable = loads.available.unwrap_or(&[]);
+        let queued = queued::read(&HostShared, &p.keys, view);
         let (d, choice, known) = {
             let mut by_addr = AddrSlots::new(&mut slots, view, usable);
             let chosen = p.delivered.with_horizons(self.routed_at_ms, view, |h| {
@@ -327,6 +343,7 @@ impl RouterHttp {
                     &cost,
                     (self.routed_at_ms, ticket),
                     h,
+                    queued.as_deref(),
                 )
             });
             // A new placement is written at once as pending (the 2xx record
@@ -361,6 +378,13 @@ impl RouterHttp {
         let in_flight = loads.of(d.primary);
         self.pending_cost = Some((choice.expected_uncached_tokens(), f64::from(in_flight)));
         d
+    }
+
+    /// Take this request's tokens off the queued-prefill count (once).
+    fn finish_queued(&mut self, p: &Plugin) {
+        if self.queued.finish(&HostShared, &p.keys).is_err() {
+            p.stats.failure(HostFailure::SharedData);
+        }
     }
 
     fn set_headers(&self, p: &Plugin, view: &View, d: Decision) {
@@ -668,6 +692,12 @@ impl RouterHttp {
 
     fn response_body(&mut self, size: usize, end_of_stream: bool) {
         if let Some(p) = self.plugin.clone() {
+            // The first response byte (a stream's first token; a streaming
+            // server may send its headers before any token): the prefill
+            // is done.
+            if size > 0 || end_of_stream {
+                self.finish_queued(&p);
+            }
             self.load_upstream();
             self.delivery.on_chunk(
                 &p,
@@ -698,6 +728,7 @@ impl RouterHttp {
     /// `on_log`: the response-end bookkeeping and the in-flight release.
     fn log_end(&mut self) {
         let Some(p) = self.plugin.clone() else { return };
+        self.finish_queued(&p); // no body byte came (an error, a reset)
         self.load_upstream();
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());

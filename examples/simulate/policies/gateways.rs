@@ -582,6 +582,7 @@ impl Gateways {
             loads: Loads::new(&loads),
             ticket: g.ticket,
             pressure: pressure.as_ref(),
+            queued_prefill: None,
         };
         let c = affinity::choose(self.router.ring(), &request, &g.cost, &self.cfg);
         let first_choice = rkey
@@ -889,8 +890,13 @@ mod tests {
         let (book, reqs) = sagemaker(0.04);
         let m = ModelParams::default();
         // The gateways drive the core as `ours` does (pending record at
-        // routing, record at the first token, spread_cold counters).
-        let mut ours = Ours::new(book.routers[0].1.clone(), 0, OursParams::default(), &m).unwrap();
+        // routing, record at the first token, spread_cold counters); the
+        // queued-prefill count (`cluster::queued`) is not modelled here yet.
+        let p = OursParams {
+            queued_prefill: false,
+            ..OursParams::default()
+        };
+        let mut ours = Ours::new(book.routers[0].1.clone(), 0, p, &m).unwrap();
         let mut one = gateways(&book, "indep/1", Knobs::default());
         let a = engine::run(&mut ours, &reqs, &m, 7, &engine::Limits::default()).unwrap();
         let b = engine::run(&mut one, &reqs, &m, 7, &engine::Limits::default()).unwrap();

@@ -130,6 +130,7 @@ impl Policy for OursFeedback {
             loads: Loads::new(loads),
             ticket: self.ticket,
             pressure: pressure.as_ref(),
+            queued_prefill: None,
         };
         let c = affinity::choose(self.router.ring(), &request, &gw.cost, &self.cfg);
         // As the filter: a new placement is written at once as pending.
