@@ -69,6 +69,8 @@ RESPONSE = os.environ.get("COST_ADAPTER_RESPONSE", "").encode() or RESPONSE
 
 cfg = Config()
 cfg.consume_fuel = True
+if os.environ.get("COST_ADAPTER_PERFMAP"):
+    cfg.profiler = "perfmap"  # perf record -g python ...: JIT frames named
 engine = Engine(cfg)
 store = Store(engine)
 store.set_fuel(2**62)

@@ -2,7 +2,10 @@
 //! prefixes on several replicas, consistent cold placement.
 //!
 //! Inputs (all available to the filter at decision time): the
-//! [`RoutingKey`] (chained block keys, one per 256 characters), the prompt
+//! [`RoutingKey`] (chained block keys, one per 256 characters of each
+//! message, the last one of a message shorter; the key's `ends` give their
+//! offsets, so a known depth is turned into characters and tokens by
+//! [`RoutingKey::units_at`]), the prompt
 //! size, what the [`crate::index`] knows about the key ([`Known`]: depth,
 //! holders, age), the per-replica in-flight counts, the [`HashRing`], the
 //! [`CostModel`] prices and this configuration. Never the replicas' true
@@ -48,10 +51,22 @@
 //!    ranked by share first (the non-holder with the smallest share), if
 //!    that one is under the soft bound ([`Reason::Spill`]: a new holder).
 //!    A known prefix that ends on an **end mark** (a recorded prompt's last
-//!    whole block, [`crate::index`]: the request continues that prompt, and
+//!    block or last whole block, [`crate::index`]: the request continues that prompt, and
 //!    its holder also cached the answer the index cannot see) is warm
 //!    whatever its coverage (`continuation`).
 //! 4. Otherwise **cold** ([`Reason::Cold`]): `place(∅)`.
+//!
+//! **Queue** (when the caller passes [`Request::queued_prefill`], the prompt
+//! tokens each replica still has to prefill for requests routed there):
+//! "least loaded" in steps 2 and 3 becomes "least expected delay", that is
+//! `wait_ms(in-flight) + prefill_ms(queued tokens)`, then load. In-flight
+//! counts rank a replica busy with one 30 000-token prefill (a second of
+//! queueing for whatever comes next) like one decoding a short answer; on
+//! the held-out traces that wait made most of the p90 (`docs/benchmarks.md`,
+//! "p90 tail"). The spill rule (step 3) still compares in-flight counts:
+//! letting the queue decide spills too moved 18 % of requests off their
+//! holders and cut the hit rate from 65.7 to 54 % on the same trace (each
+//! spill re-prefills elsewhere, which lengthens the queues it fled).
 //!
 //! Cost: O(N) for the load sums plus a ring walk of a few points; no shared
 //! data access (the index lookup and record are done by the caller).
@@ -61,7 +76,6 @@
 //! loads; the secondary, when present, differs from the primary.
 
 use crate::cost::CostModel;
-use crate::hash::BLOCK_UNITS;
 use crate::index::Known;
 use crate::pressure::Pressure;
 use crate::ring::HashRing;
@@ -193,6 +207,10 @@ struct View<'a> {
     /// [`Share::limit`] (infinite without counts or with the bound off).
     share_limit: f64,
     share_hard: f64,
+    /// Prompt tokens queued for prefill per replica ([`Request::queued_prefill`]).
+    queued: Option<&'a [u32]>,
+    /// Prices: ms per in-flight request, ms per 1000 prefill tokens.
+    prices: (f64, f64),
     all: bool,
     n: usize,
     cap: f64,
@@ -206,20 +224,39 @@ impl View<'_> {
     fn load(&self, i: usize) -> u32 {
         self.loads.of(i)
     }
-    /// Placement order: load, then over the share bound, then recent new
-    /// prefixes (0 without pressure), then the request share (0 without
+    /// Expected delay before a new request's prefill starts on `i`, whole
+    /// ms: `wait_ms(in-flight) + prefill_ms(queued prefill tokens)`; 0
+    /// without a queue picture (the order is then the load's alone).
+    fn delay(&self, i: usize) -> u64 {
+        let Some(q) = self.queued else { return 0 };
+        let tokens = f64::from(q.get(i).copied().unwrap_or(0));
+        let ms = self.prices.0 * f64::from(self.load(i)) + self.prices.1 * tokens / 1000.0;
+        if ms.is_finite() && ms > 0.0 {
+            ms.min(u64::MAX as f64) as u64
+        } else {
+            0
+        }
+    }
+    /// Holder order: expected delay, then load, then the request share (0
+    /// without counts).
+    fn holder_rank(&self, i: usize) -> (u64, u32, u8) {
+        (self.delay(i), self.load(i), self.share_of(i))
+    }
+    /// Placement order: expected delay, load, over the share bound, recent
+    /// new prefixes (0 without pressure), then the request share (0 without
     /// counts). `by_share` (a new holder for the share bound): under the
     /// bound first, then the fewest new prefixes (the cache that has room:
     /// a split group adds a prefix to its new holder), then the share, then
-    /// the load.
-    fn rank(&self, i: usize, by_share: bool) -> [u32; 4] {
-        let over = u32::from(self.over_share(i));
-        let share = u32::from(self.share_of(i));
-        let pressure = u32::from(self.pressure.map_or(0, |p| p.of(i)));
+    /// delay and load.
+    fn rank(&self, i: usize, by_share: bool) -> [u64; 5] {
+        let over = u64::from(self.over_share(i));
+        let share = u64::from(self.share_of(i));
+        let pressure = u64::from(self.pressure.map_or(0, |p| p.of(i)));
+        let (delay, load) = (self.delay(i), u64::from(self.load(i)));
         if by_share {
-            [over, pressure, share, self.load(i)]
+            [over, pressure, share, delay, load]
         } else {
-            [self.load(i), over, pressure, share]
+            [delay, load, over, pressure, share]
         }
     }
     fn share_of(&self, i: usize) -> u8 {
@@ -294,6 +331,12 @@ pub struct Request<'a> {
     /// Recent requests per replica ([`crate::share`]): the share bound.
     /// `None`: no bound.
     pub share: Option<&'a Share>,
+    /// Prompt tokens routed to each replica whose prefill has not finished
+    /// (the expected uncached tokens of requests without a first token
+    /// yet). With it, holders and cold candidates are ranked by expected
+    /// delay before their prefill starts (module docs, "Queue"). `None`: by
+    /// load.
+    pub queued_prefill: Option<&'a [u32]>,
 }
 
 /// Would `known` make a request warm (fresh, and covering at least
@@ -304,7 +347,7 @@ pub fn warm_coverage(key: &RoutingKey, known: Option<&Known>, cfg: &AffinityConf
     let k = known.filter(|k| k.age_ms <= cfg.max_age_ms)?;
     // Coverage of what the router hashed (the prompt may go on beyond
     // `prefix_length`; a fully known window says nothing against it).
-    let seen = (k.depth * BLOCK_UNITS).min(key.units) as f64;
+    let seen = key.units_at(k.depth).min(key.units) as f64;
     let units = key.units.max(1) as f64;
     let coverage = seen / units;
     if cfg.continuation && k.entry.is_end() {
@@ -347,6 +390,8 @@ pub fn choose(
         share,
         share_limit,
         share_hard,
+        queued: req.queued_prefill,
+        prices: (cost.wait_ms(1.0), cost.prefill_ms(1000.0)),
         all,
         n,
         cap: cfg.load_factor * (total as f64 / count.max(1) as f64 + 1.0),
@@ -376,16 +421,21 @@ pub fn choose(
         };
     };
     let ring_key = if cfg.anchor_cold && !key.blocks.is_empty() {
+        // The first block reaching `min_match` of the window (blocks are
+        // uneven: by units, not by count).
         let n = key.blocks.len();
-        let i = ((cfg.min_match * n as f64).ceil() as usize).clamp(1, n) - 1;
-        key.blocks[i]
+        let want = (cfg.min_match * key.units as f64).ceil() as usize;
+        let i = key
+            .ends
+            .partition_point(|&e| (e as usize) < want)
+            .min(n - 1);
+        key.blocks.get(i).copied().unwrap_or(window_key)
     } else {
         window_key
     };
-    let block_tokens = BLOCK_UNITS as f64 / cpt;
     let warm = known.and_then(|k| {
         let coverage = warm_coverage(key, Some(k), cfg)?;
-        let cached = (k.depth as f64 * block_tokens).min(prompt_tokens);
+        let cached = (key.units_at(k.depth) as f64 / cpt).min(prompt_tokens);
         let mut holders = [0usize; crate::index::MAX_HOLDERS];
         let mut m = 0;
         for h in k.entry.holders().filter(|&h| v.available(h)) {
@@ -412,14 +462,14 @@ pub fn choose(
             .iter()
             .copied()
             .filter(|&h| load_ok(h) && !v.over_share(h))
-            .min_by_key(|&h| (v.load(h), v.share_of(h)));
+            .min_by_key(|&h| v.holder_rank(h));
         // A holder within the load bound but over the share bound: leave it
         // for the replica with the smallest share if that one is under it.
         let share_held = holders
             .iter()
             .copied()
             .filter(|&h| load_ok(h))
-            .min_by_key(|&h| (v.load(h), v.share_of(h)));
+            .min_by_key(|&h| v.holder_rank(h));
         let by_share = best_ok.is_none() && share_held.is_some();
         let hard = share_held.is_some_and(|h| v.over_hard(h));
         let alt = place(ring, ring_key, &v, holders, cfg.cold_choices, by_share);
@@ -478,6 +528,7 @@ mod tests {
     use super::*;
     use crate::cost::CostConfig;
     use crate::decision::KeySource;
+    use crate::hash::BLOCK_UNITS;
     use crate::index::{Entry, MAX_HOLDERS};
     use crate::router::RoutingId;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -492,6 +543,7 @@ mod tests {
         RoutingKey {
             key: Some(k),
             blocks: (0..blocks as u64).map(|b| b ^ k).collect(),
+            ends: (1..=blocks).map(|b| (b * BLOCK_UNITS) as u32).collect(),
             units: blocks * BLOCK_UNITS,
             source: KeySource::Chat,
             routing_id: RoutingId::Absent,
@@ -533,6 +585,7 @@ mod tests {
             ticket: 0,
             pressure: None,
             share: None,
+            queued_prefill: None,
         }
     }
 
@@ -693,6 +746,7 @@ mod tests {
             ticket: 0,
             pressure: None,
             share: None,
+            queued_prefill: None,
         };
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
         assert_eq!(c.reason, Reason::Spill);
@@ -761,6 +815,88 @@ mod tests {
     }
 
     #[test]
+    fn cached_tokens_and_coverage_follow_uneven_blocks() {
+        // Blocks closed at message ends: 256 | 44 | 256 | 44 | 1000 × 256.
+        let mut k = key(7, 1004);
+        let mut ends = vec![256u32, 300, 556, 600];
+        ends.extend((1..=1000).map(|b| 600 + 256 * b));
+        k.ends = ends;
+        k.units = 600 + 256_000;
+        let cfg = AffinityConfig {
+            min_match: 0.0,
+            ..AffinityConfig::default()
+        };
+        let kn = known(4, &[3], 0);
+        let c = choose(
+            &ring(7),
+            &request(&k, Some(&kn), Loads::new(&[0; 7])),
+            &cost(),
+            &cfg,
+        );
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        // 600 characters known, not 4 × 256.
+        let cpt = cfg.chars_per_token;
+        assert!((c.expected_cached_tokens - 600.0 / cpt).abs() < 1e-9);
+        // Coverage by characters: the first 2 blocks are 300 of 600.
+        k.ends.truncate(4);
+        k.blocks.truncate(4);
+        k.units = 600;
+        let half = warm_coverage(&k, Some(&known(2, &[3], 0)), &cfg).unwrap();
+        assert!((half - 0.5).abs() < 1e-9);
+        // With min_match 0.6 the same depth is not enough (by count it
+        // would be: 2 of 4 blocks × 256 = 512 ≥ 360).
+        let strict = AffinityConfig {
+            min_match: 0.6,
+            ..cfg
+        };
+        assert_eq!(warm_coverage(&k, Some(&known(2, &[3], 0)), &strict), None);
+        assert!(warm_coverage(&k, Some(&known(3, &[3], 0)), &strict).is_some());
+    }
+
+    #[test]
+    fn queued_prefill_ranks_holders_and_cold_candidates_by_expected_delay() {
+        let r = ring(7);
+        let k = key(0xfeed, 64);
+        let order: Vec<usize> = r.candidates(0xfeed).collect();
+        // The ring owner has 30 000 tokens queued (900 ms at 30 ms per 1000
+        // tokens), every other replica none.
+        let mut queued = [0u32; 7];
+        queued[order[0]] = 30_000;
+        let go = |kn: Option<&Known>, loads: &[u32], q: Option<&[u32]>| {
+            let req = Request {
+                queued_prefill: q,
+                ..request(&k, kn, Loads::new(loads))
+            };
+            choose(&r, &req, &cost(), &AffinityConfig::default())
+        };
+        let loads = [2u32; 7];
+        // Cold, equal loads: the second candidate; by load alone the owner.
+        let c = go(None, &loads, Some(&queued));
+        assert_eq!((c.primary, c.reason), (order[1], Reason::Cold));
+        assert_eq!(go(None, &loads, None).primary, order[0]);
+        // One more in flight on every other replica (10 ms) does not
+        // outweigh 900 ms of queue, 100 more (1000 ms) do.
+        for (l, want) in [(3, order[1]), (102, order[0])] {
+            let mut loads = [l; 7];
+            loads[order[0]] = 2;
+            assert_eq!(go(None, &loads, Some(&queued)).primary, want, "{l}");
+        }
+        // Warm, two holders at equal load: the one without a queue; by load
+        // alone the first listed (most recent).
+        let loads = [2u32; 7];
+        let other = order[1];
+        let two = known(64, &[order[0] as u16, other as u16], 0);
+        let c = go(Some(&two), &loads, Some(&queued));
+        assert_eq!((c.primary, c.reason), (other, Reason::Warm));
+        assert_eq!(go(Some(&two), &loads, None).primary, order[0]);
+        // The spill rule still compares in-flight counts: a lone holder with
+        // a queue keeps its prefix.
+        let lone = known(64, &[order[0] as u16], 0);
+        let c = go(Some(&lone), &loads, Some(&queued));
+        assert_eq!((c.primary, c.reason), (order[0], Reason::Warm));
+    }
+
+    #[test]
     fn unavailable_and_keyless() {
         let k = key(5, 16);
         let order: Vec<usize> = ring(3).candidates(5).collect();
@@ -789,6 +925,7 @@ mod tests {
         let nokey = RoutingKey {
             key: None,
             blocks: vec![],
+            ends: vec![],
             units: 0,
             source: KeySource::None,
             routing_id: RoutingId::Absent,

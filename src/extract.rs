@@ -5,14 +5,23 @@
 //!   whether a string or an array of parts (`{"type":"text","text":…}`); the
 //!   parts of one message are concatenated, so `"content":"ab"` and
 //!   `"content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]` give
-//!   the same text. A separator marker ends each message. Roles, names and tool
+//!   the same text. A separator marker ends each message, and so does its last
+//!   hash block: each message is cut into blocks of its own (the last one
+//!   partial), so the key of turn `k` of a conversation is an exact prefix of
+//!   turn `k + 1`'s ([`PrefixHasher::end_element`]). Roles, names and tool
 //!   calls are not part of the key. Non-text parts (`image_url`, `input_audio`,
 //!   `file`, …) contribute an uncounted 8-byte digest of their value that does
 //!   not depend on its JSON spelling (whitespace, escapes, member order).
 //! - **Completions** (`prompt`): the string, or each element of an array of
-//!   strings or token ids.
+//!   strings (each closing its block) or token ids (one block run).
 //! - **Responses** (`instructions`, then `input`): `input` as a string or an
-//!   array of items whose `content` / `text` / `output` are walked as above.
+//!   array of items whose `content` / `text` / `output` are walked as above;
+//!   `instructions` and each item close their last block.
+//! - **`prefix` strategy** (SageMaker-style, the first `prefix_length`
+//!   characters): the same blocks; only the last hash (the whole window,
+//!   text and message boundaries) is its key: the cuts are a function of
+//!   the window's text and boundaries, so equal windows still give equal
+//!   keys and any difference in them a different key, as before.
 //! - **Raw**: a body that is not a JSON object (first non-blank byte not `{`),
 //!   or a JSON object with none of the fields above: its first bytes.
 //!
@@ -169,7 +178,7 @@ pub fn extract(body: &[u8], limit: usize, block_units: usize) -> Result<Extracte
         if let Some(i) = instructions {
             walk_text(i, &mut h, ELEMENT_END).map_err(bad)?;
         }
-        h.push_marker(FIELD_END);
+        h.end_element(FIELD_END);
         if let Some(i) = input {
             walk_text(i, &mut h, ELEMENT_END).map_err(bad)?;
         }
@@ -225,12 +234,19 @@ mod tests {
     }
 
     /// The key a body must get, built from the expected text directly:
-    /// `Ok` pieces are counted text, `Err` pieces uncounted markers.
+    /// `Ok` pieces are counted text, `Err` pieces element ends (uncounted
+    /// markers that close the block).
     fn expected(pieces: &[Result<&str, &[u8]>]) -> (Option<u64>, usize) {
+        expected_as(pieces, true)
+    }
+
+    /// [`expected`] with `Err` pieces as plain markers when `!close`.
+    fn expected_as(pieces: &[Result<&str, &[u8]>], close: bool) -> (Option<u64>, usize) {
         let mut h = PrefixHasher::new(2048, 256);
         for p in pieces {
             match p {
                 Ok(t) => h.push_str(t),
+                Err(m) if close => h.end_element(m),
                 Err(m) => h.push_marker(m),
             }
         }
@@ -267,6 +283,21 @@ mod tests {
         assert_eq!(key(s), key(p));
         assert_eq!(key(s), key(one));
         assert_eq!(text_key(s), expected(&[Ok("hello world"), END]));
+        // Long multi-part content: the parts of one message share its blocks
+        // (a part does not close a block); the message end does.
+        let (a, b) = ("x".repeat(300), "y".repeat(100));
+        let whole = format!(
+            r#"{{"messages":[{{"role":"user","content":"{a}{b}"}},{{"role":"user","content":"z"}}]}}"#
+        );
+        let parts = format!(
+            r#"{{"messages":[{{"role":"user","content":[{{"type":"text","text":"{a}"}},{{"type":"text","text":"{b}"}}]}},{{"role":"user","content":"z"}}]}}"#
+        );
+        let (w, p) = (
+            extract(whole.as_bytes(), 2048, 256).unwrap().prefix,
+            extract(parts.as_bytes(), 2048, 256).unwrap().prefix,
+        );
+        assert_eq!(w, p);
+        assert_eq!(w.ends, vec![256, 400, 401]);
     }
 
     #[test]
@@ -274,6 +305,60 @@ mod tests {
         let a = r#"{"messages":[{"role":"user","content":"ab"},{"role":"user","content":"c"}]}"#;
         let b = r#"{"messages":[{"role":"user","content":"a"},{"role":"user","content":"bc"}]}"#;
         assert_ne!(key(a).1, key(b).1);
+    }
+
+    /// Chat bodies of turns 1..=n of one conversation (system prompt, then
+    /// alternating user / assistant messages of uneven lengths).
+    fn conversation(n: usize) -> Vec<String> {
+        let lens = [900usize, 40, 256, 0, 700, 13, 512];
+        let msgs: Vec<String> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| {
+                let role = ["system", "user", "assistant"][if i == 0 { 0 } else { 2 - i % 2 }];
+                let text: String = (0..l)
+                    .map(|j| char::from(b'a' + ((i * 7 + j) % 26) as u8))
+                    .collect();
+                format!(r#"{{"role":"{role}","content":"{text}"}}"#)
+            })
+            .collect();
+        (1..=n.min(msgs.len()))
+            .map(|k| format!(r#"{{"model":"m","messages":[{}]}}"#, msgs[..k].join(",")))
+            .collect()
+    }
+
+    #[test]
+    fn each_turn_key_is_a_prefix_of_the_next() {
+        let turns = conversation(7);
+        let keys: Vec<PrefixHashes> = turns
+            .iter()
+            .map(|b| extract(b.as_bytes(), 65536, 256).unwrap().prefix)
+            .collect();
+        for (k, pair) in keys.windows(2).enumerate() {
+            let (a, b) = (&pair[0], &pair[1]);
+            assert!(b.blocks.len() >= a.blocks.len(), "turn {k}");
+            assert_eq!(a.blocks[..], b.blocks[..a.blocks.len()], "turn {k}");
+            assert_eq!(a.ends[..], b.ends[..a.ends.len()], "turn {k}");
+        }
+        // The system prompt (900 chars) ends in its own block at 900; the
+        // message of exactly 256 chars is one block; the empty one none.
+        assert_eq!(keys[0].ends, vec![256, 512, 768, 900]);
+        assert_eq!(keys[2].ends, vec![256, 512, 768, 900, 940, 1196]);
+        // A trailing empty message adds no block (its marker opens the next
+        // one, so it still changes turn 5's key).
+        assert_eq!(keys[3], keys[2]);
+        let skip_empty = turns[4].replace(r#",{"role":"user","content":""}"#, "");
+        assert!(skip_empty.len() < turns[4].len());
+        assert_ne!(
+            extract(skip_empty.as_bytes(), 65536, 256)
+                .unwrap()
+                .prefix
+                .last(),
+            keys[4].last()
+        );
+        // A raw body (no boundaries) stays in whole blocks.
+        let raw = extract(&[b'r'; 700], 2048, 256).unwrap().prefix;
+        assert_eq!(raw.ends, vec![256, 512, 700]);
     }
 
     #[test]
@@ -305,7 +390,10 @@ mod tests {
         let sp: Result<&str, &[u8]> = Err(b" ");
         assert_eq!(
             text_key(tokens),
-            expected(&[Ok("1"), sp, END, Ok("22"), sp, END, Ok("333"), sp, END])
+            expected_as(
+                &[Ok("1"), sp, END, Ok("22"), sp, END, Ok("333"), sp, END],
+                false
+            )
         );
         let field_end: Result<&str, &[u8]> = Err(FIELD_END);
         let r1 = r#"{"instructions":"Be brief.","input":"What is Rust?"}"#;

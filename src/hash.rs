@@ -1,28 +1,45 @@
-//! Prefix hashing: chained xxh3 block hashes over a bounded prefix.
+//! Prefix hashing: chained xxh64 block hashes over a bounded prefix.
 //!
 //! Algorithm: the prefix text is cut into blocks of `block_units` units
 //! (characters for extracted text, bytes for raw bodies). Block `i` is hashed
-//! one-shot with unseeded xxh3 (straight from the input when it is a whole
+//! one-shot with unseeded xxh64 (straight from the input when it is a whole
 //! ASCII block, else from a reused block buffer) and chained:
-//! `h_i = chain(h_{i-1}, xxh3(block_i))`, `h_{-1} = 0`, where `chain` is
-//! xxh3 of the 8-byte block hash seeded with `h_{i-1}` (xxh3's short-input
-//! path). So `h_i` identifies the whole prefix up to the end of block `i`, as
+//! `h_i = chain(h_{i-1}, xxh64(block_i))`, `h_{-1} = 0`, where `chain` is a
+//! splitmix64-style mix of the two (see [`chain`]; only 64-bit multiplies,
+//! which wasm32 has, unlike xxh3's 128-bit products). So `h_i` identifies the whole prefix up to the end of block `i`, as
 //! vLLM's chained block hashes do. (Seeding the 256-byte block hash itself
 //! with `h_{i-1}`, as before, made xxh3 derive a 192-byte secret from the
 //! seed for every block: as much work as hashing the block.) The request seed (model, tenant salt, routing id)
 //! is mixed in at the end ([`mix`]), so text can be hashed in a single pass in
 //! any JSON field order, before the seed is known.
 //!
-//! Cost: one pass over at most `limit` units, O(limit) time, O(limit /
-//! block_units) memory; no copy of the text. Separator markers (message
-//! boundaries) are hashed but not counted.
+//! **Element boundaries** ([`PrefixHasher::end_element`]: the end of a chat
+//! message, of a prompt array's element, of a Responses item) close the open
+//! block early: each message is cut into `block_units`-unit blocks and its last
+//! partial block ends with the message. So the key of a conversation's turn
+//! `k` is an exact prefix of turn `k + 1`'s (the engine holds turn `k`'s whole
+//! prompt; a block running across the boundary into the next message would be
+//! hashed over text turn `k` never had), and a longest-prefix lookup of turn
+//! `k + 1` finds all of turn `k`. Blocks are therefore not all `block_units`
+//! long: [`PrefixHashes::ends`] gives each block's end offset in units, which
+//! every conversion of a matched depth into characters or tokens must use.
+//! Once [`max_blocks`]`(limit, block_units)` blocks exist, boundaries no
+//! longer close blocks, so a key has at most `3 × (limit / block_units + 1)`
+//! blocks (bounds memory and per-block work for bodies of many tiny
+//! messages; the decision depends only on what came before, so the prefix
+//! property holds up to that point).
 //!
-//! Invariant: the same sequence of `push_*` calls always yields the same hashes,
-//! and a prefix of units shared by two inputs yields the same leading block
-//! hashes.
+//! Cost: one pass over at most `limit` units, O(limit) time, O(limit /
+//! block_units) memory (two vectors: hashes and end offsets); no copy of the
+//! text. Separator markers (message boundaries) are hashed but not counted.
+//!
+//! Invariant: the same sequence of `push_*` / `end_element` calls always
+//! yields the same hashes, and a shared prefix of calls yields the same
+//! leading block hashes and ends.
 
 use std::cell::Cell;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+use xxhash_rust::xxh64::xxh64;
 
 thread_local! {
     /// The open-block buffer of the last finished hasher, reused by the next
@@ -31,9 +48,18 @@ thread_local! {
     static SPARE_BLOCK_BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
-/// Block size, in units, used for the routing key chain. A prefix of
-/// `prefix_length` units gives `ceil(prefix_length / BLOCK_UNITS)` hashes.
+/// Block size, in units, used for the routing key chain: the longest block.
+/// A prefix of `prefix_length` units in one piece gives
+/// `ceil(prefix_length / BLOCK_UNITS)` hashes; element boundaries add shorter
+/// blocks ([`PrefixHashes::ends`]).
 pub const BLOCK_UNITS: usize = 256;
+
+/// Blocks after which element boundaries stop closing blocks, for a hasher
+/// of `limit` units in blocks of `block_units`: twice the blocks of an
+/// unbroken text.
+pub fn max_blocks(limit: usize, block_units: usize) -> usize {
+    2 * (limit / block_units.max(1) + 1)
+}
 
 /// Incremental prefix hasher with a unit budget.
 pub struct PrefixHasher {
@@ -46,6 +72,7 @@ pub struct PrefixHasher {
     /// when the block closes: cheaper than streaming many small pieces.
     cur: Vec<u8>,
     blocks: Vec<u64>,
+    ends: Vec<u32>,
     units: usize,
 }
 
@@ -54,6 +81,9 @@ pub struct PrefixHasher {
 pub struct PrefixHashes {
     /// Chained hash at the end of each block; the last one may cover a partial block.
     pub blocks: Vec<u64>,
+    /// Units hashed up to the end of each block (same length as `blocks`,
+    /// strictly increasing, the last one = `units`).
+    pub ends: Vec<u32>,
     /// Units hashed (≤ the limit).
     pub units: usize,
 }
@@ -67,6 +97,23 @@ impl PrefixHashes {
             self.blocks.last().copied()
         }
     }
+}
+
+/// Units covered by the first `depth` blocks of a key whose block end
+/// offsets are `ends` ([`PrefixHashes::ends`]): 0 for depth 0, the whole key
+/// beyond its last block. O(1).
+pub fn units_at(ends: &[u32], depth: usize) -> usize {
+    match depth.checked_sub(1) {
+        None => 0,
+        Some(i) => ends.get(i).or(ends.last()).map_or(0, |&e| e as usize),
+    }
+}
+
+/// Whole blocks within the first `units` units: the largest `d` with
+/// `units_at(ends, d) ≤ units` (the engine reported `units` cached: the
+/// blocks it proves). O(log blocks).
+pub fn depth_at(ends: &[u32], units: usize) -> usize {
+    ends.partition_point(|&e| e as usize <= units)
 }
 
 impl PrefixHasher {
@@ -86,6 +133,7 @@ impl PrefixHasher {
                 cur
             },
             blocks: Vec::with_capacity(limit / block_units + 1),
+            ends: Vec::with_capacity(limit / block_units + 1),
             units: 0,
         }
     }
@@ -98,6 +146,7 @@ impl PrefixHasher {
         self.chain = 0;
         self.cur.clear();
         self.blocks.clear();
+        self.ends.clear();
         self.units = 0;
     }
 
@@ -107,10 +156,17 @@ impl PrefixHasher {
     }
 
     fn close_block(&mut self) {
-        self.chain = chain(self.chain, xxh3_64(&self.cur));
-        self.blocks.push(self.chain);
+        self.chain = chain(self.chain, block_hash(&self.cur));
+        self.push_block();
         self.cur.clear();
         self.in_block = 0;
+    }
+
+    /// Record the block just chained (its hash and end offset).
+    fn push_block(&mut self) {
+        self.blocks.push(self.chain);
+        self.ends
+            .push(u32::try_from(self.units).unwrap_or(u32::MAX));
     }
 
     /// Feed text, counting Unicode scalar values.
@@ -158,6 +214,22 @@ impl PrefixHasher {
         }
     }
 
+    /// End of an element (a chat message, an item of a prompt array): hash
+    /// the uncounted `marker` and close the open block if it holds any unit,
+    /// so the next element starts a new block (see the module docs). A block
+    /// holding only markers (after an empty element, or an element that ended
+    /// on a block boundary) stays open: no block without units. Ignored once
+    /// the budget is spent; past [`max_blocks`] only the marker is hashed.
+    pub fn end_element(&mut self, marker: &[u8]) {
+        if self.remaining == 0 {
+            return;
+        }
+        self.cur.extend_from_slice(marker);
+        if self.in_block > 0 && self.blocks.len() < max_blocks(self.limit, self.block_units) {
+            self.close_block();
+        }
+    }
+
     /// Fast path: when no block is open and `b` starts with a whole block
     /// (for text: `block_units` ASCII bytes, not followed by a continuation
     /// byte that would belong to the block), its length in bytes. The block is
@@ -183,10 +255,10 @@ impl PrefixHasher {
     /// Hash the whole block `b[..n]` of `n` units in place; the rest of `b`.
     fn hash_in_place<'b>(&mut self, b: &'b [u8], n: usize) -> &'b [u8] {
         let (block, rest) = b.split_at(n);
-        self.chain = chain(self.chain, xxh3_64(block));
-        self.blocks.push(self.chain);
+        self.chain = chain(self.chain, block_hash(block));
         self.units += n;
         self.remaining -= n;
+        self.push_block();
         rest
     }
 
@@ -206,6 +278,7 @@ impl PrefixHasher {
         }
         PrefixHashes {
             blocks: std::mem::take(&mut self.blocks),
+            ends: std::mem::take(&mut self.ends),
             units: self.units,
         }
     }
@@ -258,12 +331,28 @@ fn split_chars(b: &[u8], room: usize) -> (usize, usize) {
     (b.len(), chars)
 }
 
-/// The chained hash of a block: xxh3 of the block's own hash, seeded with
-/// the chain so far (xxh3's 8-byte path: a few multiplies, no secret
-/// derivation).
+/// The hash of one block's bytes: xxh64 (unseeded). Not xxh3: xxh3 folds
+/// 64×64→128-bit products, which wasm32 has no instruction for (each one is
+/// a call to the `__multi3` helper), while xxh64 needs only 64-bit multiplies
+/// (`i64.mul`): measured with `scripts/cost-adapter.sh`, the 16 KiB request's
+/// key costs several times fewer wasm instructions (docs/overhead.md).
+#[inline]
+fn block_hash(block: &[u8]) -> u64 {
+    xxh64(block, 0)
+}
+
+/// The chained hash of a block: `fmix(prev · K ⊕ block)`, with `K` odd and
+/// `fmix` the splitmix64 finalizer (a bijection). For a fixed `prev` it is a
+/// bijection of `block`, and for a fixed `block` a bijection of `prev`, so
+/// two chains that differ anywhere stay different at every later block
+/// (up to 64-bit collisions of the block hashes themselves). Two 64-bit
+/// multiplies, no 128-bit product.
 #[inline]
 fn chain(prev: u64, block: u64) -> u64 {
-    xxh3_64_with_seed(&block.to_le_bytes(), prev)
+    let mut z = prev.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ block;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Seed from the request's scoping fields: model name and tenant salt. Each
@@ -387,6 +476,120 @@ mod tests {
         let b = hash_str(&["abcd"], 10, 4);
         assert_eq!(a.units, 4);
         assert_ne!(a.last(), b.last());
+    }
+
+    #[test]
+    fn elements_close_their_last_block() {
+        // Two elements of 300 and 100 units: blocks 256 | 44+marker | 100+marker.
+        let mut h = PrefixHasher::new(4096, 256);
+        h.push_str(&"a".repeat(300));
+        h.end_element(b"|");
+        h.push_str(&"b".repeat(100));
+        h.end_element(b"|");
+        let r = h.finish();
+        assert_eq!(r.ends, vec![256, 300, 400]);
+        assert_eq!(r.units, 400);
+        // An element ending exactly on a block boundary adds no empty block;
+        // its marker opens the next block (hashed, not counted).
+        let mut h = PrefixHasher::new(4096, 256);
+        h.push_str(&"a".repeat(256));
+        h.end_element(b"|");
+        h.push_str("x");
+        h.end_element(b"|");
+        let exact = h.finish();
+        assert_eq!(exact.ends, vec![256, 257]);
+        let mut h = PrefixHasher::new(4096, 256);
+        h.push_str(&"a".repeat(256));
+        h.push_str("x");
+        assert_ne!(h.finish().last(), exact.last());
+        // Empty elements: no block, but the key still sees them.
+        let mut h = PrefixHasher::new(4096, 256);
+        h.end_element(b"|");
+        h.push_str("x");
+        h.end_element(b"|");
+        h.end_element(b"|");
+        h.push_str("y");
+        h.end_element(b"|");
+        let empties = h.finish();
+        assert_eq!(empties.ends, vec![1, 2]);
+        let mut h = PrefixHasher::new(4096, 256);
+        h.push_str("x");
+        h.end_element(b"|");
+        h.push_str("y");
+        h.end_element(b"|");
+        assert_ne!(h.finish().last(), empties.last());
+        assert_eq!(PrefixHasher::new(10, 4).finish().ends, Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_turn_is_a_prefix_of_the_next() {
+        // Messages of awkward lengths (multi-byte too): the blocks and ends of
+        // turn k are exactly the leading blocks and ends of turn k + 1.
+        let msgs: Vec<String> = [700usize, 13, 256, 0, 511, 90, 1000]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| "é".repeat(n % 7) + &char::from(b'a' + i as u8).to_string().repeat(n))
+            .collect();
+        let turn = |k: usize| {
+            let mut h = PrefixHasher::new(65536, 256);
+            for m in &msgs[..k] {
+                h.push_str(m);
+                h.end_element(b"\x1e");
+            }
+            h.finish()
+        };
+        for (k, next) in msgs.iter().enumerate().skip(1) {
+            let (a, b) = (turn(k), turn(k + 1));
+            assert!(b.blocks.len() > a.blocks.len() || next.is_empty(), "{k}");
+            assert_eq!(a.blocks[..], b.blocks[..a.blocks.len()], "{k}");
+            assert_eq!(a.ends[..], b.ends[..a.ends.len()], "{k}");
+            assert_eq!(*a.ends.last().unwrap() as usize, a.units);
+            assert!(a.ends.windows(2).all(|w| w[0] < w[1] && w[1] - w[0] <= 256));
+        }
+        // Without the element ends, turn 1's partial last block is not shared.
+        let mut h = PrefixHasher::new(65536, 256);
+        h.push_str(&msgs[0]);
+        let open = h.finish();
+        let mut h = PrefixHasher::new(65536, 256);
+        h.push_str(&msgs[0]);
+        h.push_str(&msgs[1]);
+        assert_ne!(
+            h.finish().blocks[open.blocks.len() - 1],
+            open.blocks[open.blocks.len() - 1]
+        );
+    }
+
+    #[test]
+    fn block_count_is_bounded() {
+        // 1-unit elements would make one block each: capped at max_blocks,
+        // after which elements only add their marker.
+        let limit = 1024;
+        let mut h = PrefixHasher::new(limit, 256);
+        for _ in 0..2000 {
+            h.push_str("z");
+            h.end_element(b"|");
+        }
+        let r = h.finish();
+        assert_eq!(r.units, limit);
+        // 10 one-unit blocks, then the other 1014 units in whole blocks.
+        let cap = max_blocks(limit, 256);
+        assert_eq!(r.blocks.len(), cap + (limit - cap).div_ceil(256));
+        assert_eq!(r.blocks.len(), r.ends.len());
+    }
+
+    #[test]
+    fn depth_and_units_convert_with_uneven_blocks() {
+        let ends = [256u32, 300, 556, 600];
+        assert_eq!(units_at(&ends, 0), 0);
+        assert_eq!(units_at(&ends, 2), 300);
+        assert_eq!(units_at(&ends, 4), 600);
+        assert_eq!(units_at(&ends, 9), 600);
+        assert_eq!(units_at(&[], 3), 0);
+        assert_eq!(depth_at(&ends, 0), 0);
+        assert_eq!(depth_at(&ends, 299), 1);
+        assert_eq!(depth_at(&ends, 300), 2);
+        assert_eq!(depth_at(&ends, 555), 2);
+        assert_eq!(depth_at(&ends, 10_000), 4);
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! **direct-mapped table** of `slots` entries behind the [`SlotStore`] trait
 //! (Vec-backed [`VecStore`] in tests and in the simulator; shared-data-backed
 //! in the filter). A block key `k` (a seeded chained hash from
-//! [`crate::RoutingKey::blocks`], one per 256 characters of prefix) lives in
+//! [`crate::RoutingKey::blocks`], one per 256 characters of prefix, blocks
+//! ending early at message boundaries) lives in
 //! slot `(k >> 32) % slots`; a write simply overwrites the slot, so memory is
 //! bounded and old prefixes fade out as new ones take their slots.
 //!
@@ -53,14 +54,16 @@
 //!   the known ones too restores blocks that colliding keys overwrote, so the
 //!   prefixes in use keep intact ladders while unused ones fade out;
 //! - the last block (so an identical request is found with one get);
-//! - the **end mark** ([`IndexConfig::end_marks`]; not in a pending record,
-//!   [`PrefixIndex::record_pending`]): the request's last whole
-//!   block (`n − 2`: the last one may be partial, and a continuation of the
-//!   prompt does not share a partial block) is written with bit 47 of its tag
-//!   set, together with the blocks the lookup's gap search probes on its way
-//!   to it (≤ `⌈log2(gap + 1)⌉`, none when it is a ladder position), so a
-//!   longer prompt extending this one to its last whole block finds exactly
-//!   that depth and the mark: a **continuation** (the next turn of a
+//! - the **end marks** ([`IndexConfig::end_marks`]; not in a pending record,
+//!   [`PrefixIndex::record_pending`]): the request's last block (`n − 1`:
+//!   it ends at a message boundary, [`crate::hash`], so the next turn
+//!   shares it) and the one before (`n − 2`: the last whole block when the
+//!   last one is a partial block a longer prompt does not share, e.g. a
+//!   completions string) are written with bit 47 of their tag set, together
+//!   with the blocks the lookup's gap search probes on its way to them
+//!   (≤ `⌈log2(gap + 1)⌉` each, mostly shared, none for a ladder position),
+//!   so a longer prompt extending this one finds exactly that depth and the
+//!   mark: a **continuation** (the next turn of a
 //!   conversation), which [`crate::affinity`] treats as warm whatever its
 //!   share of the window. Only a block new to the index gets a mark; the
 //!   deepest known block is rewritten without one, so a block that two
@@ -69,8 +72,8 @@
 //!
 //! Invariants: a slot holds the entry of at most one key; lookups never
 //! report a depth whose block key is not present with its exact 47-bit tag;
-//! record writes at most `max_writes + 2 + ⌈log2(gap + 1)⌉` slots (≤ 5 path
-//! blocks for 256 blocks with 3 bits). A peer that merges entries treats
+//! record writes at most `max_writes + 2 + 2⌈log2(gap + 1)⌉` slots (≤ 10
+//! path blocks for 256 blocks with 3 bits, usually 0–4). A peer that merges entries treats
 //! two tags that differ only in the mark as different keys (the incoming
 //! one wins): marks are hints, never needed for correctness.
 //!
@@ -230,9 +233,10 @@ impl Entry {
         Some(Entry { tag, time, holders })
     }
 
-    /// The end mark: some recorded prompt ended in the block after this one
-    /// (this is its last whole block; the prompt's partial last block, if
-    /// any, is not shared by its continuations). See [`PrefixIndex::record`].
+    /// The end mark: some recorded prompt ended with this block (its last
+    /// block, closed at a message boundary) or in the block after it (its
+    /// last whole block, when the last one is a partial block that a
+    /// continuation does not share). See [`PrefixIndex::record`].
     pub fn is_end(&self) -> bool {
         self.tag & END_BIT != 0
     }
@@ -599,18 +603,22 @@ impl PrefixIndex {
         let mut sets = 0;
         let depth = known.map_or(0, |k| k.depth.min(n));
         let bits = self.cfg.ladder_bits;
-        // The end mark goes on the last whole block (the last one may be
-        // partial), position `n − 2`, with the lookup's search path to it,
-        // only when that block is new to the index: a block that an earlier
-        // prompt contained too is shared (a system prompt under which short
-        // prompts end), and its mark would make every prompt under it look
-        // like a continuation. The deepest known block, shared by
-        // definition, is rewritten without a mark for the same reason.
+        // The end mark goes on the last block, position `n − 1` (it ends at
+        // a message boundary, so the next turn shares it), and on the one
+        // before, `n − 2` (the last whole block when the last one is a
+        // partial block that a longer prompt does not share: a completions
+        // string), each with the lookup's search path to it, and only when
+        // that block is new to the index: a block that an earlier prompt
+        // contained too is shared (a system prompt under which short prompts
+        // end), and its mark would make every prompt under it look like a
+        // continuation. The deepest known block, shared by definition, is
+        // rewritten without a mark for the same reason.
         let end_at = if marks && n >= 2 && n - 1 > depth {
             n - 1
         } else {
             0
         };
+        let mark_last = marks && depth < n;
         if let Some(k) = known.filter(|_| depth > 0) {
             self.put(
                 store,
@@ -636,16 +644,30 @@ impl PrefixIndex {
             sets += 1;
             budget -= 1;
         }
-        // The search path to the end mark (nothing when it is a ladder
-        // position, written above, or known already).
+        // The search paths to the end marks (nothing when they are ladder
+        // positions, written above, or known already); the two paths share
+        // most positions, each is written once.
+        let mut written = [usize::MAX; 64];
+        let mut w = 0;
         for p in gap_path(end_at, bits).filter(|&p| p >= depth) {
             if let Some(&key) = blocks.get(p) {
                 self.put(store, key, (time, p + 1 == end_at), fresh);
                 sets += 1;
+                if let Some(x) = written.get_mut(w) {
+                    *x = p;
+                    w += 1;
+                }
+            }
+        }
+        let last_path = gap_path(if mark_last { n } else { 0 }, bits);
+        for p in last_path.filter(|&p| p >= depth && p + 1 < n && !written[..w].contains(&p)) {
+            if let Some(&key) = blocks.get(p) {
+                self.put(store, key, (time, false), fresh);
+                sets += 1;
             }
         }
         if depth < n {
-            self.put(store, last, (time, false), fresh);
+            self.put(store, last, (time, mark_last), fresh);
             sets += 1;
         }
         sets
@@ -891,8 +913,8 @@ mod tests {
         // is in the ladder gap 40..47.
         let t1 = chain(5, 44, 1, 45);
         let sets = idx.record(&mut st, &t1, None, 2, 0);
-        // 17 ladder positions below 44, the last block, ≤ 3 path blocks.
-        assert!((19..=21).contains(&sets), "{sets} sets");
+        // 17 ladder positions below 44, the last block, ≤ 3 + 3 path blocks.
+        assert!((19..=24).contains(&sets), "{sets} sets");
         // Turn 2 extends turn 1's whole blocks, longer or shorter than the
         // next ladder position (47): found exactly, with the end mark.
         for n in [46, 60, 200] {
@@ -905,6 +927,18 @@ mod tests {
             );
             assert_eq!(k.entry.holders[0], Some(2));
         }
+        // Blocks closed at message ends: turn 2 shares turn 1's last block
+        // too and finds all of turn 1, marked (turn 1's last block, 44, is
+        // in the gap 40..47; a search that went past the mark on 43 used to
+        // find 44 unmarked).
+        for n in [46, 47, 60, 200] {
+            let t2 = chain(5, 44, 1, n);
+            let k = idx.lookup(&st, &t2, 1000).unwrap();
+            assert_eq!((k.depth, k.entry.is_end()), (45, true), "closed, {n}");
+        }
+        // An exact repeat: one get, marked.
+        let k = idx.lookup(&st, &t1, 1000).unwrap();
+        assert_eq!((k.depth, k.entry.is_end()), (45, true));
         // A prompt sharing less (same first 42 blocks): a lower bound, no mark.
         let other = chain(5, 42, 9, 60);
         let k = idx.lookup(&st, &other, 1000).unwrap();

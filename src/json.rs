@@ -432,7 +432,8 @@ fn decode_u(s: &[u8]) -> (char, usize) {
     (char::from_u32(hi).unwrap_or('\u{fffd}'), 6)
 }
 
-/// Separator after each element of a top-level array (messages, prompts, items).
+/// Separator after each element of a top-level array (messages, prompts,
+/// items); it ends the element's last hash block ([`PrefixHasher::end_element`]).
 pub const ELEMENT_END: &[u8] = b"\x1e";
 
 /// Object fields walked inside prompt values: the first [`TEXT_FIELDS`] are
@@ -456,7 +457,9 @@ const TEXT_FIELDS: usize = 4;
 
 /// Feed the prompt text of an already-validated raw value into `h`:
 /// strings → text; integers → their digits (token ids); arrays → each element,
-/// followed by `element_end`; objects → their text fields (media fields as
+/// followed by `element_end`, which also closes the hash block after a string,
+/// array or object element (a message, an item, a prompt: see
+/// [`PrefixHasher::end_element`]) but not after a token id; objects → their text fields (media fields as
 /// markers). Stops hashing as soon as the budget is spent.
 ///
 /// # Errors
@@ -507,8 +510,16 @@ fn walk(s: &mut Scanner<'_>, h: &mut PrefixHasher, element_end: &[u8], depth: us
             let mut seen = 0u32;
             loop {
                 if open == b'[' {
+                    // A message, item or prompt closes its block with its
+                    // end (`PrefixHasher::end_element`); a token id is one
+                    // word of its prompt and only gets the marker.
+                    let scalar = !matches!(s.peek(), Some(b'"' | b'[' | b'{'));
                     walk(s, h, b"", depth + 1)?;
-                    h.push_marker(element_end);
+                    if scalar || element_end.is_empty() {
+                        h.push_marker(element_end);
+                    } else {
+                        h.end_element(element_end);
+                    }
                 } else {
                     let key = s.string_raw()?;
                     s.eat(b':', "':'")?;

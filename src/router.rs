@@ -11,7 +11,7 @@ use crate::cost::{CostConfig, CostModel};
 use crate::decision::{Branch, Decision, KeySource};
 use crate::extract::{extract, raw_prefix, BodyKind};
 use crate::feedback::Horizons;
-use crate::hash::{mix, seed, BLOCK_UNITS};
+use crate::hash::{depth_at, mix, seed, units_at, BLOCK_UNITS};
 use crate::index::{IndexConfig, Known, PrefixIndex, SlotStore};
 use crate::pressure::Pressure;
 use crate::ring::HashRing;
@@ -48,12 +48,29 @@ pub struct RoutingKey {
     pub key: Option<u64>,
     /// Seeded chained block keys of the prefix (longest-prefix matching).
     pub blocks: Vec<u64>,
+    /// Units hashed up to the end of each block ([`crate::hash::PrefixHashes`]'s
+    /// `ends`): blocks end at message boundaries, so a depth is converted to
+    /// characters with [`RoutingKey::units_at`], never `depth × BLOCK_UNITS`.
+    pub ends: Vec<u32>,
     /// Units (characters or bytes) of prefix text hashed.
     pub units: usize,
     /// Where the key came from.
     pub source: KeySource,
     /// What happened to the routing id.
     pub routing_id: RoutingId,
+}
+
+impl RoutingKey {
+    /// Units covered by the first `depth` blocks (capped by the key).
+    pub fn units_at(&self, depth: usize) -> usize {
+        units_at(&self.ends, depth)
+    }
+
+    /// Whole blocks within the first `units` units (e.g. an engine's cached
+    /// tokens × chars per token).
+    pub fn depth_at(&self, units: usize) -> usize {
+        depth_at(&self.ends, units)
+    }
 }
 
 /// The prompt size the `affinity` policy and the cost model reason about:
@@ -176,6 +193,7 @@ impl Router {
             cost,
             (now_ms, ticket),
             &Horizons::default(),
+            None,
         )
     }
 
@@ -184,7 +202,8 @@ impl Router {
     /// ([`crate::feedback`]). The returned lookup keeps an entry left
     /// without holders (its depth is right, its holders were not): passed
     /// to [`Router::record_affinity`], it is rewritten for the served
-    /// replica. `at` = (now ms, ticket).
+    /// replica. `at` = (now ms, ticket). `queued`: prompt tokens queued
+    /// for prefill per replica ([`crate::affinity::Request::queued_prefill`]).
     #[allow(clippy::too_many_arguments)]
     pub fn choose_affinity_fed<S: SlotStore>(
         &self,
@@ -195,6 +214,7 @@ impl Router {
         cost: &CostModel,
         at: (u64, u64),
         horizons: &Horizons,
+        queued: Option<&[u32]>,
     ) -> (Decision, Choice, Option<Known>) {
         let (now_ms, ticket) = at;
         let found = self
@@ -212,6 +232,7 @@ impl Router {
             ticket,
             pressure: pressure.as_ref(),
             share: share.as_ref(),
+            queued_prefill: queued,
         };
         let choice = affinity::choose(&self.ring, &request, cost, &self.affinity);
         (self.affinity_decision(key, &choice), choice, found)
@@ -220,8 +241,8 @@ impl Router {
     /// `affinity`: record that `served` holds the prefix `blocks` (`known`:
     /// what the lookup at routing found). The filter calls it when the
     /// upstream answered 2xx, so only requests an engine accepted (and
-    /// therefore cached) enter the index. Shared-data cost: ≤ 39 sets (≤ 5 of
-    /// them the end mark's search path, [`crate::index`]).
+    /// therefore cached) enter the index. Shared-data cost: ≤ 44 sets (≤ 10 of
+    /// them the end marks' search paths, [`crate::index`]).
     pub fn record_affinity<S: SlotStore>(
         &self,
         store: &mut S,
@@ -393,6 +414,7 @@ impl Router {
             let k = RoutingKey {
                 key,
                 blocks: Vec::new(),
+                ends: Vec::new(),
                 units: 0,
                 source,
                 routing_id,
@@ -408,6 +430,7 @@ impl Router {
         let k = RoutingKey {
             key,
             blocks,
+            ends: prefix.ends,
             units: prefix.units,
             source,
             routing_id,
@@ -439,6 +462,7 @@ impl Router {
                     ticket,
                     pressure: None,
                     share: None,
+                    queued_prefill: None,
                 };
                 self.affinity_decision(
                     key,

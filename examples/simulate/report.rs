@@ -67,6 +67,36 @@ fn pct(sorted: &[f64], q: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// `SIM_DUMP=DIR`: one CSV per run, `DIR/<policy>.csv`, one line per
+/// request (index, arrival s, replica, prompt tokens, cached tokens, TTFT s,
+/// spill, completion s), for offline diagnosis of the TTFT tail. Errors are
+/// printed, never fatal.
+fn dump(dir: &str, policy: &str, reqs: &[SimRequest], res: &RunResult) {
+    use std::fmt::Write as _;
+    let mut s = String::from("idx,arrived,replica,prompt,cached,ttft,spill,done\n");
+    for (i, (r, c)) in reqs.iter().zip(&res.records).enumerate() {
+        let _ = writeln!(
+            s,
+            "{i},{:.6},{},{},{},{:.6},{},{:.6}",
+            c.arrived,
+            c.replica,
+            r.prompt_tokens,
+            c.cached,
+            c.ttft,
+            u8::from(c.spill),
+            c.done
+        );
+    }
+    let name: String = policy
+        .chars()
+        .map(|ch| if ch.is_ascii_alphanumeric() { ch } else { '_' })
+        .collect();
+    let path = std::path::Path::new(dir).join(format!("{name}.csv"));
+    if let Err(e) = std::fs::write(&path, s) {
+        eprintln!("SIM_DUMP: cannot write {}: {e}", path.display());
+    }
+}
+
 /// Summarise `res`.
 pub fn summarize(policy: &str, reqs: &[SimRequest], res: &RunResult, wall_s: f64) -> Summary {
     let n = res.received.len().max(1);
@@ -91,6 +121,9 @@ pub fn summarize(policy: &str, reqs: &[SimRequest], res: &RunResult, wall_s: f64
         spills += usize::from(rec.spill);
     }
     ttft.sort_by(f64::total_cmp);
+    if let Ok(dir) = std::env::var("SIM_DUMP") {
+        dump(&dir, policy, reqs, res);
+    }
     if std::env::var("SIM_DEBUG").is_ok() {
         let mut hit: Vec<f64> = reqs
             .iter()

@@ -2,23 +2,28 @@
 //!
 //! The polling VM scrapes each member's Prometheus endpoint every
 //! `engine.refresh_ms` ([`crate::engine::parse_metrics`]) and stores the
-//! sample with its time in the `engine` key: version ‖ (addr hash u64,
-//! time ms u64, length u16, [`EngineSample::encode`] bytes)…, one entry per
-//! host, pruned when the host leaves the membership. A request reads it with
-//! one get.
+//! sample with its time in the `engine` key: [`TABLE_VERSION`] ‖ (addr hash
+//! u64, time ms u64, own in-flight u32, length u16, [`EngineSample::encode`]
+//! bytes)…, one entry per host, pruned when the host leaves the membership.
+//! `own in-flight` is this Envoy's in-flight count for the host when the
+//! sample was stored (`u32::MAX`: unknown); a table of the older layout
+//! (version [`VERSION`], no such field) still decodes, its samples without
+//! it. A request reads the table with one get.
 //!
 //! Use ([`apply`]), only with samples younger than 3 × `engine.refresh_ms`
 //! (older ones are ignored and counted as stale; a host without a fresh
 //! sample is judged on our own counts alone, so a failing scrape never
 //! blocks a request):
-//! - **load**: each host's load is `max(our in-flight count, engine waiting +
-//!   running) + engine waiting`; the engine's view includes other Envoys'
-//!   traffic and is the one every Envoy shares. Waiting requests count twice:
-//!   a new request waits for every queued prefill, but a running (decoding)
-//!   one only slows its steps a little, so in-flight counts alone rank a
-//!   replica with a queue like one busy decoding. It feeds the load bound and
-//!   the cost model (simulated with `--ours engine_load=queued`:
-//!   `docs/benchmarks.md`);
+//! - **load** ([`crate::engine::load`], rule `Delta`): each host's load is
+//!   `our in-flight now + max(0, engine waiting + running − our in-flight at
+//!   the sample) + engine waiting`: our own requests counted live, the
+//!   engine's others (other Envoys' traffic) and its queue from the sample.
+//!   Waiting requests count twice: a new request waits for every queued
+//!   prefill, but a running (decoding) one only slows its steps a little, so
+//!   in-flight counts alone rank a replica with a queue like one busy
+//!   decoding. Never below our live count. It feeds the load bound and the
+//!   cost model (simulated with `--ours engine_load=delta`, the same
+//!   function: `docs/benchmarks.md`);
 //! - **saturation**: a host over `max_queue` waiting requests or
 //!   `max_kv_usage` KV usage is made unusable for this request while some
 //!   usable host is not saturated: it gets no new cold, spilled or
@@ -31,69 +36,103 @@
 //!   that set.
 
 use super::shared::{ShareError, SharedData};
-use super::tables::{Keys, VERSION};
+use super::tables::{InFlight, Keys, VERSION};
 use super::view::View;
 use crate::config::EngineParams;
-use crate::engine::{engine_load, lora_tier, saturated, EngineLimits, EngineSample};
+use crate::engine::load::{host_load, LoadRule};
+use crate::engine::{lora_tier, saturated, EngineLimits, EngineSample};
+
+/// Leading byte of the table's current layout (with our in-flight count).
+pub const TABLE_VERSION: u8 = 2;
+/// Stored in place of an unknown own in-flight count.
+const OWN_UNKNOWN: u32 = u32::MAX;
+
+/// One host's sample.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stored {
+    /// Address hash of the host.
+    pub hash: u64,
+    /// When it was stored, ms.
+    pub time_ms: u64,
+    /// This Envoy's in-flight count for the host at that time.
+    pub own: Option<u32>,
+    /// The sample.
+    pub sample: EngineSample,
+}
 
 /// Samples per host with their time.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineTable {
-    /// `(addr hash, time ms, sample)`, sorted by hash.
-    pub entries: Vec<(u64, u64, EngineSample)>,
+    /// Sorted by hash.
+    pub entries: Vec<Stored>,
 }
 
 impl EngineTable {
     /// Decode (malformed → empty, a bad entry ends the table).
     pub fn decode(v: Option<&[u8]>) -> EngineTable {
         let mut entries = Vec::new();
-        let Some([VERSION, b @ ..]) = v else {
-            return EngineTable { entries };
+        let (b, own_len) = match v {
+            Some([TABLE_VERSION, b @ ..]) => (b, 4),
+            Some([VERSION, b @ ..]) => (b, 0),
+            _ => return EngineTable { entries },
         };
+        let arr = |at: usize| b.get(at..at + 8).and_then(|s| <[u8; 8]>::try_from(s).ok());
         let mut i = 0;
         while i < b.len() {
+            let o = i + 16; // own count (current layout), then the length
+            let l = o + own_len;
             let (Some(h), Some(t), Some(n)) = (
-                b.get(i..i + 8).and_then(|s| <[u8; 8]>::try_from(s).ok()),
-                b.get(i + 8..i + 16)
-                    .and_then(|s| <[u8; 8]>::try_from(s).ok()),
-                b.get(i + 16..i + 18)
-                    .and_then(|s| <[u8; 2]>::try_from(s).ok()),
+                arr(i),
+                arr(i + 8),
+                b.get(l..l + 2).and_then(|s| <[u8; 2]>::try_from(s).ok()),
             ) else {
                 break;
             };
+            let own = match own_len {
+                0 => None,
+                _ => match b.get(o..o + 4).and_then(|s| <[u8; 4]>::try_from(s).ok()) {
+                    Some(x) => Some(u32::from_le_bytes(x)).filter(|&x| x != OWN_UNKNOWN),
+                    None => break,
+                },
+            };
             let n = usize::from(u16::from_le_bytes(n));
-            let Some(s) = b.get(i + 18..i + 18 + n).and_then(EngineSample::decode) else {
+            let Some(sample) = b.get(l + 2..l + 2 + n).and_then(EngineSample::decode) else {
                 break;
             };
-            entries.push((u64::from_le_bytes(h), u64::from_le_bytes(t), s));
-            i += 18 + n;
+            entries.push(Stored {
+                hash: u64::from_le_bytes(h),
+                time_ms: u64::from_le_bytes(t),
+                own,
+                sample,
+            });
+            i = l + 2 + n;
         }
         EngineTable { entries }
     }
 
     /// Encode.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = vec![VERSION];
-        for (h, t, s) in &self.entries {
-            let b = s.encode();
+        let mut v = vec![TABLE_VERSION];
+        for e in &self.entries {
+            let b = e.sample.encode();
             let Ok(n) = u16::try_from(b.len()) else {
                 continue;
             };
-            v.extend_from_slice(&h.to_le_bytes());
-            v.extend_from_slice(&t.to_le_bytes());
+            v.extend_from_slice(&e.hash.to_le_bytes());
+            v.extend_from_slice(&e.time_ms.to_le_bytes());
+            v.extend_from_slice(&e.own.unwrap_or(OWN_UNKNOWN).to_le_bytes());
             v.extend_from_slice(&n.to_le_bytes());
             v.extend_from_slice(&b);
         }
         v
     }
 
-    /// The sample of `h` if younger than `max_age_ms`.
-    pub fn fresh(&self, h: u64, now_ms: u64, max_age_ms: u64) -> Option<&EngineSample> {
+    /// The entry of `h` if its sample is younger than `max_age_ms`.
+    pub fn fresh(&self, h: u64, now_ms: u64, max_age_ms: u64) -> Option<&Stored> {
         self.entries
             .iter()
-            .find(|e| e.0 == h)
-            .filter(|e| now_ms.saturating_sub(e.1) <= max_age_ms)
-            .map(|e| &e.2)
+            .find(|e| e.hash == h)
+            .filter(|e| now_ms.saturating_sub(e.time_ms) <= max_age_ms)
     }
 
     /// Read from shared data.
@@ -101,20 +140,27 @@ impl EngineTable {
         Ok(EngineTable::decode(s.get(&k.engine)?.0.as_deref()))
     }
 
-    /// Store `sample` of host `h` taken at `now_ms`; drop hosts not in `members`.
+    /// This Envoy's in-flight count of host `h` as shared data holds it now
+    /// (what [`Stored::own`] records; a failed read: unknown). Releases a
+    /// worker has not written yet (at most one tick) are still counted.
+    pub fn own_count<S: SharedData + ?Sized>(s: &S, k: &Keys, h: u64) -> Option<u32> {
+        InFlight::read(s, &k.inflight).ok().map(|(t, _)| t.get(h))
+    }
+
+    /// Store `e` (a host's sample, its time and our in-flight count then);
+    /// drop hosts not in `members`.
     pub fn store<S: SharedData + ?Sized>(
         s: &S,
         k: &Keys,
-        h: u64,
-        now_ms: u64,
-        sample: &EngineSample,
+        e: &Stored,
         members: &[u64],
     ) -> Result<(), ShareError> {
         super::shared::update(s, &k.engine, |cur| {
             let mut t = EngineTable::decode(cur);
-            t.entries.retain(|e| e.0 != h && members.contains(&e.0));
-            t.entries.push((h, now_ms, sample.clone()));
-            t.entries.sort_by_key(|e| e.0);
+            t.entries
+                .retain(|x| x.hash != e.hash && members.contains(&x.hash));
+            t.entries.push(e.clone());
+            t.entries.sort_by_key(|x| x.hash);
             Some(t.encode())
         })
         .map(|_| ())
@@ -149,18 +195,17 @@ pub fn apply(
         max_kv_usage: p.max_kv_usage,
     };
     let n = view.endpoints().len();
-    let samples: Vec<Option<&EngineSample>> = (0..n)
+    let stored: Vec<Option<&Stored>> = (0..n)
         .map(|i| view.hash(i).and_then(|h| table.fresh(h, now_ms, max_age)))
         .collect();
+    let samples: Vec<Option<&EngineSample>> = stored.iter().map(|s| s.map(|s| &s.sample)).collect();
     let mut effect = Effect {
         stale: samples.iter().filter(|s| s.is_none()).count(),
         ..Effect::default()
     };
-    for (l, s) in loads.iter_mut().zip(&samples) {
-        if let Some(e) = s.and_then(engine_load) {
-            let waiting = s.and_then(|s| s.waiting).unwrap_or(0.0);
-            let clamp = |x: f64| x.clamp(0.0, f64::from(u32::MAX)) as u32;
-            *l = (*l).max(clamp(e)).saturating_add(clamp(waiting));
+    for (l, s) in loads.iter_mut().zip(&stored) {
+        if let Some(s) = s {
+            *l = host_load(LoadRule::Delta, *l, &s.sample, s.own);
         }
     }
     let sat: Vec<bool> = samples
@@ -202,7 +247,7 @@ pub fn apply(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::shared::MockShared;
     use super::super::tables::{addr_hash, Snapshot};
     use super::*;
@@ -210,7 +255,8 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn view(n: usize) -> View {
+    /// A view of `n` hosts `10.0.0.i:80` (shared with `queued`'s tests).
+    pub(crate) fn view(n: usize) -> View {
         let base = Config::from_json(br#"{"cluster":"l","admin_cluster":"a"}"#).unwrap();
         let hosts = (0..n).map(|i| (format!("10.0.0.{i}:80"), 0)).collect();
         View::from_snapshot(
@@ -248,12 +294,31 @@ mod tests {
         }
     }
 
+    fn stored(hash: u64, time_ms: u64, own: Option<u32>, sample: EngineSample) -> Stored {
+        Stored {
+            hash,
+            time_ms,
+            own,
+            sample,
+        }
+    }
+
+    /// Samples stored without our in-flight count (the older poller).
     fn table(v: &View, samples: &[(usize, u64, EngineSample)]) -> EngineTable {
+        let with: Vec<_> = samples
+            .iter()
+            .map(|(i, t, x)| (*i, *t, None, x.clone()))
+            .collect();
+        table_own(v, &with)
+    }
+
+    fn table_own(v: &View, samples: &[(usize, u64, Option<u32>, EngineSample)]) -> EngineTable {
         let s = MockShared::new();
         let k = Keys::new("t");
         let members: Vec<u64> = (0..v.endpoints().len()).filter_map(|i| v.hash(i)).collect();
-        for (i, t, x) in samples {
-            EngineTable::store(&s, &k, v.hash(*i).unwrap(), *t, x, &members).unwrap();
+        for (i, t, own, x) in samples {
+            let e = stored(v.hash(*i).unwrap(), *t, *own, x.clone());
+            EngineTable::store(&s, &k, &e, &members).unwrap();
         }
         EngineTable::read(&s, &k).unwrap()
     }
@@ -271,16 +336,36 @@ mod tests {
         assert_eq!(t.entries.len(), 2);
         assert_eq!(EngineTable::decode(Some(&t.encode())), t);
         assert_eq!(
-            t.fresh(v.hash(0).unwrap(), 300, 300).map(|s| s.running),
+            t.fresh(v.hash(0).unwrap(), 300, 300)
+                .map(|s| s.sample.running),
             Some(Some(2.0))
         );
         assert!(t.fresh(v.hash(0).unwrap(), 306, 300).is_none());
         assert_eq!(EngineTable::decode(Some(b"\x01garbage")).entries.len(), 0);
+        assert_eq!(EngineTable::decode(Some(b"\x02garbage")).entries.len(), 0);
+        // Our in-flight count at the sample round-trips; unknown stays unknown.
+        let t = table_own(
+            &v,
+            &[
+                (0, 5, Some(7), sample(1.0, 2.0, 0.5, &[], None)),
+                (1, 5, None, EngineSample::default()),
+            ],
+        );
+        assert_eq!(EngineTable::decode(Some(&t.encode())), t);
+        assert_eq!(
+            t.fresh(v.hash(0).unwrap(), 5, 10).and_then(|s| s.own),
+            Some(7)
+        );
+        assert_eq!(
+            t.fresh(v.hash(1).unwrap(), 5, 10).map(|s| s.own),
+            Some(None)
+        );
         // A host that left is pruned at the next store.
         let s = MockShared::new();
         let k = Keys::new("t");
-        EngineTable::store(&s, &k, 1, 0, &EngineSample::default(), &[1, 2]).unwrap();
-        EngineTable::store(&s, &k, 2, 0, &EngineSample::default(), &[2]).unwrap();
+        let e = |h| stored(h, 0, Some(1), EngineSample::default());
+        EngineTable::store(&s, &k, &e(1), &[1, 2]).unwrap();
+        EngineTable::store(&s, &k, &e(2), &[2]).unwrap();
         assert_eq!(EngineTable::read(&s, &k).unwrap().entries.len(), 1);
         let _ = addr_hash("x");
     }
@@ -315,6 +400,54 @@ mod tests {
         let mut usable = vec![true; 3];
         let e = apply(&v, &t, &params(), None, 1000, &mut [0; 3], &mut usable);
         assert_eq!((usable, e.saturated), (vec![true; 3], 0));
+    }
+
+    #[test]
+    fn the_older_layout_still_decodes_without_our_count() {
+        // Version 1: (hash, time, length, sample) per entry, no own count.
+        let x = sample(2.0, 3.0, 0.1, &[], None).encode();
+        let mut b = vec![VERSION];
+        b.extend_from_slice(&42u64.to_le_bytes());
+        b.extend_from_slice(&9u64.to_le_bytes());
+        b.extend_from_slice(&(x.len() as u16).to_le_bytes());
+        b.extend_from_slice(&x);
+        let t = EngineTable::decode(Some(&b));
+        assert_eq!(t.entries.len(), 1);
+        assert_eq!(
+            (t.entries[0].hash, t.entries[0].time_ms, t.entries[0].own),
+            (42, 9, None)
+        );
+        assert_eq!(t.entries[0].sample.waiting, Some(2.0));
+        // Re-encoded in the current layout, with the count unknown.
+        assert_eq!(t.encode()[0], TABLE_VERSION);
+        assert_eq!(EngineTable::decode(Some(&t.encode())), t);
+    }
+
+    #[test]
+    fn our_count_at_the_sample_makes_the_load_live() {
+        let v = view(3);
+        // Host 0 was sampled with 4 waiting + 6 running while we had 10
+        // there; we have 1 left now (drained since). Host 1: 2 of the 5
+        // running are another Envoy's, and we sent 3 more since (5 now).
+        // Host 2: no count stored (older poller): the queued rule.
+        let t = table_own(
+            &v,
+            &[
+                (0, 1000, Some(10), sample(4.0, 6.0, 0.2, &[], None)),
+                (1, 1000, Some(3), sample(0.0, 5.0, 0.2, &[], None)),
+                (2, 1000, None, sample(1.0, 2.0, 0.2, &[], None)),
+            ],
+        );
+        let mut loads = vec![1, 6, 0];
+        let mut usable = vec![true; 3];
+        apply(&v, &t, &params(), None, 1000, &mut loads, &mut usable);
+        // 1 + max(0, 10 − 10) + 4; 6 + (5 − 3) + 0; max(0, 3) + 1.
+        assert_eq!(loads, vec![5, 8, 4]);
+        // Without our count the first host would read max(1, 10) + 4 = 14.
+        let old = table(&v, &[(0, 1000, sample(4.0, 6.0, 0.2, &[], None))]);
+        let mut loads = vec![1, 6, 0];
+        apply(&v, &old, &params(), None, 1000, &mut loads, &mut usable);
+        assert_eq!(loads, vec![14, 6, 0]);
     }
 
     #[test]

@@ -25,6 +25,7 @@
 
 pub mod admin;
 pub mod engines;
+pub mod queued;
 pub mod request;
 pub mod shared;
 pub mod sync;

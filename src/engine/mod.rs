@@ -35,6 +35,7 @@
 //! Nothing here panics, allocates more than O(bytes read), or needs a clock.
 
 mod codec;
+pub mod load;
 pub mod prom;
 
 /// Largest count (waiting or running requests) accepted per exposition.

@@ -54,7 +54,7 @@ use crate::affinity::Choice;
 use crate::cluster::view::{holder_id, AddrSlots, View};
 use crate::extract::previous_response_id;
 use crate::feedback::Horizons;
-use crate::hash::BLOCK_UNITS;
+use crate::hash::{depth_at, units_at, BLOCK_UNITS};
 use crate::index::{decis, Known};
 use crate::responses;
 use crate::usage::{compare, predict, Prediction, Surprise, UsageScanner};
@@ -321,6 +321,8 @@ pub struct Delivery {
     routed_at: u32,
     /// `affinity`: the request's block keys (to record the replica that served it).
     blocks: Vec<u64>,
+    /// Their end offsets in characters ([`crate::RoutingKey::ends`]).
+    ends: Vec<u32>,
     scanner: Option<UsageScanner>,
     /// A Responses API request: remember which replica produced the response.
     responses_api: bool,
@@ -335,7 +337,8 @@ impl Delivery {
     }
 
     /// `affinity`: the prediction for the primary and what the index knew.
-    /// `blocks` = the request's block count, `block_tokens` = tokens per block.
+    /// `blocks` = the request's block count, `block_tokens` = tokens of the
+    /// block after the known depth (blocks are uneven).
     pub fn predicted_from(
         &mut self,
         choice: &Choice,
@@ -365,9 +368,11 @@ impl Delivery {
         self.responses_api = true;
     }
 
-    /// `affinity`: keep the block keys (moved, not copied).
-    pub fn keep_blocks(&mut self, blocks: Vec<u64>) {
+    /// `affinity`: keep the block keys and their end offsets (moved, not
+    /// copied).
+    pub fn keep_blocks(&mut self, blocks: Vec<u64>, ends: Vec<u32>) {
         self.blocks = blocks;
+        self.ends = ends;
     }
 
     /// Response headers: scan the body if it is JSON or an event stream
@@ -496,17 +501,29 @@ impl Delivery {
             // The engine had more of the prefix than the index could show:
             // confirm that depth so the next request sharing it is predicted exactly.
             // Holders are written as address ids through the routing-time view.
-            let confirmed = (cached as f64 / hit_tokens) as usize;
-            if confirmed as f64 * hit_tokens > predicted.unwrap_or(0) as f64 + 0.5 {
+            // Blocks are uneven (message boundaries): the whole blocks within
+            // the cached characters.
+            let cpt = cfg.chars_per_token.max(0.1);
+            let confirmed = depth_at(&self.ends, (cached as f64 * cpt) as usize);
+            let confirmed_tokens = units_at(&self.ends, confirmed) as f64 / cpt;
+            if confirmed_tokens > predicted.unwrap_or(0) as f64 + 0.5 {
                 let mut by_addr = AddrSlots::new(&mut slots, view, &[]);
-                view.router.index().confirm(
-                    &mut by_addr,
-                    &self.blocks,
-                    confirmed,
-                    self.known.as_ref(),
-                    r,
-                    now,
-                );
+                // The whole request confirmed (the engine's count includes
+                // chat-template tokens, so it can reach into the last
+                // message): confirm the depth before its last block too,
+                // which the next request with another last message shares.
+                let n = self.blocks.len();
+                let short = (confirmed == n && n > 1).then(|| n - 1);
+                for depth in std::iter::once(confirmed).chain(short) {
+                    view.router.index().confirm(
+                        &mut by_addr,
+                        &self.blocks,
+                        depth,
+                        self.known.as_ref(),
+                        r,
+                        now,
+                    );
+                }
             }
             if slots.failures.get() > 0 {
                 p.stats.failure(super::stats::HostFailure::SharedData);

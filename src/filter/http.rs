@@ -31,6 +31,7 @@ use super::probe::{self, Ablate, Phase};
 use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::HostFailure;
+use crate::cluster::queued::{self, Queued};
 use crate::cluster::request::{picture, Slot};
 use crate::cluster::shared::MAX_CAS_ATTEMPTS;
 use crate::cluster::view::{AddrSlots, View};
@@ -52,6 +53,10 @@ thread_local! {
     static TICKET: Cell<u64> = const { Cell::new(0) };
 }
 
+/// A record to write after a 2xx: the block keys, what the lookup knew, and
+/// (characters hashed, characters beyond the known depth) for the peers' news.
+type PendingRecord = (Vec<u64>, Option<Known>, (usize, usize));
+
 /// One request.
 pub struct RouterHttp {
     plugin: Option<Rc<Plugin>>,
@@ -63,7 +68,7 @@ pub struct RouterHttp {
     /// `affinity`: the request is on a configured API path (may be recorded).
     api_path: bool,
     /// `affinity`: the prefix to record once the upstream answered 2xx.
-    pending_record: Option<(Vec<u64>, Option<Known>)>,
+    pending_record: Option<PendingRecord>,
     /// The request has been routed (headers set).
     routed: bool,
     /// Host time of the routing decision, ms.
@@ -71,6 +76,8 @@ pub struct RouterHttp {
     /// `affinity`: (expected uncached tokens, in-flight at routing), waiting
     /// for the first token of a streamed response to teach the cost model.
     pending_cost: Option<(f64, f64)>,
+    /// This request's tokens in the queued-prefill count (`cluster::queued`).
+    queued: Queued,
     /// The response is a server-sent-event stream.
     streaming: bool,
     /// `upstream.address` as read at response headers (final: a response that
@@ -103,6 +110,7 @@ impl RouterHttp {
             routed: false,
             routed_at_ms: 0,
             pending_cost: None,
+            queued: Queued::default(),
             streaming: false,
             upstream: None,
             delivery: Delivery::default(),
@@ -251,6 +259,17 @@ impl RouterHttp {
                 p.stats.failure(HostFailure::SharedData);
             }
         }
+        // Its expected prefill joins the primary's queue until the first byte.
+        if let Some((uncached, _)) = self.pending_cost {
+            let tokens = uncached.clamp(0.0, f64::from(u32::MAX)) as u32;
+            if self
+                .queued
+                .start(&HostShared, &p.keys, &primary, tokens)
+                .is_err()
+            {
+                p.stats.failure(HostFailure::SharedData);
+            }
+        }
         self.delivery
             .routed(decision.branch.as_str(), decision.primary);
         probe::end(Phase::Take, t);
@@ -280,7 +299,7 @@ impl RouterHttp {
         );
         if cfg.strategy == Strategy::Affinity && self.api_path {
             // Confirmed depths are written for API paths only, like the record.
-            self.delivery.keep_blocks(key.blocks);
+            self.delivery.keep_blocks(key.blocks, key.ends);
         }
         probe::end(Phase::RouteRest, t);
     }
@@ -312,6 +331,7 @@ impl RouterHttp {
         };
         let mut slots = SharedSlots::new(&p.keys.prefix);
         let usable = loads.available.unwrap_or(&[]);
+        let queued = queued::read(&HostShared, &p.keys, view);
         let (d, choice, known) = {
             let mut by_addr = AddrSlots::new(&mut slots, view, usable);
             let chosen = p.delivered.with_horizons(self.routed_at_ms, view, |h| {
@@ -323,6 +343,7 @@ impl RouterHttp {
                     &cost,
                     (self.routed_at_ms, ticket),
                     h,
+                    queued.as_deref(),
                 )
             });
             // A new placement is written at once as pending (the 2xx record
@@ -337,8 +358,11 @@ impl RouterHttp {
             view.router.note_routed(&mut by_addr, chosen.1.primary);
             chosen
         };
-        let block_tokens =
-            crate::hash::BLOCK_UNITS as f64 / view.router.affinity_config().chars_per_token;
+        // Blocks are uneven (they end at message boundaries): the block after
+        // the known depth, in tokens.
+        let depth = known.as_ref().map_or(0, |k| k.depth);
+        let next_units = key.units_at(depth + 1).saturating_sub(key.units_at(depth));
+        let block_tokens = next_units as f64 / view.router.affinity_config().chars_per_token;
         self.delivery.predicted_from(
             &choice,
             known.as_ref(),
@@ -350,11 +374,19 @@ impl RouterHttp {
             p.stats.failure(HostFailure::SharedData);
         }
         if self.api_path && choice.reason != crate::affinity::Reason::NoKey {
-            self.pending_record = Some((key.blocks.clone(), known));
+            let new_chars = key.units.saturating_sub(key.units_at(depth));
+            self.pending_record = Some((key.blocks.clone(), known, (key.units, new_chars)));
         }
         let in_flight = loads.of(d.primary);
         self.pending_cost = Some((choice.expected_uncached_tokens(), f64::from(in_flight)));
         d
+    }
+
+    /// Take this request's tokens off the queued-prefill count (once).
+    fn finish_queued(&mut self, p: &Plugin) {
+        if self.queued.finish(&HostShared, &p.keys).is_err() {
+            p.stats.failure(HostFailure::SharedData);
+        }
     }
 
     fn set_headers(&self, p: &Plugin, view: &View, d: Decision) {
@@ -413,7 +445,7 @@ impl RouterHttp {
     /// `:status`). At most once per request.
     /// Holders are written as address ids through the routing-time view.
     fn record_if_accepted(&mut self, p: &Plugin, served: Option<&str>, status: Option<&[u8]>) {
-        let Some((blocks, known)) = self.pending_record.take() else {
+        let Some((blocks, known, chars)) = self.pending_record.take() else {
             return;
         };
         let ok = status.is_some_and(|s| s.first() == Some(&b'2'));
@@ -437,17 +469,10 @@ impl RouterHttp {
                 view.router
                     .record_affinity(&mut by_addr, &blocks, known.as_ref(), served, now_ms);
             }
-            let new_blocks = blocks.len() - known.as_ref().map_or(0, |k| k.depth.min(blocks.len()));
             let moved = known
                 .as_ref()
                 .is_some_and(|k| k.entry.holders().next() != Some(served));
-            let units = crate::hash::BLOCK_UNITS;
-            super::peers::publish(
-                p,
-                &publishing,
-                (blocks.len() * units, new_blocks * units),
-                moved,
-            );
+            super::peers::publish(p, &publishing, chars, moved);
         }
         if slots.failures.get() > 0 {
             p.stats.failure(HostFailure::SharedData);
@@ -669,6 +694,12 @@ impl RouterHttp {
 
     fn response_body(&mut self, size: usize, end_of_stream: bool) {
         if let Some(p) = self.plugin.clone() {
+            // The first response byte (a stream's first token; a streaming
+            // server may send its headers before any token): the prefill
+            // is done.
+            if size > 0 || end_of_stream {
+                self.finish_queued(&p);
+            }
             self.load_upstream();
             self.delivery.on_chunk(
                 &p,
@@ -699,6 +730,7 @@ impl RouterHttp {
     /// `on_log`: the response-end bookkeeping and the in-flight release.
     fn log_end(&mut self) {
         let Some(p) = self.plugin.clone() else { return };
+        self.finish_queued(&p); // no body byte came (an error, a reset)
         self.load_upstream();
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());

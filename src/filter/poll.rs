@@ -13,13 +13,15 @@
 //! `metrics_path` every `engine.refresh_ms`: one `dispatch_http_call` per host
 //! through `cluster` with the target header naming that host (override_host
 //! sends it there), parsed by [`crate::engine::parse_metrics`] and stored in
-//! the `engine` key ([`crate::cluster::engines::EngineTable`]). A failed
+//! the `engine` key ([`crate::cluster::engines::EngineTable`]) with this
+//! Envoy's in-flight count of the host at that moment (one more get), which
+//! makes the load live ([`crate::engine::load`]). A failed
 //! scrape is counted (`prefix_router.engine.scrape_failed`) and its host's
 //! sample goes stale; requests never wait for a scrape.
 
 use super::host::{self, HostShared, BUFFER_HTTP_CALL_RESPONSE_BODY};
 use super::root::Plugin;
-use crate::cluster::engines::EngineTable;
+use crate::cluster::engines::{EngineTable, Stored};
 use crate::cluster::sync::apply_admin;
 use crate::cluster::tables::{addr_hash, try_lease};
 use crate::config::Discovery;
@@ -173,14 +175,14 @@ impl Poller {
         let now = host::now_nanos() / 1_000_000;
         let view = p.follower.current(&HostShared, &p.keys);
         let members: Vec<u64> = view.endpoints().iter().map(|a| addr_hash(a)).collect();
-        match EngineTable::store(
-            &HostShared,
-            &p.keys,
-            addr_hash(&addr),
-            now,
-            &sample,
-            &members,
-        ) {
+        let hash = addr_hash(&addr);
+        let entry = Stored {
+            hash,
+            time_ms: now,
+            own: EngineTable::own_count(&HostShared, &p.keys, hash),
+            sample,
+        };
+        match EngineTable::store(&HostShared, &p.keys, &entry, &members) {
             Ok(()) => p.stats.scraped(),
             Err(_) => p.stats.scrape_failed(),
         }
@@ -211,6 +213,11 @@ impl Poller {
         };
         let now = host::now_nanos() / 1_000_000;
         let applied = apply_admin(&HostShared, &p.keys, &body, &d.cluster, now);
+        // Queued-prefill tokens of hosts with nothing in flight are leaks (a
+        // worker that died between routing and the first byte): drop them.
+        if crate::cluster::queued::reconcile(&HostShared, &p.keys).is_err() {
+            p.stats.poll_failed();
+        }
         super::local::marks_written(); // recovered hosts' marks may be cleared
         match applied {
             Ok(o) => {

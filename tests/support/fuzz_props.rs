@@ -280,7 +280,14 @@ fn walk(raw: &RawValue, h: &mut PrefixHasher, element_end: &[u8]) -> Result<(), 
         Some(b'[') => {
             for item in serde_json::from_str::<Vec<&RawValue>>(t).expect("valid array") {
                 walk(item, h, b"")?;
-                h.push_marker(element_end);
+                // A message, item or prompt closes its last hash block; a
+                // token id does not (src/hash.rs `end_element`).
+                let element = matches!(item.get().as_bytes().first(), Some(b'"' | b'[' | b'{'));
+                if element && !element_end.is_empty() {
+                    h.end_element(element_end);
+                } else {
+                    h.push_marker(element_end);
+                }
             }
         }
         Some(b'{') => {
@@ -365,7 +372,7 @@ fn expected(body: &str, limit: usize, block: usize) -> Option<Result<Want, ()>> 
     } else if last("instructions").is_some() || last("input").is_some() {
         for (i, field) in ["instructions", "input"].into_iter().enumerate() {
             if i == 1 {
-                h.push_marker(FIELD_END);
+                h.end_element(FIELD_END);
             }
             if let Some(v) = last(field) {
                 if walk(v, &mut h, ELEMENT_END).is_err() {

@@ -247,9 +247,19 @@ pub fn grid(modes: &[String], ns: &[usize], delays: &[u64]) -> Result<Vec<String
 }
 
 /// Ring key of the `anchor` option: block `anchor_block`, or the last full
-/// block of a shorter window, or the window key when no block is full.
+/// block of a shorter window (every block but a last one shorter than
+/// `BLOCK_UNITS`: blocks end at message boundaries), or the window key when
+/// no block is full.
 pub fn anchor_key(key: &RoutingKey, anchor_block: usize) -> Option<u64> {
-    let full = (key.units / BLOCK_UNITS).min(key.blocks.len());
+    let n = key.blocks.len();
+    let last = key
+        .units_at(n)
+        .saturating_sub(key.units_at(n.saturating_sub(1)));
+    let full = if last < BLOCK_UNITS {
+        n.saturating_sub(1)
+    } else {
+        n
+    };
     if full == 0 {
         return key.key;
     }
@@ -267,8 +277,9 @@ fn clock_ms(now_s: f64) -> u64 {
 }
 
 /// Characters a record adds beyond the known prefix (the filter's measure).
-fn new_chars(blocks: usize, known: Option<&Known>) -> usize {
-    (blocks - known.map_or(0, |k| k.depth.min(blocks))) * BLOCK_UNITS
+fn new_chars(key: &RoutingKey, known: Option<&Known>) -> usize {
+    key.units
+        .saturating_sub(key.units_at(known.map_or(0, |k| k.depth)))
 }
 
 /// The record puts a known prefix on a replica that was not its front holder.
@@ -575,6 +586,7 @@ impl Gateways {
             ticket: g.ticket,
             pressure: pressure.as_ref(),
             share: share.as_ref(),
+            queued_prefill: None,
         };
         let c = affinity::choose(self.router.ring(), &request, &g.cost, &self.cfg);
         Share::note(&mut g.store, n, c.primary, &self.cfg);
@@ -592,7 +604,7 @@ impl Gateways {
                 let mut p = Publishing::with_rule(&mut g.store, self.rule, true);
                 self.index
                     .record_pending(&mut p, &key.blocks, known.as_ref(), c.primary, at);
-                let new_chars = new_chars(key.blocks.len(), known.as_ref());
+                let new_chars = new_chars(key, known.as_ref());
                 let moved = moved(known.as_ref(), c.primary);
                 for (slot, v) in p.outbox(new_chars, self.knobs.min_publish, moved) {
                     g.log.push(slot, v);
@@ -665,7 +677,7 @@ impl Gateways {
         let sets = self
             .index
             .record(&mut p, &key.blocks, known, served, now_ms);
-        let new = new_chars(key.blocks.len(), known);
+        let new = new_chars(key, known);
         let mut out = p.outbox(new, self.knobs.min_publish, moved(known, served));
         // The filter's budget: a refused record publishes its placement
         // changes only.
@@ -747,9 +759,9 @@ impl Policy for Gateways {
         let Some(key) = req.keys.core.get(self.key) else {
             return;
         };
-        // Delivered tokens → hashed characters → index blocks.
+        // Delivered tokens → hashed characters → index blocks (uneven).
         let chars = f64::from(p.delivered) * self.cfg.chars_per_token;
-        let depth = ((chars as usize) / BLOCK_UNITS).min(key.blocks.len());
+        let depth = key.depth_at(chars as usize);
         if depth > 0 {
             let blocks = &key.blocks[..depth];
             let known = self.index.lookup(&g.store, blocks, now_ms);
@@ -883,8 +895,13 @@ mod tests {
         let (book, reqs) = sagemaker(0.04);
         let m = ModelParams::default();
         // The gateways drive the core as `ours` does (pending record at
-        // routing, record at the first token, spread_cold counters).
-        let mut ours = Ours::new(book.routers[0].1.clone(), 0, OursParams::default(), &m).unwrap();
+        // routing, record at the first token, spread_cold counters); the
+        // queued-prefill count (`cluster::queued`) is not modelled here yet.
+        let p = OursParams {
+            queued_prefill: false,
+            ..OursParams::default()
+        };
+        let mut ours = Ours::new(book.routers[0].1.clone(), 0, p, &m).unwrap();
         let mut one = gateways(&book, "indep/1", Knobs::default());
         let a = engine::run(&mut ours, &reqs, &m, 7, &engine::Limits::default()).unwrap();
         let b = engine::run(&mut one, &reqs, &m, 7, &engine::Limits::default()).unwrap();
@@ -1057,9 +1074,11 @@ mod tests {
         let mut short = k.clone();
         short.units = 2 * BLOCK_UNITS + 10;
         short.blocks.truncate(3);
+        short.ends = vec![256, 512, 522];
         assert_eq!(anchor_key(&short, 3), Some(short.blocks[1]));
         short.units = 10;
         short.blocks.truncate(1);
+        short.ends = vec![10];
         assert_eq!(anchor_key(&short, 3), short.key);
     }
 

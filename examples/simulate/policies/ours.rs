@@ -12,6 +12,8 @@
 
 use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::{CostConfig, CostModel};
+use prefix_router::engine::load::{host_load, LoadRule};
+use prefix_router::engine::EngineSample;
 use prefix_router::index::{IndexConfig, Known, PrefixIndex, VecStore};
 use prefix_router::pressure::Pressure;
 use prefix_router::share::{self, Share};
@@ -43,23 +45,32 @@ pub struct OursParams {
     pub engine_load: EngineLoad,
     /// Scrape period of `engine_load`, ms (the filter's `engine.refresh_ms`).
     pub engine_refresh_ms: f64,
+    /// Give `affinity::choose` the queued prefill tokens per replica
+    /// ([`affinity::Request::queued_prefill`]), counted as the filter does
+    /// (`src/cluster/queued.rs`): the decision's expected uncached tokens
+    /// added at routing and taken off at the first token (on by default, as
+    /// in the filter; `--ours queue=0` turns it off).
+    pub queued_prefill: bool,
 }
 
 /// Which load the policy sees per replica (the filter's `engine` block,
 /// `src/cluster/engines.rs`, scraping every `engine_refresh_ms`; the sample
-/// taken is the simulator's 50 ms-periodic scrape current at that time, and
-/// the filter's saturation rule is not modelled).
+/// taken is the simulator's 50 ms-periodic scrape current at that time, our
+/// in-flight count stored with it is the one at the first request of the
+/// period, and the filter's saturation rule is not modelled). The rules are
+/// the core's [`host_load`], the function the filter calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineLoad {
     /// Our in-flight counts only (no `engine` block).
     Off,
-    /// The filter before this session: `max(in-flight, waiting + running)`.
+    /// [`LoadRule::Max`]: `max(in-flight, waiting + running)` (the filter
+    /// before the fourth session).
     Max,
-    /// The filter now: `max(in-flight, waiting + running) + waiting`.
+    /// [`LoadRule::Queued`]: `max(in-flight, waiting + running) + waiting`
+    /// (fourth session).
     Queued,
-    /// A proposal: the sample corrected by our own routes since it,
-    /// `in-flight + max(0, waiting + running − in-flight at the scrape) +
-    /// waiting` (others' traffic plus the queue, our own counted live).
+    /// [`LoadRule::Delta`], the filter now: `in-flight + max(0, waiting +
+    /// running − in-flight at the sample) + waiting`.
     Delta,
 }
 
@@ -81,6 +92,7 @@ impl Default for OursParams {
                 record_at_route: false,
                 engine_load: EngineLoad::Off,
                 engine_refresh_ms: 500.0,
+                queued_prefill: true,
             },
             None => OursParams {
                 prefix_length: 65536,
@@ -91,6 +103,7 @@ impl Default for OursParams {
                 record_at_route: false,
                 engine_load: EngineLoad::Off,
                 engine_refresh_ms: 500.0,
+                queued_prefill: true,
             },
         }
     }
@@ -133,6 +146,7 @@ impl OursParams {
                 }
             }
             "engine_refresh_ms" => self.engine_refresh_ms = f()?.max(1.0),
+            "queue" | "queued_prefill" => self.queued_prefill = v == "1" || v == "true",
             "end_marks" => self.index.end_marks = v == "1" || v == "true",
             "continuation" => self.affinity.continuation = v == "1" || v == "true",
             "pressure" | "spread_cold" => self.affinity.spread_cold = v == "1" || v == "true",
@@ -174,6 +188,10 @@ pub struct Ours {
     snap: Vec<crate::replica::Metrics>,
     snap_own: Vec<u32>,
     loads: Vec<u32>,
+    /// With `queued_prefill`: tokens queued per replica, and per request
+    /// (replica, tokens) until its first token.
+    queued: Option<Vec<u32>>,
+    queued_of: Vec<(u32, u32)>,
 }
 
 impl Ours {
@@ -210,6 +228,8 @@ impl Ours {
             snap: Vec::new(),
             snap_own: Vec::new(),
             loads: Vec::new(),
+            queued: p.queued_prefill.then(Vec::new),
+            queued_of: Vec::new(),
         })
     }
 }
@@ -226,19 +246,25 @@ impl Ours {
             self.snap_own = view.in_flight.to_vec();
         }
         self.loads.clear();
+        let rule = match self.engine_load {
+            EngineLoad::Off => None,
+            EngineLoad::Max => Some(LoadRule::Max),
+            EngineLoad::Queued => Some(LoadRule::Queued),
+            EngineLoad::Delta => Some(LoadRule::Delta),
+        };
         for i in 0..n {
             let own = view.in_flight.get(i).copied().unwrap_or(0);
             let m = self.snap.get(i).copied().unwrap_or_default();
-            let engine = m.outstanding;
-            self.loads.push(match self.engine_load {
-                EngineLoad::Off => own,
-                EngineLoad::Max => own.max(engine),
-                EngineLoad::Queued => own.max(engine) + m.waiting,
-                EngineLoad::Delta => {
-                    let then = self.snap_own.get(i).copied().unwrap_or(0);
-                    own + engine.saturating_sub(then) + m.waiting
-                }
-            });
+            // The scrape as the filter's parser would read it.
+            let sample = EngineSample {
+                waiting: Some(f64::from(m.waiting)),
+                running: Some(f64::from(m.outstanding.saturating_sub(m.waiting))),
+                kv_usage: Some(m.kv_usage),
+                ..EngineSample::default()
+            };
+            let then = self.snap_own.get(i).copied();
+            self.loads
+                .push(rule.map_or(own, |r| host_load(r, own, &sample, then)));
         }
     }
 }
@@ -264,6 +290,9 @@ impl Policy for Ours {
         let n = self.router.ring().len();
         let pressure = share::pressure_for(&self.store, n, key, known.as_ref(), &self.cfg);
         let share = Share::for_config(&self.store, n, &self.cfg);
+        if let Some(q) = &mut self.queued {
+            q.resize(n, 0);
+        }
         let request = affinity::Request {
             key,
             prompt_chars: req.body_chars as usize,
@@ -276,6 +305,7 @@ impl Policy for Ours {
             ticket: self.ticket,
             pressure: pressure.as_ref(),
             share: share.as_ref(),
+            queued_prefill: self.queued.as_deref(),
         };
         let c = affinity::choose(self.router.ring(), &request, &self.cost, &self.cfg);
         Share::note(&mut self.store, n, c.primary, &self.cfg);
@@ -322,6 +352,16 @@ impl Policy for Ours {
             self.pending_known.resize(idx as usize + 1, None);
         }
         self.pending_known[idx as usize] = known;
+        if let Some(q) = &mut self.queued {
+            let tokens = c.expected_uncached_tokens().round() as u32;
+            if let Some(x) = q.get_mut(c.primary) {
+                *x = x.saturating_add(tokens);
+            }
+            if self.queued_of.len() <= idx as usize {
+                self.queued_of.resize(idx as usize + 1, (0, 0));
+            }
+            self.queued_of[idx as usize] = (c.primary as u32, tokens);
+        }
         self.pending[idx as usize] = (
             c.expected_uncached_tokens() as f32,
             view.in_flight.get(c.primary).copied().unwrap_or(0),
@@ -340,6 +380,12 @@ impl Policy for Ours {
     }
 
     fn on_first_token(&mut self, idx: u32, req: &SimRequest, replica: usize, ttft: f64, now: f64) {
+        if let (Some(q), Some(&(r, tokens))) = (&mut self.queued, self.queued_of.get(idx as usize))
+        {
+            if let Some(x) = q.get_mut(r as usize) {
+                *x = x.saturating_sub(tokens);
+            }
+        }
         if !self.record_at_route {
             if let Some(key) = req.keys.core.get(self.key) {
                 let known = self.pending_known.get(idx as usize).copied().flatten();

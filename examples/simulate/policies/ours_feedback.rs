@@ -133,6 +133,7 @@ impl Policy for OursFeedback {
             ticket: self.ticket,
             pressure: pressure.as_ref(),
             share: share.as_ref(),
+            queued_prefill: None,
         };
         let c = affinity::choose(self.router.ring(), &request, &gw.cost, &self.cfg);
         let n = self.router.ring().len();
@@ -150,13 +151,18 @@ impl Policy for OursFeedback {
         self.pending[idx as usize] = Pending {
             gateway: g as u8,
             primary: c.primary as u32,
-            predicted: predict(
-                c.expected_cached_tokens,
-                known.map_or(0, |k| k.depth),
-                key.blocks.len(),
-                BLOCK_UNITS as f64 / self.cfg.chars_per_token.max(0.1),
-                c.prompt_tokens,
-            ) as f32,
+            predicted: {
+                // The block after the known depth (blocks are uneven), in tokens.
+                let depth = known.map_or(0, |k| k.depth);
+                let next = key.units_at(depth + 1).saturating_sub(key.units_at(depth));
+                predict(
+                    c.expected_cached_tokens,
+                    depth,
+                    key.blocks.len(),
+                    next as f64 / self.cfg.chars_per_token.max(0.1),
+                    c.prompt_tokens,
+                ) as f32
+            },
             uncached: c.expected_uncached_tokens() as f32,
             load,
             entry_time: known.map(|k| k.entry.time),
@@ -198,22 +204,28 @@ impl Policy for OursFeedback {
             0.0
         };
         // The engine had more than the index could show: confirm that depth.
-        let block_tokens = BLOCK_UNITS as f64 / self.cfg.chars_per_token.max(0.1);
-        let confirmed = (f64::from(cached) / block_tokens) as usize;
-        if confirmed as f64 * block_tokens > predicted + 0.5 {
-            if let (Some(gw), Some(key)) = (
-                self.gateways.get_mut(p.gateway as usize),
-                req.keys.core.get(self.key),
-            ) {
+        // Whole blocks within the cached characters (blocks are uneven).
+        let cpt = self.cfg.chars_per_token.max(0.1);
+        let key = req.keys.core.get(self.key);
+        let confirmed = key.map_or(0, |k| k.depth_at((f64::from(cached) * cpt) as usize));
+        let confirmed_tokens = key.map_or(0, |k| k.units_at(confirmed)) as f64 / cpt;
+        if confirmed_tokens > predicted + 0.5 {
+            if let (Some(gw), Some(key)) = (self.gateways.get_mut(p.gateway as usize), key) {
                 let now_ms = u64::from(p.routed_at) * 100;
-                self.index.confirm(
-                    &mut gw.store,
-                    &key.blocks,
-                    confirmed,
-                    p.known.as_ref(),
-                    replica,
-                    now_ms,
-                );
+                // As the filter: a whole-request depth is also confirmed one
+                // block short (the next request's last message differs).
+                let n = key.blocks.len();
+                let short = (confirmed == n && n > 1).then(|| n - 1);
+                for depth in std::iter::once(confirmed).chain(short) {
+                    self.index.confirm(
+                        &mut gw.store,
+                        &key.blocks,
+                        depth,
+                        p.known.as_ref(),
+                        replica,
+                        now_ms,
+                    );
+                }
                 self.confirms += 1;
             }
         }
