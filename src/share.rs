@@ -302,7 +302,9 @@ mod balance {
             let key = RoutingKey {
                 key: blocks.last().copied(),
                 units: blocks.len() * BLOCK_UNITS,
-                ends: (1..=blocks.len()).map(|b| (b * BLOCK_UNITS) as u32).collect(),
+                ends: (1..=blocks.len())
+                    .map(|b| (b * BLOCK_UNITS) as u32)
+                    .collect(),
                 blocks,
                 source: KeySource::Chat,
                 routing_id: RoutingId::Absent,
