@@ -270,39 +270,81 @@ impl<V: Cell> Table<V> {
 
     /// Read from shared data with the CAS token.
     pub fn read<S: SharedData + ?Sized>(s: &S, key: &str) -> Result<(Table<V>, u32), ShareError> {
-        let (v, cas) = s.get(key)?;
-        Ok((Table::decode(v.as_deref()), cas))
+        read_value(s, key)
     }
 
     /// Create the key (empty table) if it is missing, so CAS updates race safely.
     pub fn init<S: SharedData + ?Sized>(s: &S, key: &str) -> Result<(), ShareError> {
-        match s.get(key)? {
-            (Some(_), _) => Ok(()),
-            (None, _) => s.set(key, &[VERSION], 0),
-        }
+        init_value(s, key, &[VERSION])
     }
 
     /// CAS-update with `f`; `seen` is a previous read to try first.
     pub fn modify<S: SharedData + ?Sized>(
         s: &S,
         key: &str,
-        mut seen: Option<(Table<V>, u32)>,
-        mut f: impl FnMut(&mut Table<V>),
+        seen: Option<(Table<V>, u32)>,
+        f: impl FnMut(&mut Table<V>),
     ) -> Result<Table<V>, ShareError> {
-        for _ in 0..super::shared::MAX_CAS_ATTEMPTS {
-            let (mut t, cas) = match seen.take() {
-                Some(x) => x,
-                None => Table::read(s, key)?,
-            };
-            f(&mut t);
-            match s.set(key, &t.encode(), cas) {
-                Ok(()) => return Ok(t),
-                Err(ShareError::CasMismatch) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(ShareError::CasMismatch)
+        modify_value(s, key, seen, f)
     }
+}
+
+/// A value kept in shared data: how it decodes and encodes.
+trait Value: Sized {
+    fn decode_value(v: Option<&[u8]>) -> Self;
+    fn encode_value(&self) -> Vec<u8>;
+}
+
+impl<V: Cell> Value for Table<V> {
+    fn decode_value(v: Option<&[u8]>) -> Self {
+        Table::decode(v)
+    }
+    fn encode_value(&self) -> Vec<u8> {
+        self.encode()
+    }
+}
+
+impl Value for InFlight {
+    fn decode_value(v: Option<&[u8]>) -> Self {
+        InFlight::decode(v)
+    }
+    fn encode_value(&self) -> Vec<u8> {
+        self.encode()
+    }
+}
+
+fn read_value<T: Value, S: SharedData + ?Sized>(s: &S, key: &str) -> Result<(T, u32), ShareError> {
+    let (v, cas) = s.get(key)?;
+    Ok((T::decode_value(v.as_deref()), cas))
+}
+
+fn init_value<S: SharedData + ?Sized>(s: &S, key: &str, empty: &[u8]) -> Result<(), ShareError> {
+    match s.get(key)? {
+        (Some(_), _) => Ok(()),
+        (None, _) => s.set(key, empty, 0),
+    }
+}
+
+/// Bounded CAS loop: `f` on the value (`seen` first, then fresh reads).
+fn modify_value<T: Value, S: SharedData + ?Sized>(
+    s: &S,
+    key: &str,
+    mut seen: Option<(T, u32)>,
+    mut f: impl FnMut(&mut T),
+) -> Result<T, ShareError> {
+    for _ in 0..super::shared::MAX_CAS_ATTEMPTS {
+        let (mut t, cas) = match seen.take() {
+            Some(x) => x,
+            None => read_value(s, key)?,
+        };
+        f(&mut t);
+        match s.set(key, &t.encode_value(), cas) {
+            Ok(()) => return Ok(t),
+            Err(ShareError::CasMismatch) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ShareError::CasMismatch)
 }
 
 /// Layout version byte of the [`InFlight`] value (per-host load: in-flight
@@ -481,39 +523,26 @@ impl InFlight {
 
     /// Read from shared data with the CAS token.
     pub fn read<S: SharedData + ?Sized>(s: &S, key: &str) -> Result<(InFlight, u32), ShareError> {
-        let (v, cas) = s.get(key)?;
-        Ok((InFlight::decode(v.as_deref()), cas))
+        read_value(s, key)
     }
 
     /// Create the key (empty table) if it is missing, so CAS updates race safely.
     pub fn init<S: SharedData + ?Sized>(s: &S, key: &str) -> Result<(), ShareError> {
-        match s.get(key)? {
-            (Some(_), _) => Ok(()),
-            (None, _) => s.set(key, &[LOAD_VERSION], 0),
-        }
+        init_value(s, key, &[LOAD_VERSION])
     }
 
-    /// CAS-update with `f`; `seen` is a previous read to try first.
+    /// CAS-update with `f`; `seen` is a previous read to try first (a
+    /// corrupt value is replaced: the result is no longer marked corrupt).
     pub fn modify<S: SharedData + ?Sized>(
         s: &S,
         key: &str,
-        mut seen: Option<(InFlight, u32)>,
+        seen: Option<(InFlight, u32)>,
         mut f: impl FnMut(&mut InFlight),
     ) -> Result<InFlight, ShareError> {
-        for _ in 0..super::shared::MAX_CAS_ATTEMPTS {
-            let (mut t, cas) = match seen.take() {
-                Some(x) => x,
-                None => InFlight::read(s, key)?,
-            };
-            f(&mut t);
+        modify_value(s, key, seen, |t: &mut InFlight| {
+            f(t);
             t.corrupt = false;
-            match s.set(key, &t.encode(), cas) {
-                Ok(()) => return Ok(t),
-                Err(ShareError::CasMismatch) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(ShareError::CasMismatch)
+        })
     }
 
     /// Add `delta` to host `h` (saturating at 0); returns its new count.
