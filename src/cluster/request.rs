@@ -1,10 +1,15 @@
 //! One request's lifecycle against shared data, generic over [`SharedData`]
 //! so it is unit-tested natively (the filter's `http.rs` only adds host
 //! calls, headers and stats around these):
-//! 1. [`picture`]: the loads and usable hosts the request is routed on
-//!    (in-flight table, down marks, engine samples: ≤ 3 gets; the down
-//!    marks come from a per-VM [`DownCache`], read at most every 100 ms);
-//! 2. [`Slot::take`]: count the request on its primary (CAS on `inflight`);
+//! 1. [`picture`]: the loads, queued-prefill tokens, request-share counts
+//!    and usable hosts the request is routed on (the in-flight value holds
+//!    the first three: one get; down marks, engine samples: ≤ 3 gets in all;
+//!    the down marks come from a per-VM [`DownCache`], read at most every
+//!    100 ms);
+//! 2. [`Slot::take`]: count the request on its primary, with its queued
+//!    tokens and share count ([`Joined`]) and this VM's waiting releases, in
+//!    one CAS update of `inflight` (one set when the picture's read is still
+//!    current);
 //! 3. [`Slot::moved`]: at response headers, a retry or the fallback used
 //!    another host: move the count there; [`Slot::primary_failed`] tells the
 //!    caller to mark the primary down ([`super::sync::mark_failed`]);
