@@ -281,10 +281,11 @@ impl UsageScanner {
     /// Scan the next chunk.
     pub fn feed(&mut self, chunk: &[u8]) {
         self.bytes = self.bytes.saturating_add(chunk.len() as u64);
+        // Skipping with nothing kept starts between tokens too.
+        let clean = self.between_events() || (self.skipping() && self.tail_len == 0);
         if self.sse
             && self.usage.id.is_some()
-            && self.tail_len == 0
-            && self.between_events()
+            && clean
             && chunk.ends_with(b"\n\n")
             && !may_hold_usage(chunk)
         {
@@ -464,9 +465,17 @@ impl UsageScanner {
     }
 
     /// Keep the last [`TAIL`] bytes of (the kept tail, if `start`, then)
-    /// `chunk[from..]`.
+    /// `chunk[from..]`, from after the last newline among them: a key name
+    /// and the `\` before its quote never span a raw newline (JSON strings
+    /// hold none), and after one the scan is between tokens (an SSE event
+    /// ends with one: then nothing is kept).
     fn keep_tail(&mut self, chunk: &[u8], from: usize, start: bool) {
         let new = chunk.get(from..).unwrap_or(&[]);
+        if new.last() == Some(&b'\n') {
+            self.tail_len = 0;
+            self.tail_whole = true;
+            return;
+        }
         let old = if start { self.tail_len } else { 0 };
         let keep_old = TAIL.saturating_sub(new.len()).min(old);
         let whole_before = !start || (self.tail_whole && keep_old == old);
@@ -480,6 +489,12 @@ impl UsageScanner {
         }
         self.tail_len = n.min(TAIL);
         self.tail_whole = whole_before && keep_old + new.len() <= TAIL;
+        let kept = self.tail.get(..self.tail_len).unwrap_or(&[]);
+        if let Some(j) = kept.iter().rposition(|&b| b == b'\n') {
+            self.tail.copy_within(j + 1..self.tail_len, 0);
+            self.tail_len -= j + 1;
+            self.tail_whole = true;
+        }
     }
 
     /// Is the `_` at `u` the end of a wanted key name? Bytes below `lo` are
