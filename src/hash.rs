@@ -37,9 +37,10 @@
 //! yields the same hashes, and a shared prefix of calls yields the same
 //! leading block hashes and ends.
 
+use crate::blockhash::block_hash;
+use crate::bytescan::split_chars;
 use std::cell::Cell;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
-use xxhash_rust::xxh64::xxh64;
 
 thread_local! {
     /// The open-block buffer of the last finished hasher, reused by the next
@@ -177,33 +178,46 @@ impl PrefixHasher {
     /// Feed UTF-8 bytes, counting characters (bytes that start a character).
     /// Pieces must not split a multi-byte character. Invalid UTF-8 is hashed
     /// as it is.
+    ///
+    /// A whole block found at the start of `b` with no block open is hashed
+    /// straight from `b` ([`PrefixHasher::hash_in_place`]); anything else is
+    /// copied into the open block. The split is found with SIMD
+    /// ([`split_chars`]: ~3 vector operations per 16 ASCII bytes).
     pub fn push_utf8(&mut self, mut b: &[u8]) {
         while !b.is_empty() && self.remaining > 0 {
-            if let Some(n) = self.whole_block(b, true) {
-                b = self.hash_in_place(b, n);
-                continue;
-            }
             let room = (self.block_units - self.in_block).min(self.remaining);
             let (take_bytes, take_chars) = split_chars(b, room);
-            self.cur.extend_from_slice(&b[..take_bytes]);
-            self.account(take_chars);
-            b = &b[take_bytes..];
+            b = self.take(b, take_bytes, take_chars);
         }
     }
 
     /// Feed raw bytes, counting bytes.
     pub fn push_bytes(&mut self, mut b: &[u8]) {
         while !b.is_empty() && self.remaining > 0 {
-            if let Some(n) = self.whole_block(b, false) {
-                b = self.hash_in_place(b, n);
-                continue;
-            }
             let room = (self.block_units - self.in_block).min(self.remaining);
             let take = room.min(b.len());
-            self.cur.extend_from_slice(&b[..take]);
-            self.account(take);
-            b = &b[take..];
+            b = self.take(b, take, take);
         }
+    }
+
+    /// Add the first `bytes` bytes of `b`, holding `units` units (at most
+    /// the room left in the open block and the budget); the rest of `b`.
+    /// Fast path: when no block is open (no unit, no marker) and they make
+    /// a whole block, they are hashed in place, without the copy into `cur`
+    /// (the same bytes, so the same hash as the copying path).
+    #[inline]
+    fn take<'b>(&mut self, b: &'b [u8], bytes: usize, units: usize) -> &'b [u8] {
+        let (head, rest) = b.split_at(bytes.min(b.len()));
+        if units == self.block_units && self.in_block == 0 && self.cur.is_empty() {
+            self.chain = chain(self.chain, block_hash(head));
+            self.units += units;
+            self.remaining -= units;
+            self.push_block();
+        } else {
+            self.cur.extend_from_slice(head);
+            self.account(units);
+        }
+        rest
     }
 
     /// Feed bytes that shape the key (separators, image references) without
@@ -228,38 +242,6 @@ impl PrefixHasher {
         if self.in_block > 0 && self.blocks.len() < max_blocks(self.limit, self.block_units) {
             self.close_block();
         }
-    }
-
-    /// Fast path: when no block is open and `b` starts with a whole block
-    /// (for text: `block_units` ASCII bytes, not followed by a continuation
-    /// byte that would belong to the block), its length in bytes. The block is
-    /// then hashed straight from the input, without the copy into `cur`; the
-    /// hashes are the same as the copying path's (same bytes, same seed).
-    fn whole_block(&self, b: &[u8], text: bool) -> Option<usize> {
-        let n = self.block_units;
-        if self.in_block != 0 || !self.cur.is_empty() || self.remaining < n {
-            return None;
-        }
-        let block = b.get(..n)?;
-        if text {
-            // OR of every byte (vectorised): below 0x80 iff all ASCII.
-            let ascii = block.iter().fold(0u8, |a, &c| a | c) < 0x80;
-            let ends_here = b.get(n).map_or(true, |&c| c & 0xC0 != 0x80);
-            if !(ascii && ends_here) {
-                return None;
-            }
-        }
-        Some(n)
-    }
-
-    /// Hash the whole block `b[..n]` of `n` units in place; the rest of `b`.
-    fn hash_in_place<'b>(&mut self, b: &'b [u8], n: usize) -> &'b [u8] {
-        let (block, rest) = b.split_at(n);
-        self.chain = chain(self.chain, block_hash(block));
-        self.units += n;
-        self.remaining -= n;
-        self.push_block();
-        rest
     }
 
     fn account(&mut self, units: usize) {
@@ -290,55 +272,6 @@ impl Drop for PrefixHasher {
         let cur = std::mem::take(&mut self.cur);
         SPARE_BLOCK_BUFFER.with(|s| s.set(cur));
     }
-}
-
-/// Characters (bytes that are not UTF-8 continuation bytes `10xxxxxx`) in
-/// one little-endian word: eight minus the continuation bytes, found as
-/// "bit 7 set and bit 6 clear" in every byte at once.
-#[inline]
-fn chars_in_word(w: u64) -> usize {
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    if w & HIGH == 0 {
-        return 8; // ASCII: the common case, no population count
-    }
-    8 - (w & !(w << 1) & HIGH).count_ones() as usize
-}
-
-/// Split `b` after at most `room` characters: (bytes, characters) taken.
-/// Whole words are counted eight bytes at a time while they fit; the split
-/// itself is found byte by byte.
-fn split_chars(b: &[u8], room: usize) -> (usize, usize) {
-    let mut i = 0;
-    let mut chars = 0;
-    for c in b.chunks_exact(8) {
-        let n = chars_in_word(u64::from_le_bytes([
-            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
-        ]));
-        if chars + n > room {
-            break;
-        }
-        chars += n;
-        i += 8;
-    }
-    for (j, &c) in b[i..].iter().enumerate() {
-        if c & 0xC0 != 0x80 {
-            if chars == room {
-                return (i + j, chars);
-            }
-            chars += 1;
-        }
-    }
-    (b.len(), chars)
-}
-
-/// The hash of one block's bytes: xxh64 (unseeded). Not xxh3: xxh3 folds
-/// 64×64→128-bit products, which wasm32 has no instruction for (each one is
-/// a call to the `__multi3` helper), while xxh64 needs only 64-bit multiplies
-/// (`i64.mul`): measured with `scripts/cost-adapter.sh`, the 16 KiB request's
-/// key costs several times fewer wasm instructions (docs/overhead.md).
-#[inline]
-fn block_hash(block: &[u8]) -> u64 {
-    xxh64(block, 0)
 }
 
 /// The chained hash of a block: `fmix(prev · K ⊕ block)`, with `K` odd and

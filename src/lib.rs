@@ -43,6 +43,7 @@
 #![warn(missing_docs)]
 
 pub mod affinity;
+pub mod blockhash;
 pub mod bytescan;
 pub mod cluster;
 pub mod config;
