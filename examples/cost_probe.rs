@@ -330,6 +330,10 @@ fn key_parts(kb: usize) {
         let k = r.key(Body::Complete(black_box(body.as_bytes())), None);
         k.key.unwrap_or(0)
     });
+    case(&format!("keyextract/{kb}k"), || {
+        let e = prefix_router::extract::extract(black_box(body.as_bytes()), limit, BLOCK_UNITS);
+        e.map_or(0, |e| e.prefix.last().unwrap_or(0))
+    });
     case(&format!("keyscan/{kb}k"), || {
         let mut n = 0u64;
         let ok = Scanner::new(black_box(body.as_bytes()))
@@ -372,6 +376,24 @@ fn key_parts(kb: usize) {
 }
 
 fn main() {
+    let tiny = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    case("keytiny/extract", || {
+        let e = prefix_router::extract::extract(black_box(tiny), 65536, BLOCK_UNITS);
+        e.map_or(0, |e| e.prefix.last().unwrap_or(0))
+    });
+    case("keytiny/scan", || {
+        let mut n = 0u64;
+        let ok = Scanner::new(black_box(tiny))
+            .object_members(|_, v| n += v.len() as u64)
+            .is_ok();
+        n + u64::from(ok)
+    });
+    case("keytiny/hasher", || {
+        let mut h = PrefixHasher::new(65536, BLOCK_UNITS);
+        h.push_str(black_box("hi"));
+        h.end_element(ELEMENT_END);
+        h.finish().last().unwrap_or(0)
+    });
     for kb in [1, 16, 64, 256] {
         end_to_end("affinity", kb);
         end_to_end("prefix", kb);

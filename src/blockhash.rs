@@ -37,20 +37,28 @@
 //! collide on purpose (the index keeps its own secret for slot placement).
 //! Cost: O(len), no allocation.
 
-/// Lane keys of stripe 0 (arbitrary odd constants: xxh3's secret words).
-const KEY: [u64; 4] = [
-    0xbe4b_a423_396c_feb8,
-    0x1cad_2113_07e5_6c45,
-    0xdb97_9083_e96d_d4de,
-    0x1f10_3c92_f6ac_c9ec,
-];
-/// Key step per stripe and lane (odd, so stripe keys repeat only after 2^64 stripes).
-const STEP: [u64; 4] = [
-    0x9e37_79b9_7f4a_7c15,
-    0xc2b2_ae3d_27d4_eb4f,
-    0x1656_6791_9e37_79f9,
-    0x85eb_ca77_c2b2_ae63,
-];
+/// Stripes per round: a round has its own key per stripe and lane
+/// ([`KEYS`]), and rounds are told apart by [`Lanes::scramble`].
+const ROUND: usize = 8;
+/// Bytes per stripe.
+const STRIPE: usize = 32;
+
+/// The key of stripe `s` of a round, lane `j`: `KEYS[s][j]`, a splitmix64
+/// sequence (fixed, public: this is not a keyed hash).
+const KEYS: [[u64; 4]; ROUND] = {
+    let mut k = [[0u64; 4]; ROUND];
+    let mut x: u64 = 0x7072_6566_6978_6b65;
+    let mut i = 0;
+    while i < ROUND * 4 {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        k[i / 4][i % 4] = z ^ (z >> 31);
+        i += 1;
+    }
+    k
+};
 /// Initial accumulators.
 const INIT: [u64; 4] = [
     0x27d4_eb2f_1656_67c5,
@@ -58,59 +66,86 @@ const INIT: [u64; 4] = [
     0x94d0_49bb_1331_11eb,
     0xbf58_476d_1ce4_e5b9,
 ];
+/// The 32-bit odd multiplier of the scramble between rounds (xxh3's
+/// `PRIME32_1`): a 64×32-bit product, cheap without a 64-bit SIMD multiply.
+const SCRAMBLE: u64 = 0x9e37_79b1;
 /// Multiplier of the final fold (odd).
 const FOLD: u64 = 0x9fb2_1c65_1e98_df25;
 
 /// The hash of `b` (see the module docs).
 #[inline]
 pub fn block_hash(b: &[u8]) -> u64 {
-    finish(accumulate(b), b.len())
+    let (acc, _) = run::<Simd>(b);
+    finish(acc, b.len())
+}
+
+/// [`block_hash`] of `b` if every byte of it is ASCII (below 0x80), else
+/// `None`; the test rides along with the hash (one vector or per 16 bytes),
+/// so a whole ASCII block costs no separate pass to count its characters.
+#[inline]
+pub fn block_hash_ascii(b: &[u8]) -> Option<u64> {
+    let (acc, high) = run::<Simd>(b);
+    (!high).then(|| finish(acc, b.len()))
 }
 
 /// The scalar reference of [`block_hash`] (the same value everywhere; the
 /// SIMD builds are tested against it).
 pub fn block_hash_scalar(b: &[u8]) -> u64 {
-    let mut acc = INIT;
-    let mut key = KEY;
-    let mut stripes = b.chunks_exact(32);
-    for s in stripes.by_ref() {
-        scalar_stripe(&mut acc, &mut key, s);
-    }
-    let tail = stripes.remainder();
-    if !tail.is_empty() {
-        scalar_stripe(&mut acc, &mut key, &padded(tail));
-    }
+    let (acc, _) = run::<Scalar>(b);
     finish(acc, b.len())
 }
 
-fn scalar_stripe(acc: &mut [u64; 4], key: &mut [u64; 4], s: &[u8]) {
-    let w: [u64; 4] = std::array::from_fn(|j| word(&s[8 * j..]));
-    for j in 0..4 {
-        let d = w[j] ^ key[j];
-        let product = (d & 0xffff_ffff).wrapping_mul(d >> 32);
-        acc[j] = acc[j].wrapping_add(product).wrapping_add(w[j ^ 2]);
-        key[j] = key[j].wrapping_add(STEP[j]);
-    }
+/// Four 64-bit accumulator lanes (and the OR of every byte seen).
+trait Lanes {
+    fn new() -> Self;
+    /// Add the 32-byte stripe `s[..32]` with the keys of stripe `k` of a round.
+    fn stripe(&mut self, s: &[u8], k: usize);
+    /// Between rounds: `acc = (acc ⊕ acc >> 47) · SCRAMBLE` per lane.
+    fn scramble(&mut self);
+    /// The lanes, and whether any byte was 0x80 or above.
+    fn lanes(&self) -> ([u64; 4], bool);
 }
 
-fn word(b: &[u8]) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[..8]);
-    u64::from_le_bytes(w)
-}
-
-/// The last partial stripe, zero padded (the length, folded in by
+/// The stripes of `b`: whole rounds of [`ROUND`] stripes (unrolled: the keys
+/// are constants), each followed by a scramble; then the stripes of the last
+/// partial round, the last one zero padded (the length, folded in by
 /// [`finish`], tells `ab` from `ab\0`).
-fn padded(tail: &[u8]) -> [u8; 32] {
-    let mut s = [0u8; 32];
-    s[..tail.len()].copy_from_slice(tail);
-    s
+#[inline(always)]
+fn run<L: Lanes>(b: &[u8]) -> ([u64; 4], bool) {
+    let mut l = L::new();
+    let mut rounds = b.chunks_exact(ROUND * STRIPE);
+    for r in rounds.by_ref() {
+        // Written out: LLVM keeps a loop of eight here, with the keys loaded
+        // from a table instead of constants (~15 % more wasm instructions).
+        l.stripe(r, 0);
+        l.stripe(&r[STRIPE..], 1);
+        l.stripe(&r[2 * STRIPE..], 2);
+        l.stripe(&r[3 * STRIPE..], 3);
+        l.stripe(&r[4 * STRIPE..], 4);
+        l.stripe(&r[5 * STRIPE..], 5);
+        l.stripe(&r[6 * STRIPE..], 6);
+        l.stripe(&r[7 * STRIPE..], 7);
+        l.scramble();
+    }
+    let mut stripes = rounds.remainder().chunks_exact(STRIPE);
+    let mut k = 0;
+    for s in stripes.by_ref() {
+        l.stripe(s, k);
+        k += 1;
+    }
+    let tail = stripes.remainder();
+    if !tail.is_empty() {
+        let mut s = [0u8; STRIPE];
+        s[..tail.len()].copy_from_slice(tail);
+        l.stripe(&s, k);
+    }
+    l.lanes()
 }
 
 /// Fold the lanes in order with the length, then the splitmix64 finalizer.
 #[inline]
 fn finish(acc: [u64; 4], len: usize) -> u64 {
-    let mut h = (len as u64).wrapping_mul(STEP[0]);
+    let mut h = (len as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     for a in acc {
         h = (h ^ a).wrapping_mul(FOLD).rotate_left(31);
     }
@@ -119,17 +154,82 @@ fn finish(acc: [u64; 4], len: usize) -> u64 {
     h ^ (h >> 31)
 }
 
-/// The accumulators after every stripe: WebAssembly SIMD.
-#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-#[inline]
-fn accumulate(b: &[u8]) -> [u64; 4] {
-    use core::arch::wasm32::{
-        i32x4_shuffle, i64x2_add, i64x2_extract_lane, u64x2, u64x2_extmul_high_u32x4,
-        u64x2_extmul_low_u32x4, v128, v128_load, v128_xor,
-    };
+/// The portable lanes (and the reference the SIMD ones are tested against).
+struct Scalar {
+    acc: [u64; 4],
+    or: u64,
+}
+
+impl Lanes for Scalar {
+    fn new() -> Self {
+        Scalar { acc: INIT, or: 0 }
+    }
+
     #[inline(always)]
-    fn stripe(acc: &mut [v128; 2], key: &mut [v128; 2], step: &[v128; 2], s: &[u8]) {
-        let s = &s[..32];
+    fn stripe(&mut self, s: &[u8], k: usize) {
+        let w: [u64; 4] = std::array::from_fn(|j| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&s[8 * j..8 * j + 8]);
+            u64::from_le_bytes(x)
+        });
+        let d: [u64; 4] = std::array::from_fn(|j| w[j] ^ KEYS[k][j]);
+        let (lo, hi) = (|x: u64| x & 0xffff_ffff, |x: u64| x >> 32);
+        let products = [
+            lo(d[0]) * lo(d[2]),
+            hi(d[0]) * hi(d[2]),
+            lo(d[1]) * lo(d[3]),
+            hi(d[1]) * hi(d[3]),
+        ];
+        for j in 0..4 {
+            self.acc[j] = self.acc[j].wrapping_add(products[j]).wrapping_add(w[j ^ 2]);
+            self.or |= w[j];
+        }
+    }
+
+    #[inline(always)]
+    fn scramble(&mut self) {
+        for a in &mut self.acc {
+            *a = (*a ^ (*a >> 47)).wrapping_mul(SCRAMBLE);
+        }
+    }
+
+    fn lanes(&self) -> ([u64; 4], bool) {
+        (self.acc, self.or & 0x8080_8080_8080_8080 != 0)
+    }
+}
+
+/// The lanes of this build: WebAssembly SIMD, SSE2 or [`Scalar`].
+#[cfg(not(any(
+    all(target_arch = "wasm32", target_feature = "simd128"),
+    target_arch = "x86_64"
+)))]
+type Simd = Scalar;
+
+/// WebAssembly SIMD lanes: `acc[0]` holds lanes 0 and 1, `acc[1]` lanes 2 and 3.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+struct Simd {
+    acc: [core::arch::wasm32::v128; 2],
+    or: core::arch::wasm32::v128,
+}
+
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+impl Lanes for Simd {
+    #[inline(always)]
+    fn new() -> Self {
+        use core::arch::wasm32::{u64x2, u64x2_splat};
+        Simd {
+            acc: [u64x2(INIT[0], INIT[1]), u64x2(INIT[2], INIT[3])],
+            or: u64x2_splat(0),
+        }
+    }
+
+    #[inline(always)]
+    fn stripe(&mut self, s: &[u8], k: usize) {
+        use core::arch::wasm32::{
+            i64x2_add, u64x2, u64x2_extmul_high_u32x4, u64x2_extmul_low_u32x4, v128, v128_load,
+            v128_or, v128_xor,
+        };
+        let s = &s[..STRIPE];
         // SAFETY: `s` holds 32 bytes (sliced above), and `v128_load` has no
         // alignment requirement in WebAssembly.
         let (a, b) = unsafe {
@@ -138,102 +238,135 @@ fn accumulate(b: &[u8]) -> [u64; 4] {
                 v128_load(s.as_ptr().add(16).cast::<v128>()),
             )
         };
-        let (da, db) = (v128_xor(a, key[0]), v128_xor(b, key[1]));
-        // 32-bit halves: lo = [lo(w0), lo(w1), lo(w2), lo(w3)], hi likewise.
-        let lo = i32x4_shuffle::<0, 2, 4, 6>(da, db);
-        let hi = i32x4_shuffle::<1, 3, 5, 7>(da, db);
-        acc[0] = i64x2_add(acc[0], i64x2_add(u64x2_extmul_low_u32x4(lo, hi), b));
-        acc[1] = i64x2_add(acc[1], i64x2_add(u64x2_extmul_high_u32x4(lo, hi), a));
-        key[0] = i64x2_add(key[0], step[0]);
-        key[1] = i64x2_add(key[1], step[1]);
+        let key = &KEYS[k];
+        let da = v128_xor(a, u64x2(key[0], key[1]));
+        let db = v128_xor(b, u64x2(key[2], key[3]));
+        // 32-bit lanes i of da and db multiplied: [0, 1] and [2, 3].
+        let (pl, ph) = (u64x2_extmul_low_u32x4(da, db), u64x2_extmul_high_u32x4(da, db));
+        self.acc[0] = i64x2_add(self.acc[0], i64x2_add(pl, b));
+        self.acc[1] = i64x2_add(self.acc[1], i64x2_add(ph, a));
+        self.or = v128_or(self.or, v128_or(a, b));
     }
-    let mut acc = [u64x2(INIT[0], INIT[1]), u64x2(INIT[2], INIT[3])];
-    let mut key = [u64x2(KEY[0], KEY[1]), u64x2(KEY[2], KEY[3])];
-    let step = [u64x2(STEP[0], STEP[1]), u64x2(STEP[2], STEP[3])];
-    let mut stripes = b.chunks_exact(32);
-    for s in stripes.by_ref() {
-        stripe(&mut acc, &mut key, &step, s);
+
+    #[inline(always)]
+    fn scramble(&mut self) {
+        use core::arch::wasm32::{i64x2_mul, u64x2_shr, u64x2_splat, v128_xor};
+        for a in &mut self.acc {
+            *a = i64x2_mul(v128_xor(*a, u64x2_shr(*a, 47)), u64x2_splat(SCRAMBLE));
+        }
     }
-    let tail = stripes.remainder();
-    if !tail.is_empty() {
-        stripe(&mut acc, &mut key, &step, &padded(tail));
+
+    #[inline(always)]
+    fn lanes(&self) -> ([u64; 4], bool) {
+        use core::arch::wasm32::{i64x2_extract_lane, u8x16_bitmask};
+        let lane = |v, i| {
+            if i == 0 {
+                i64x2_extract_lane::<0>(v) as u64
+            } else {
+                i64x2_extract_lane::<1>(v) as u64
+            }
+        };
+        (
+            [
+                lane(self.acc[0], 0),
+                lane(self.acc[0], 1),
+                lane(self.acc[1], 0),
+                lane(self.acc[1], 1),
+            ],
+            u8x16_bitmask(self.or) != 0,
+        )
     }
-    [
-        i64x2_extract_lane::<0>(acc[0]) as u64,
-        i64x2_extract_lane::<1>(acc[0]) as u64,
-        i64x2_extract_lane::<0>(acc[1]) as u64,
-        i64x2_extract_lane::<1>(acc[1]) as u64,
-    ]
 }
 
-/// The accumulators after every stripe: SSE2 (the x86_64 baseline).
+/// SSE2 lanes (the x86_64 baseline): `acc[0]` holds lanes 0 and 1, `acc[1]`
+/// lanes 2 and 3.
 #[cfg(target_arch = "x86_64")]
-#[inline]
-fn accumulate(b: &[u8]) -> [u64; 4] {
-    use core::arch::x86_64::{
-        __m128i, _mm_add_epi64, _mm_loadu_si128, _mm_mul_epu32, _mm_set_epi64x, _mm_srli_epi64,
-        _mm_storeu_si128, _mm_xor_si128,
-    };
+struct Simd {
+    acc: [core::arch::x86_64::__m128i; 2],
+    or: core::arch::x86_64::__m128i,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for Simd {
     #[inline(always)]
-    fn stripe(acc: &mut [__m128i; 2], key: &mut [__m128i; 2], step: &[__m128i; 2], s: &[u8]) {
-        let s = &s[..32];
-        // SAFETY: SSE2 is part of the x86_64 baseline; `s` holds 32 bytes
-        // (sliced above) and `_mm_loadu_si128` needs no alignment.
+    fn new() -> Self {
+        use core::arch::x86_64::{_mm_set_epi64x, _mm_setzero_si128};
+        // SAFETY: SSE2 is part of the x86_64 baseline (the intrinsics are
+        // only `unsafe` for the target-feature rule).
+        unsafe {
+            Simd {
+                acc: [
+                    _mm_set_epi64x(INIT[1] as i64, INIT[0] as i64),
+                    _mm_set_epi64x(INIT[3] as i64, INIT[2] as i64),
+                ],
+                or: _mm_setzero_si128(),
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn stripe(&mut self, s: &[u8], k: usize) {
+        use core::arch::x86_64::{
+            __m128i, _mm_add_epi64, _mm_loadu_si128, _mm_mul_epu32, _mm_or_si128, _mm_set_epi64x,
+            _mm_shuffle_epi32, _mm_xor_si128,
+        };
+        let s = &s[..STRIPE];
+        let key = &KEYS[k];
+        // SAFETY: SSE2 (baseline); `s` holds 32 bytes (sliced above) and
+        // `_mm_loadu_si128` needs no alignment.
         unsafe {
             let a = _mm_loadu_si128(s.as_ptr().cast::<__m128i>());
             let b = _mm_loadu_si128(s.as_ptr().add(16).cast::<__m128i>());
-            let (da, db) = (_mm_xor_si128(a, key[0]), _mm_xor_si128(b, key[1]));
-            // `_mm_mul_epu32` multiplies the low 32 bits of each 64-bit lane.
-            let pa = _mm_mul_epu32(da, _mm_srli_epi64::<32>(da));
-            let pb = _mm_mul_epu32(db, _mm_srli_epi64::<32>(db));
-            acc[0] = _mm_add_epi64(acc[0], _mm_add_epi64(pa, b));
-            acc[1] = _mm_add_epi64(acc[1], _mm_add_epi64(pb, a));
-            key[0] = _mm_add_epi64(key[0], step[0]);
-            key[1] = _mm_add_epi64(key[1], step[1]);
+            let da = _mm_xor_si128(a, _mm_set_epi64x(key[1] as i64, key[0] as i64));
+            let db = _mm_xor_si128(b, _mm_set_epi64x(key[3] as i64, key[2] as i64));
+            // `_mm_mul_epu32` multiplies 32-bit lanes 0 and 2: spread lanes
+            // [0, 1] (then [2, 3]) there first, as wasm's extmul reads them.
+            const LOW: i32 = 0b01_01_00_00;
+            const HIGH: i32 = 0b11_11_10_10;
+            let pl = _mm_mul_epu32(
+                _mm_shuffle_epi32::<LOW>(da),
+                _mm_shuffle_epi32::<LOW>(db),
+            );
+            let ph = _mm_mul_epu32(
+                _mm_shuffle_epi32::<HIGH>(da),
+                _mm_shuffle_epi32::<HIGH>(db),
+            );
+            self.acc[0] = _mm_add_epi64(self.acc[0], _mm_add_epi64(pl, b));
+            self.acc[1] = _mm_add_epi64(self.acc[1], _mm_add_epi64(ph, a));
+            self.or = _mm_or_si128(self.or, _mm_or_si128(a, b));
         }
     }
-    let pair = |x: [u64; 4], i: usize| {
-        // SAFETY: SSE2 (baseline); plain register construction.
-        unsafe { _mm_set_epi64x(x[i + 1] as i64, x[i] as i64) }
-    };
-    let mut acc = [pair(INIT, 0), pair(INIT, 2)];
-    let mut key = [pair(KEY, 0), pair(KEY, 2)];
-    let step = [pair(STEP, 0), pair(STEP, 2)];
-    let mut stripes = b.chunks_exact(32);
-    for s in stripes.by_ref() {
-        stripe(&mut acc, &mut key, &step, s);
-    }
-    let tail = stripes.remainder();
-    if !tail.is_empty() {
-        stripe(&mut acc, &mut key, &step, &padded(tail));
-    }
-    let mut out = [0u64; 4];
-    // SAFETY: SSE2 (baseline); `out` has room for two 16-byte stores.
-    unsafe {
-        _mm_storeu_si128(out.as_mut_ptr().cast::<__m128i>(), acc[0]);
-        _mm_storeu_si128(out.as_mut_ptr().add(2).cast::<__m128i>(), acc[1]);
-    }
-    out
-}
 
-/// The accumulators after every stripe, without SIMD.
-#[cfg(not(any(
-    all(target_arch = "wasm32", target_feature = "simd128"),
-    target_arch = "x86_64"
-)))]
-#[inline]
-fn accumulate(b: &[u8]) -> [u64; 4] {
-    let mut acc = INIT;
-    let mut key = KEY;
-    let mut stripes = b.chunks_exact(32);
-    for s in stripes.by_ref() {
-        scalar_stripe(&mut acc, &mut key, s);
+    #[inline(always)]
+    fn scramble(&mut self) {
+        use core::arch::x86_64::{
+            _mm_add_epi64, _mm_mul_epu32, _mm_set1_epi64x, _mm_slli_epi64, _mm_srli_epi64,
+            _mm_xor_si128,
+        };
+        // SAFETY: SSE2 (baseline), as above.
+        unsafe {
+            let p = _mm_set1_epi64x(SCRAMBLE as i64);
+            for a in &mut self.acc {
+                let x = _mm_xor_si128(*a, _mm_srli_epi64::<47>(*a));
+                // x · P mod 2^64 = lo32(x) · P + (hi32(x) · P) << 32.
+                let lo = _mm_mul_epu32(x, p);
+                let hi = _mm_mul_epu32(_mm_srli_epi64::<32>(x), p);
+                *a = _mm_add_epi64(lo, _mm_slli_epi64::<32>(hi));
+            }
+        }
     }
-    let tail = stripes.remainder();
-    if !tail.is_empty() {
-        scalar_stripe(&mut acc, &mut key, &padded(tail));
+
+    #[inline(always)]
+    fn lanes(&self) -> ([u64; 4], bool) {
+        use core::arch::x86_64::{__m128i, _mm_movemask_epi8, _mm_storeu_si128};
+        let mut out = [0u64; 4];
+        // SAFETY: SSE2 (baseline); `out` has room for two 16-byte stores.
+        unsafe {
+            _mm_storeu_si128(out.as_mut_ptr().cast::<__m128i>(), self.acc[0]);
+            _mm_storeu_si128(out.as_mut_ptr().add(2).cast::<__m128i>(), self.acc[1]);
+            (out, _mm_movemask_epi8(self.or) != 0)
+        }
     }
-    acc
 }
 
 #[cfg(test)]
@@ -257,8 +390,8 @@ mod tests {
 
     #[test]
     fn simd_agrees_with_scalar() {
-        // Every length across several stripes, with the tail at every size.
-        for n in 0..300 {
+        // Every length across three rounds, with the tail at every size.
+        for n in 0..800 {
             for seed in 0..3 {
                 let b = bytes(n, seed);
                 assert_eq!(block_hash(&b), block_hash_scalar(&b), "len {n} seed {seed}");
@@ -269,6 +402,21 @@ mod tests {
         for start in 0..9 {
             let b = &big[start..];
             assert_eq!(block_hash(b), block_hash_scalar(b), "start {start}");
+        }
+    }
+
+    #[test]
+    fn ascii_blocks_hash_alike() {
+        // `block_hash_ascii` is `block_hash` on ASCII input, `None` as soon as
+        // one byte (anywhere: first, last, in the padded tail) is 0x80 or more.
+        for n in [0usize, 1, 31, 32, 255, 256, 257, 700] {
+            let ascii: Vec<u8> = bytes(n, 4).iter().map(|b| b & 0x7f).collect();
+            assert_eq!(block_hash_ascii(&ascii), Some(block_hash(&ascii)), "len {n}");
+            for at in [0, n / 2, n.saturating_sub(1)].into_iter().filter(|_| n > 0) {
+                let mut b = ascii.clone();
+                b[at] = 0x80 | (at as u8 & 0x7f);
+                assert_eq!(block_hash_ascii(&b), None, "len {n} at {at}");
+            }
         }
     }
 
@@ -295,12 +443,17 @@ mod tests {
         swapped[..32].copy_from_slice(&base[32..64]);
         swapped[32..64].copy_from_slice(&base[..32]);
         assert!(seen.insert(block_hash(&swapped)));
+        // Two rounds swapped (the scramble between rounds tells them apart).
+        let long = bytes(512, 2);
+        let mut rounds = long[256..].to_vec();
+        rounds.extend_from_slice(&long[..256]);
+        assert_ne!(block_hash(&long), block_hash(&rounds));
         let mut lanes = base.clone();
         lanes[..8].copy_from_slice(&base[16..24]);
         lanes[16..24].copy_from_slice(&base[..8]);
         assert!(seen.insert(block_hash(&lanes)));
         // The same word where the key makes its product vanish still counts.
-        let zero_lo = (KEY[0] & 0xffff_ffff).to_le_bytes();
+        let zero_lo = (KEYS[0][0] & 0xffff_ffff).to_le_bytes();
         let (mut x, mut y) = (vec![0u8; 32], vec![0u8; 32]);
         x[..4].copy_from_slice(&zero_lo[..4]);
         y[..4].copy_from_slice(&zero_lo[..4]);

@@ -37,7 +37,7 @@
 //! yields the same hashes, and a shared prefix of calls yields the same
 //! leading block hashes and ends.
 
-use crate::blockhash::block_hash;
+use crate::blockhash::{block_hash, block_hash_ascii};
 use crate::bytescan::split_chars;
 use std::cell::Cell;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -179,12 +179,30 @@ impl PrefixHasher {
     /// Pieces must not split a multi-byte character. Invalid UTF-8 is hashed
     /// as it is.
     ///
-    /// A whole block found at the start of `b` with no block open is hashed
-    /// straight from `b` ([`PrefixHasher::hash_in_place`]); anything else is
-    /// copied into the open block. The split is found with SIMD
-    /// ([`split_chars`]: ~3 vector operations per 16 ASCII bytes).
+    /// Fast path: with no block open, the next `block_units` bytes are hashed
+    /// straight from `b` while they are tested for ASCII
+    /// ([`block_hash_ascii`]: the test rides along with the hash); if they
+    /// are all ASCII (and no continuation byte follows) they are a whole
+    /// block of as many characters, with no separate pass to count them and
+    /// no copy. Otherwise (and for the rest of this piece, so non-ASCII text
+    /// wastes at most one block hash per piece) the block's end is found with
+    /// SIMD character counting ([`split_chars`]) and the bytes are hashed in
+    /// place if they make a whole block, else copied into the open block.
     pub fn push_utf8(&mut self, mut b: &[u8]) {
+        let mut try_ascii = true;
         while !b.is_empty() && self.remaining > 0 {
+            let n = self.block_units;
+            if try_ascii && self.in_block == 0 && self.cur.is_empty() && self.remaining >= n {
+                if let Some((block, rest)) = b.split_at_checked(n) {
+                    let ends = rest.first().map_or(true, |&c| c & 0xC0 != 0x80);
+                    if let Some(h) = block_hash_ascii(block).filter(|_| ends) {
+                        self.push_whole(h);
+                        b = rest;
+                        continue;
+                    }
+                    try_ascii = false;
+                }
+            }
             let room = (self.block_units - self.in_block).min(self.remaining);
             let (take_bytes, take_chars) = split_chars(b, room);
             b = self.take(b, take_bytes, take_chars);
@@ -209,10 +227,7 @@ impl PrefixHasher {
     fn take<'b>(&mut self, b: &'b [u8], bytes: usize, units: usize) -> &'b [u8] {
         let (head, rest) = b.split_at(bytes.min(b.len()));
         if units == self.block_units && self.in_block == 0 && self.cur.is_empty() {
-            self.chain = chain(self.chain, block_hash(head));
-            self.units += units;
-            self.remaining -= units;
-            self.push_block();
+            self.push_whole(block_hash(head));
         } else {
             self.cur.extend_from_slice(head);
             self.account(units);
@@ -242,6 +257,15 @@ impl PrefixHasher {
         if self.in_block > 0 && self.blocks.len() < max_blocks(self.limit, self.block_units) {
             self.close_block();
         }
+    }
+
+    /// Chain a whole block of `block_units` units (none open) whose hash is `h`.
+    #[inline]
+    fn push_whole(&mut self, h: u64) {
+        self.chain = chain(self.chain, h);
+        self.units += self.block_units;
+        self.remaining -= self.block_units;
+        self.push_block();
     }
 
     fn account(&mut self, units: usize) {
