@@ -88,6 +88,20 @@ pub fn block_hash_ascii(b: &[u8]) -> Option<u64> {
     (!high).then(|| finish(acc, b.len()))
 }
 
+/// [`block_hash`] of `b` if `b` is plain JSON string text: no byte 0x80 or
+/// above, no `"`, `\\` or control byte (so the raw JSON bytes are the text
+/// itself, one character each); else `None`, as soon as the 32-byte stripe
+/// holding the first such byte is read (a failed try costs about what the
+/// scan that must then find that byte would have). The JSON walk hands whole
+/// blocks of a string's raw bytes straight to the hasher this way
+/// ([`crate::hash::PrefixHasher::push_plain_blocks`]): the scan for the
+/// string's end, the character count and the hash in one pass.
+#[inline]
+pub fn block_hash_plain(b: &[u8]) -> Option<u64> {
+    let (acc, _) = run_checked::<Simd, true>(b)?;
+    Some(finish(acc, b.len()))
+}
+
 /// The scalar reference of [`block_hash`] (the same value everywhere; the
 /// SIMD builds are tested against it).
 pub fn block_hash_scalar(b: &[u8]) -> u64 {
@@ -98,8 +112,11 @@ pub fn block_hash_scalar(b: &[u8]) -> u64 {
 /// Four 64-bit accumulator lanes (and the OR of every byte seen).
 trait Lanes {
     fn new() -> Self;
-    /// Add the 32-byte stripe `s[..32]` with the keys of stripe `k` of a round.
-    fn stripe(&mut self, s: &[u8], k: usize);
+    /// Add the 32-byte stripe `s[..32]` with the keys of stripe `k` of a
+    /// round; with `PLAIN`, also flag JSON specials (`"`, `\\`, below 0x20).
+    fn stripe<const PLAIN: bool>(&mut self, s: &[u8], k: usize);
+    /// Whether a flagged byte (0x80 or above; a special with `PLAIN`) was seen.
+    fn flagged(&self) -> bool;
     /// Between rounds: `acc = (acc ⊕ acc >> 47) · SCRAMBLE` per lane.
     fn scramble(&mut self);
     /// The lanes, and whether any byte was 0x80 or above.
@@ -112,34 +129,57 @@ trait Lanes {
 /// [`finish`], tells `ab` from `ab\0`).
 #[inline(always)]
 fn run<L: Lanes>(b: &[u8]) -> ([u64; 4], bool) {
+    let acc = run_checked::<L, false>(b);
+    // Without `PLAIN` nothing stops the run early.
+    acc.unwrap_or(([0; 4], true))
+}
+
+/// [`run`]; with `PLAIN`, `None` as soon as a stripe holds a flagged byte.
+#[inline(always)]
+fn run_checked<L: Lanes, const PLAIN: bool>(b: &[u8]) -> Option<([u64; 4], bool)> {
     let mut l = L::new();
+    macro_rules! stripe {
+        ($s:expr, $k:expr) => {
+            l.stripe::<PLAIN>($s, $k);
+            if PLAIN && l.flagged() {
+                return None;
+            }
+        };
+    }
     let mut rounds = b.chunks_exact(ROUND * STRIPE);
     for r in rounds.by_ref() {
         // Written out: LLVM keeps a loop of eight here, with the keys loaded
         // from a table instead of constants (~15 % more wasm instructions).
-        l.stripe(r, 0);
-        l.stripe(&r[STRIPE..], 1);
-        l.stripe(&r[2 * STRIPE..], 2);
-        l.stripe(&r[3 * STRIPE..], 3);
-        l.stripe(&r[4 * STRIPE..], 4);
-        l.stripe(&r[5 * STRIPE..], 5);
-        l.stripe(&r[6 * STRIPE..], 6);
-        l.stripe(&r[7 * STRIPE..], 7);
+        stripe!(r, 0);
+        stripe!(&r[STRIPE..], 1);
+        stripe!(&r[2 * STRIPE..], 2);
+        stripe!(&r[3 * STRIPE..], 3);
+        stripe!(&r[4 * STRIPE..], 4);
+        stripe!(&r[5 * STRIPE..], 5);
+        stripe!(&r[6 * STRIPE..], 6);
+        stripe!(&r[7 * STRIPE..], 7);
         l.scramble();
     }
     let mut stripes = rounds.remainder().chunks_exact(STRIPE);
     let mut k = 0;
     for s in stripes.by_ref() {
-        l.stripe(s, k);
+        stripe!(s, k);
         k += 1;
     }
     let tail = stripes.remainder();
     if !tail.is_empty() {
+        // The zero padding is no special: test the tail's own bytes.
+        if PLAIN && crate::bytescan::find(tail, [b'"', b'\\'], 0x20).is_some() {
+            return None;
+        }
         let mut s = [0u8; STRIPE];
         s[..tail.len()].copy_from_slice(tail);
-        l.stripe(&s, k);
+        l.stripe::<false>(&s, k);
+        if PLAIN && l.flagged() {
+            return None;
+        }
     }
-    l.lanes()
+    Some(l.lanes())
 }
 
 /// Fold the lanes in order with the length, then the splitmix64 finalizer.
@@ -166,7 +206,10 @@ impl Lanes for Scalar {
     }
 
     #[inline(always)]
-    fn stripe(&mut self, s: &[u8], k: usize) {
+    fn stripe<const PLAIN: bool>(&mut self, s: &[u8], k: usize) {
+        if PLAIN && crate::bytescan::find_swar(&s[..STRIPE], [b'"', b'\\'], 0x20).is_some() {
+            self.or |= 0x80;
+        }
         let w: [u64; 4] = std::array::from_fn(|j| {
             let mut x = [0u8; 8];
             x.copy_from_slice(&s[8 * j..8 * j + 8]);
@@ -193,8 +236,12 @@ impl Lanes for Scalar {
         }
     }
 
+    fn flagged(&self) -> bool {
+        self.or & 0x8080_8080_8080_8080 != 0
+    }
+
     fn lanes(&self) -> ([u64; 4], bool) {
-        (self.acc, self.or & 0x8080_8080_8080_8080 != 0)
+        (self.acc, self.flagged())
     }
 }
 
@@ -224,7 +271,8 @@ impl Lanes for Simd {
     }
 
     #[inline(always)]
-    fn stripe(&mut self, s: &[u8], k: usize) {
+    fn stripe<const PLAIN: bool>(&mut self, s: &[u8], k: usize) {
+        use crate::bytescan::simd::matches;
         use core::arch::wasm32::{
             i64x2_add, u64x2, u64x2_extmul_high_u32x4, u64x2_extmul_low_u32x4, v128, v128_load,
             v128_or, v128_xor,
@@ -246,6 +294,18 @@ impl Lanes for Simd {
         self.acc[0] = i64x2_add(self.acc[0], i64x2_add(pl, b));
         self.acc[1] = i64x2_add(self.acc[1], i64x2_add(ph, a));
         self.or = v128_or(self.or, v128_or(a, b));
+        if PLAIN {
+            let special = v128_or(
+                matches(s, [b'"', b'\\'], 0x20),
+                matches(&s[16..], [b'"', b'\\'], 0x20),
+            );
+            self.or = v128_or(self.or, special);
+        }
+    }
+
+    #[inline(always)]
+    fn flagged(&self) -> bool {
+        core::arch::wasm32::u8x16_bitmask(self.or) != 0
     }
 
     #[inline(always)]
@@ -258,7 +318,7 @@ impl Lanes for Simd {
 
     #[inline(always)]
     fn lanes(&self) -> ([u64; 4], bool) {
-        use core::arch::wasm32::{i64x2_extract_lane, u8x16_bitmask};
+        use core::arch::wasm32::i64x2_extract_lane;
         let lane = |v, i| {
             if i == 0 {
                 i64x2_extract_lane::<0>(v) as u64
@@ -273,7 +333,7 @@ impl Lanes for Simd {
                 lane(self.acc[1], 0),
                 lane(self.acc[1], 1),
             ],
-            u8x16_bitmask(self.or) != 0,
+            self.flagged(),
         )
     }
 }
@@ -305,7 +365,8 @@ impl Lanes for Simd {
     }
 
     #[inline(always)]
-    fn stripe(&mut self, s: &[u8], k: usize) {
+    fn stripe<const PLAIN: bool>(&mut self, s: &[u8], k: usize) {
+        use crate::bytescan::simd::matches;
         use core::arch::x86_64::{
             __m128i, _mm_add_epi64, _mm_loadu_si128, _mm_mul_epu32, _mm_or_si128, _mm_set_epi64x,
             _mm_shuffle_epi32, _mm_xor_si128,
@@ -334,7 +395,20 @@ impl Lanes for Simd {
             self.acc[0] = _mm_add_epi64(self.acc[0], _mm_add_epi64(pl, b));
             self.acc[1] = _mm_add_epi64(self.acc[1], _mm_add_epi64(ph, a));
             self.or = _mm_or_si128(self.or, _mm_or_si128(a, b));
+            if PLAIN {
+                let special = _mm_or_si128(
+                    matches(s, [b'"', b'\\'], 0x20),
+                    matches(&s[16..], [b'"', b'\\'], 0x20),
+                );
+                self.or = _mm_or_si128(self.or, special);
+            }
         }
+    }
+
+    #[inline(always)]
+    fn flagged(&self) -> bool {
+        // SAFETY: SSE2 (baseline), as above.
+        unsafe { core::arch::x86_64::_mm_movemask_epi8(self.or) != 0 }
     }
 
     #[inline(always)]
@@ -358,13 +432,13 @@ impl Lanes for Simd {
 
     #[inline(always)]
     fn lanes(&self) -> ([u64; 4], bool) {
-        use core::arch::x86_64::{__m128i, _mm_movemask_epi8, _mm_storeu_si128};
+        use core::arch::x86_64::{__m128i, _mm_storeu_si128};
         let mut out = [0u64; 4];
         // SAFETY: SSE2 (baseline); `out` has room for two 16-byte stores.
         unsafe {
             _mm_storeu_si128(out.as_mut_ptr().cast::<__m128i>(), self.acc[0]);
             _mm_storeu_si128(out.as_mut_ptr().add(2).cast::<__m128i>(), self.acc[1]);
-            (out, _mm_movemask_epi8(self.or) != 0)
+            (out, self.flagged())
         }
     }
 }
@@ -418,6 +492,35 @@ mod tests {
                 assert_eq!(block_hash_ascii(&b), None, "len {n} at {at}");
             }
         }
+    }
+
+    #[test]
+    fn plain_blocks_hash_alike() {
+        // `block_hash_plain` is `block_hash` on plain text, `None` with any
+        // byte 0x80 or above, `"`, `\\` or control, at any position (the
+        // early exit at every stripe, the padded tail), on every build.
+        let plain_byte = |b: u8| {
+            let c = 0x20 + b % 0x5f;
+            if c == b'"' || c == b'\\' {
+                b'a'
+            } else {
+                c
+            }
+        };
+        for n in [0usize, 1, 5, 31, 32, 33, 64, 255, 256, 257, 300, 600] {
+            let plain: Vec<u8> = bytes(n, 7).into_iter().map(plain_byte).collect();
+            assert_eq!(block_hash_plain(&plain), Some(block_hash(&plain)), "len {n}");
+            for at in 0..n {
+                for bad in [b'"', b'\\', 0x00, 0x1f, 0x80, 0xff] {
+                    let mut b = plain.clone();
+                    b[at] = bad;
+                    assert_eq!(block_hash_plain(&b), None, "len {n} at {at} {bad:#x}");
+                }
+            }
+        }
+        // Bytes that only look close to the class are plain.
+        let near = b" !#[]^~\x7f".repeat(30);
+        assert_eq!(block_hash_plain(&near), Some(block_hash(&near)));
     }
 
     #[test]

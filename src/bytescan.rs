@@ -174,7 +174,7 @@ fn chars_in_word(w: u64) -> usize {
 
 /// The 16-byte steps of [`find`]: WebAssembly SIMD.
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-mod simd {
+pub(crate) mod simd {
     use core::arch::wasm32::{
         i8x16_lt, i8x16_splat, u8x16, u8x16_bitmask, u8x16_eq, u8x16_lt, u8x16_splat, v128,
         v128_any_true, v128_or, v128_xor,
@@ -240,7 +240,7 @@ mod simd {
 
 /// The 16-byte steps of [`find`]: SSE2 (part of the x86_64 baseline).
 #[cfg(target_arch = "x86_64")]
-mod simd {
+pub(crate) mod simd {
     use core::arch::x86_64::{
         __m128i, _mm_cmpeq_epi8, _mm_cmplt_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8,
         _mm_or_si128, _mm_set1_epi8, _mm_setzero_si128, _mm_xor_si128,

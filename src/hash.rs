@@ -37,7 +37,7 @@
 //! yields the same hashes, and a shared prefix of calls yields the same
 //! leading block hashes and ends.
 
-use crate::blockhash::{block_hash, block_hash_ascii};
+use crate::blockhash::{block_hash, block_hash_ascii, block_hash_plain};
 use crate::bytescan::split_chars;
 use std::cell::Cell;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -207,6 +207,36 @@ impl PrefixHasher {
             let (take_bytes, take_chars) = split_chars(b, room);
             b = self.take(b, take_bytes, take_chars);
         }
+    }
+
+    /// Hash whole blocks of plain JSON string bytes straight from `raw`
+    /// (the raw body, escapes and the closing quote still in it), while no
+    /// block is open: each next `block_units` bytes that are all plain
+    /// ([`block_hash_plain`]: ASCII, no `"`, `\\` or control byte, so they
+    /// are the text itself, one character each) and not followed by a
+    /// continuation byte make one block. Returns the bytes consumed (whole
+    /// blocks; 0 at the first block that is not plain), which the caller
+    /// must then skip: the same blocks and hashes as unescaping them and
+    /// calling [`PrefixHasher::push_utf8`], in one pass instead of a scan for
+    /// the string's end, then a count and a hash.
+    #[inline]
+    pub fn push_plain_blocks(&mut self, raw: &[u8]) -> usize {
+        let n = self.block_units;
+        let mut used = 0;
+        while self.in_block == 0 && self.cur.is_empty() && self.remaining >= n {
+            let Some((block, rest)) = raw[used..].split_at_checked(n) else {
+                break;
+            };
+            if rest.first().is_some_and(|&c| c & 0xC0 == 0x80) {
+                break;
+            }
+            let Some(h) = block_hash_plain(block) else {
+                break;
+            };
+            self.push_whole(h);
+            used += n;
+        }
+        used
     }
 
     /// Feed raw bytes, counting bytes.
