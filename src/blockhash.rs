@@ -90,9 +90,9 @@ pub fn block_hash_ascii(b: &[u8]) -> Option<u64> {
 
 /// [`block_hash`] of `b` if `b` is plain JSON string text: no byte 0x80 or
 /// above, no `"`, `\\` or control byte (so the raw JSON bytes are the text
-/// itself, one character each); else `None`, as soon as the 32-byte stripe
-/// holding the first such byte is read (a failed try costs about what the
-/// scan that must then find that byte would have). The JSON walk hands whole
+/// itself, one character each); else `None`, at the end of the 256-byte
+/// round holding the first such byte (a failed try reads at most one round
+/// more than the scan that must then find that byte). The JSON walk hands whole
 /// blocks of a string's raw bytes straight to the hasher this way
 /// ([`crate::hash::PrefixHasher::push_plain_blocks`]): the scan for the
 /// string's end, the character count and the hash in one pass.
@@ -138,12 +138,11 @@ fn run<L: Lanes>(b: &[u8]) -> ([u64; 4], bool) {
 #[inline(always)]
 fn run_checked<L: Lanes, const PLAIN: bool>(b: &[u8]) -> Option<([u64; 4], bool)> {
     let mut l = L::new();
+    // With `PLAIN`, the flag is tested after each round (and at the end):
+    // a failed try reads at most one round past the first flagged byte.
     macro_rules! stripe {
         ($s:expr, $k:expr) => {
-            l.stripe::<PLAIN>($s, $k);
-            if PLAIN && l.flagged() {
-                return None;
-            }
+            l.stripe::<PLAIN>($s, $k)
         };
     }
     let mut rounds = b.chunks_exact(ROUND * STRIPE);
@@ -158,6 +157,9 @@ fn run_checked<L: Lanes, const PLAIN: bool>(b: &[u8]) -> Option<([u64; 4], bool)
         stripe!(&r[5 * STRIPE..], 5);
         stripe!(&r[6 * STRIPE..], 6);
         stripe!(&r[7 * STRIPE..], 7);
+        if PLAIN && l.flagged() {
+            return None;
+        }
         l.scramble();
     }
     let mut stripes = rounds.remainder().chunks_exact(STRIPE);
@@ -175,9 +177,9 @@ fn run_checked<L: Lanes, const PLAIN: bool>(b: &[u8]) -> Option<([u64; 4], bool)
         let mut s = [0u8; STRIPE];
         s[..tail.len()].copy_from_slice(tail);
         l.stripe::<false>(&s, k);
-        if PLAIN && l.flagged() {
-            return None;
-        }
+    }
+    if PLAIN && l.flagged() {
+        return None;
     }
     Some(l.lanes())
 }
