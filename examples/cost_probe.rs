@@ -35,8 +35,8 @@ mod responses;
 
 use prefix_router::cost::CostModel;
 use prefix_router::hash::{PrefixHasher, BLOCK_UNITS};
-use prefix_router::json::{Scanner, ELEMENT_END};
 use prefix_router::index::{SlotStore, SlotValue, VecStore};
+use prefix_router::json::{Scanner, ELEMENT_END};
 use prefix_router::usage::UsageScanner;
 use prefix_router::{Body, Config, Loads, Router, RoutingKey};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -196,7 +196,11 @@ fn case(name: &str, mut f: impl FnMut() -> u64) {
     let allocs = ALLOCS.load(Ordering::Relaxed) - before;
     match timing_rounds() {
         Some(rounds) => println!("{name} {:.0}", best_ns(rounds, &mut f)),
-        None => println!("{name} {} {:.1}", iters(), allocs as f64 / iters().max(1) as f64),
+        None => println!(
+            "{name} {} {:.1}",
+            iters(),
+            allocs as f64 / iters().max(1) as f64
+        ),
     }
 }
 

@@ -1,37 +1,40 @@
 //! The hash of one prefix block's bytes ([`block_hash`]), built for the
 //! filter's runtime: WebAssembly with 128-bit SIMD under V8.
 //!
-//! Algorithm (the accumulation of xxh3, reduced to four 64-bit lanes, with a
-//! key schedule instead of a secret table): the input is read in 32-byte
-//! stripes of four little-endian words `w[0..4]` (the last stripe zero
-//! padded). For stripe `n` and lane `j`, with `k = KEY[j] + n · STEP[j]`:
+//! Algorithm (xxh3's accumulation with UMAC's NH pairing, four 64-bit
+//! lanes): the input is read in 32-byte stripes of four little-endian words
+//! `w[0..4]`, eight stripes to a 256-byte round (the last stripe zero
+//! padded). Stripe `s` of a round has its own keys `k = KEYS[s]`; with
+//! `d[j] = w[j] ⊕ k[j]`, `lo`/`hi` the 32-bit halves:
 //!
 //! ```text
-//! d       = w[j] ⊕ k
-//! acc[j] += lo32(d) · hi32(d) + w[j ⊕ 2]      (a 32×32→64-bit product)
+//! acc[0] += lo(d[0]) · lo(d[2]) + w[2]     acc[2] += lo(d[1]) · lo(d[3]) + w[0]
+//! acc[1] += hi(d[0]) · hi(d[2]) + w[3]     acc[3] += hi(d[1]) · hi(d[3]) + w[1]
 //! ```
 //!
-//! Adding the word of the opposite lane keeps every input bit in the sum
-//! even when a product vanishes (`lo32(d) = 0`), as xxh3 does; the key moving
-//! with the stripe makes the sum depend on where each stripe is (two swapped
-//! stripes give different sums). The four lanes are then folded in order with
-//! the length (`h = ((h ⊕ acc[j]) · P).rotl(31)`) and finished with the
-//! splitmix64 finalizer, a bijection that spreads every bit over the result.
+//! (32×32→64-bit products of halves of different words). Adding the raw
+//! words keeps every input bit in the sums even when a product vanishes, as
+//! xxh3 does; the per-stripe keys make the sums depend on where a stripe is
+//! in its round, and a scramble after each whole round (`acc = (acc ⊕
+//! acc >> 47) · SCRAMBLE`) on which round it is in. The four lanes are then
+//! folded in order with the length (`h = ((h ⊕ acc[j]) · P).rotl(31)`) and
+//! finished with the splitmix64 finalizer.
 //!
 //! Why not xxh64 or xxh3: per 256-byte block xxh64 runs ~670 wasm
 //! instructions (four scalar 64-bit multiply rounds per 32 bytes), and xxh3's
 //! fold of its accumulators needs 64×64→128-bit products that wasm32 has no
-//! instruction for (a `__multi3` call each). Here a stripe is fourteen SIMD
-//! operations (two loads, two xors, two shuffles, two
-//! `i64x2.extmul_*_i32x4_u`, four adds, two key steps) and the only 64-bit
-//! multiplies are the five of the final fold (`scripts/cost-wasm.sh --fuel`,
+//! instruction for (a `__multi3` call each). Here a stripe is two loads, two
+//! xors with constant keys, two `i64x2.extmul_{low,high}_i32x4_u` (which read
+//! 32-bit lanes 0–1 and 2–3 of both operands: no shuffle, which V8 lowered
+//! slowly in a first version) and four adds; ~330 wasm instructions per
+//! 256-byte block (`scripts/cost-wasm.sh --fuel keyblock/16k`,
 //! docs/overhead.md "Sixth session").
 //!
 //! Three implementations give the same value for every input (tested against
 //! each other): WebAssembly `simd128` (the filter's build), SSE2 on x86_64
-//! (`_mm_mul_epu32` is exactly `lo32 · hi32` per lane, so the native
-//! instruction counts of `scripts/cost.sh` follow the wasm build's work), and
-//! a portable scalar one ([`block_hash_scalar`]).
+//! (`_mm_mul_epu32` after a lane spread), and a portable scalar one
+//! ([`block_hash_scalar`]). [`block_hash_ascii`] and [`block_hash_plain`]
+//! are the same hash with a test of the bytes riding along.
 //!
 //! Not a cryptographic hash: as with xxh64 before, anyone can make two blocks
 //! collide on purpose (the index keeps its own secret for slot placement).
@@ -292,7 +295,10 @@ impl Lanes for Simd {
         let da = v128_xor(a, u64x2(key[0], key[1]));
         let db = v128_xor(b, u64x2(key[2], key[3]));
         // 32-bit lanes i of da and db multiplied: [0, 1] and [2, 3].
-        let (pl, ph) = (u64x2_extmul_low_u32x4(da, db), u64x2_extmul_high_u32x4(da, db));
+        let (pl, ph) = (
+            u64x2_extmul_low_u32x4(da, db),
+            u64x2_extmul_high_u32x4(da, db),
+        );
         self.acc[0] = i64x2_add(self.acc[0], i64x2_add(pl, b));
         self.acc[1] = i64x2_add(self.acc[1], i64x2_add(ph, a));
         self.or = v128_or(self.or, v128_or(a, b));
@@ -386,14 +392,8 @@ impl Lanes for Simd {
             // [0, 1] (then [2, 3]) there first, as wasm's extmul reads them.
             const LOW: i32 = 0b01_01_00_00;
             const HIGH: i32 = 0b11_11_10_10;
-            let pl = _mm_mul_epu32(
-                _mm_shuffle_epi32::<LOW>(da),
-                _mm_shuffle_epi32::<LOW>(db),
-            );
-            let ph = _mm_mul_epu32(
-                _mm_shuffle_epi32::<HIGH>(da),
-                _mm_shuffle_epi32::<HIGH>(db),
-            );
+            let pl = _mm_mul_epu32(_mm_shuffle_epi32::<LOW>(da), _mm_shuffle_epi32::<LOW>(db));
+            let ph = _mm_mul_epu32(_mm_shuffle_epi32::<HIGH>(da), _mm_shuffle_epi32::<HIGH>(db));
             self.acc[0] = _mm_add_epi64(self.acc[0], _mm_add_epi64(pl, b));
             self.acc[1] = _mm_add_epi64(self.acc[1], _mm_add_epi64(ph, a));
             self.or = _mm_or_si128(self.or, _mm_or_si128(a, b));
@@ -487,8 +487,15 @@ mod tests {
         // one byte (anywhere: first, last, in the padded tail) is 0x80 or more.
         for n in [0usize, 1, 31, 32, 255, 256, 257, 700] {
             let ascii: Vec<u8> = bytes(n, 4).iter().map(|b| b & 0x7f).collect();
-            assert_eq!(block_hash_ascii(&ascii), Some(block_hash(&ascii)), "len {n}");
-            for at in [0, n / 2, n.saturating_sub(1)].into_iter().filter(|_| n > 0) {
+            assert_eq!(
+                block_hash_ascii(&ascii),
+                Some(block_hash(&ascii)),
+                "len {n}"
+            );
+            for at in [0, n / 2, n.saturating_sub(1)]
+                .into_iter()
+                .filter(|_| n > 0)
+            {
                 let mut b = ascii.clone();
                 b[at] = 0x80 | (at as u8 & 0x7f);
                 assert_eq!(block_hash_ascii(&b), None, "len {n} at {at}");
@@ -511,7 +518,11 @@ mod tests {
         };
         for n in [0usize, 1, 5, 31, 32, 33, 64, 255, 256, 257, 300, 600] {
             let plain: Vec<u8> = bytes(n, 7).into_iter().map(plain_byte).collect();
-            assert_eq!(block_hash_plain(&plain), Some(block_hash(&plain)), "len {n}");
+            assert_eq!(
+                block_hash_plain(&plain),
+                Some(block_hash(&plain)),
+                "len {n}"
+            );
             for at in 0..n {
                 for bad in [b'"', b'\\', 0x00, 0x1f, 0x80, 0xff] {
                     let mut b = plain.clone();

@@ -438,11 +438,19 @@ mod tests {
         for start in 0..20 {
             let b = &text[start..];
             for room in 0..b.len() + 2 {
-                assert_eq!(split_chars(b, room), naive(b, room), "start {start} room {room}");
+                assert_eq!(
+                    split_chars(b, room),
+                    naive(b, room),
+                    "start {start} room {room}"
+                );
             }
         }
         for w in [0u64, u64::MAX, 0x80bf_c0ff_7f41_e282, 0x4141_4141_4141_4141] {
-            let n = w.to_le_bytes().iter().filter(|&&c| c & 0xC0 != 0x80).count();
+            let n = w
+                .to_le_bytes()
+                .iter()
+                .filter(|&&c| c & 0xC0 != 0x80)
+                .count();
             assert_eq!(chars_in_word(w), n, "{w:#x}");
         }
     }

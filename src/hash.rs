@@ -1,15 +1,19 @@
-//! Prefix hashing: chained xxh64 block hashes over a bounded prefix.
+//! Prefix hashing: chained block hashes over a bounded prefix.
 //!
 //! Algorithm: the prefix text is cut into blocks of `block_units` units
 //! (characters for extracted text, bytes for raw bodies). Block `i` is hashed
-//! one-shot with unseeded xxh64 (straight from the input when it is a whole
-//! ASCII block, else from a reused block buffer) and chained:
-//! `h_i = chain(h_{i-1}, xxh64(block_i))`, `h_{-1} = 0`, where `chain` is a
-//! splitmix64-style mix of the two (see [`chain`]; only 64-bit multiplies,
-//! which wasm32 has, unlike xxh3's 128-bit products). So `h_i` identifies the whole prefix up to the end of block `i`, as
-//! vLLM's chained block hashes do. (Seeding the 256-byte block hash itself
-//! with `h_{i-1}`, as before, made xxh3 derive a 192-byte secret from the
-//! seed for every block: as much work as hashing the block.) The request seed (model, tenant salt, routing id)
+//! one-shot with [`crate::blockhash::block_hash`] (a SIMD hash built for
+//! wasm; xxh64 until the sixth session: same blocks, other values) straight
+//! from the input when it is a whole block (whole ASCII blocks are
+//! recognised by the hash itself, and plain JSON blocks straight from the
+//! body by [`PrefixHasher::push_plain_blocks`]), else from a reused block
+//! buffer, and chained: `h_i = chain(h_{i-1}, hash(block_i))`, `h_{-1} = 0`,
+//! where `chain` is a splitmix64-style mix of the two (see [`chain`]; only
+//! 64-bit multiplies, which wasm32 has, unlike xxh3's 128-bit products). So
+//! `h_i` identifies the whole prefix up to the end of block `i`, as vLLM's
+//! chained block hashes do. (Seeding the block hash itself with `h_{i-1}`,
+//! as before, made xxh3 derive a 192-byte secret from the seed for every
+//! block: as much work as hashing the block.) The request seed (model, tenant salt, routing id)
 //! is mixed in at the end ([`mix`]), so text can be hashed in a single pass in
 //! any JSON field order, before the seed is known.
 //!
