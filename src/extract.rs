@@ -512,7 +512,7 @@ mod tests {
     }
 
     /// JSON string contents for `text`: quotes, backslashes and controls
-    /// escaped, and (when `rand` says so) other characters as `\uXXXX`.
+    /// escaped, and (when `rand` says so) non-ASCII characters as `\uXXXX`.
     fn json_text(text: &str, rand: &mut impl FnMut(u32) -> u32) -> String {
         let mut out = String::new();
         for c in text.chars() {
