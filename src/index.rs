@@ -89,6 +89,30 @@
 //! binary search then reports a shallower known prefix (never a false one, up
 //! to 48-bit tag collisions).
 
+/// Longest a warm exact repeat leaves its entry's time unrefreshed
+/// ([`PrefixIndex::record_unneeded`], [`refresh_skip_ms`]), milliseconds.
+pub const REFRESH_SKIP_MS: u64 = 1_000;
+
+/// The freshness bound of [`PrefixIndex::record_unneeded`] for an index
+/// whose entries expire after `max_age_ms` and whose refreshes are
+/// published to peers when older than `publish_ms` (`None`: no peers):
+/// the least of [`REFRESH_SKIP_MS`], 1 % of the TTL and `publish_ms`.
+///
+/// Why that is safe: an entry may then look up to this much older than
+/// its last use. Against the TTL that is ≤ 1 % (a 600 s TTL: 1 s); under
+/// a 10 s TTL only a write of the very same value (same 100 ms clock
+/// step) is skipped; a pending entry looks `max_age − PENDING_MS` old, far beyond
+/// it, so its confirmation is always written; an eviction horizon
+/// ([`crate::feedback`]) needs misses spread over seconds and drops at
+/// most the entries last used within the bound of it; and a warm repeat
+/// is published to peers only over an entry older than `publish_ms`, never
+/// skipped here, so the peers see the same refreshes (or earlier ones).
+pub fn refresh_skip_ms(max_age_ms: u64, publish_ms: Option<u64>) -> u64 {
+    REFRESH_SKIP_MS
+        .min(max_age_ms / 100)
+        .min(publish_ms.unwrap_or(u64::MAX))
+}
+
 /// How long a pending record (written at routing, before the response
 /// confirms it) stays fresh, milliseconds ([`PrefixIndex::record_pending`]).
 pub const PENDING_MS: u64 = 30_000;
@@ -624,6 +648,48 @@ impl PrefixIndex {
         self.write(store, blocks, known, replica, (now_ms, marks))
     }
 
+    /// Would [`PrefixIndex::record`] of `blocks` for `replica` (with
+    /// `known`, the routing lookup) only refresh the time of an entry
+    /// younger than `fresh_ms`? Then the caller may skip the write (the
+    /// filter's one shared-data set after a warm hit's 2xx).
+    ///
+    /// True exactly when the record is one set that rewrites the slot with
+    /// the same tag (end mark included) and the same holders: an exact
+    /// repeat (`known.depth` = the request's blocks; without
+    /// `rewrite_known`, which would rewrite the other ladder blocks), with
+    /// `replica` already the front holder, and the entry written less than
+    /// `fresh_ms` before `now_ms` (a time in the future is never fresh).
+    /// Every other record (a new holder or a reorder, a deeper prefix, a
+    /// mark the write would drop, a pending entry: its time is set back by
+    /// `max_age − PENDING_MS`, far beyond any bound [`refresh_skip_ms`]
+    /// gives) writes as before. O(holders), no store access.
+    ///
+    /// What skipping changes: the entry's time lags its last use by less
+    /// than `fresh_ms`, so every rule that reads entry ages (the TTL,
+    /// eviction horizons of [`crate::feedback`], the peers' refresh
+    /// horizon) sees the entry at most `fresh_ms` older than it is; a
+    /// colliding key that overwrote the slot since the lookup is not
+    /// overwritten back (the approximation the table already makes).
+    pub fn record_unneeded(
+        &self,
+        blocks: &[u64],
+        known: Option<&Known>,
+        replica: usize,
+        (now_ms, fresh_ms): (u64, u64),
+    ) -> bool {
+        let Some(k) = known else { return false };
+        let n = blocks.len();
+        if n == 0 || k.depth != n || (self.cfg.rewrite_known && n > 1) {
+            return false;
+        }
+        let r = replica.min(u16::MAX as usize - 1) as u16;
+        // `write` keeps the mark of an exact repeat only when marks are on.
+        let marks = self.cfg.end_marks || self.cfg.last_mark;
+        let keeps_mark = !k.entry.is_end() || marks;
+        let age_ms = u64::from(decis(now_ms).wrapping_sub(k.entry.time)) * 100;
+        keeps_mark && k.entry.with_front(r) == k.entry.holders && age_ms < fresh_ms
+    }
+
     /// `record` at `now_ms`, with the end marks `marks`.
     fn write<S: SlotStore>(
         &self,
@@ -1086,5 +1152,101 @@ mod tests {
         a.record(&mut st, &keys[..64], None, 1, 0);
         assert!(a.lookup(&st, &keys[..64], 0).is_some());
         assert_eq!(b.lookup(&st, &keys[..64], 0), None);
+    }
+
+    /// `record_unneeded` is true exactly when `record` would change nothing
+    /// but the time of an entry younger than the bound; a table that skips
+    /// those records answers every lookup like one that writes them all,
+    /// with ages at most the bound apart.
+    #[test]
+    fn a_record_is_skipped_only_when_it_would_refresh_a_fresh_entry() {
+        let fresh_ms = refresh_skip_ms(600_000, None);
+        assert_eq!(fresh_ms, REFRESH_SKIP_MS);
+        assert_eq!(refresh_skip_ms(5_000, None), 50);
+        assert_eq!(refresh_skip_ms(600_000, Some(0)), 0);
+        let configs = [
+            IndexConfig::default(),
+            IndexConfig {
+                last_mark: false,
+                ..IndexConfig::default()
+            },
+            IndexConfig {
+                end_marks: true,
+                ..IndexConfig::default()
+            },
+            IndexConfig {
+                rewrite_known: true,
+                ..IndexConfig::default()
+            },
+        ];
+        let prefixes: Vec<Vec<u64>> = (0..4).map(|i| chain(10 + i, 30, i, 30)).collect();
+        let mut seed = 12_345u64;
+        let mut rand = |n: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) % n
+        };
+        let (mut skipped, mut written) = (0, 0);
+        for cfg in configs {
+            let idx = PrefixIndex::new(cfg);
+            let mut skipping = VecStore::new(cfg.slots);
+            let mut always = VecStore::new(cfg.slots);
+            let mut now = 1_000_000u64;
+            for step in 0..600 {
+                now += [0, 40, 100, 300, 900, 1_500, 20_000][rand(7) as usize];
+                let p = &prefixes[rand(4) as usize];
+                let blocks = &p[..[1, 2, 7, 16, 30][rand(5) as usize]];
+                let r = if rand(3) > 0 { 0 } else { rand(4) as usize };
+                if rand(10) == 0 {
+                    // A pending record (cold placement) in both tables.
+                    let k = idx.lookup(&always, blocks, now);
+                    idx.record_pending(&mut always, blocks, k.as_ref(), r, (now, 600_000));
+                    let k = idx.lookup(&skipping, blocks, now);
+                    idx.record_pending(&mut skipping, blocks, k.as_ref(), r, (now, 600_000));
+                    continue;
+                }
+                let known = idx.lookup(&skipping, blocks, now);
+                let unneeded = idx.record_unneeded(blocks, known.as_ref(), r, (now, fresh_ms));
+                // What the record would change, by slot.
+                let mut probe = skipping.clone();
+                let sets = idx.record(&mut probe, blocks, known.as_ref(), r, now) as usize;
+                let time_only = probe.slots.iter().zip(&skipping.slots).all(|(n, o)| {
+                    n == o
+                        || match (Entry::decode(n), Entry::decode(o)) {
+                            (Some(n), Some(o)) => n.tag == o.tag && n.holders == o.holders,
+                            _ => false,
+                        }
+                });
+                let fresh = known.is_some_and(|k| k.age_ms < fresh_ms);
+                assert_eq!(
+                    unneeded,
+                    sets == 1 && time_only && fresh,
+                    "step {step}, {cfg:?}: sets {sets}, time only {time_only}, known {known:?}"
+                );
+                if unneeded {
+                    skipped += 1;
+                } else {
+                    skipping = probe;
+                    written += 1;
+                }
+                let k = idx.lookup(&always, blocks, now);
+                idx.record(&mut always, blocks, k.as_ref(), r, now);
+                // Same answers, ages within the bound.
+                for q in &prefixes {
+                    let (a, b) = (idx.lookup(&always, q, now), idx.lookup(&skipping, q, now));
+                    assert_eq!(
+                        a.map(|k| (k.depth, k.entry.tag, k.entry.holders)),
+                        b.map(|k| (k.depth, k.entry.tag, k.entry.holders)),
+                        "step {step}"
+                    );
+                    if let (Some(a), Some(b)) = (a, b) {
+                        assert!(b.age_ms >= a.age_ms && b.age_ms - a.age_ms < fresh_ms.max(100));
+                    }
+                }
+            }
+        }
+        assert!(
+            skipped > 50 && written > 500,
+            "{skipped} skipped, {written} written"
+        );
     }
 }

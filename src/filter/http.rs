@@ -39,7 +39,7 @@ use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
 use crate::decision::{Branch, Decision, KeySource};
 use crate::hash::hash_id;
 use crate::header_pairs;
-use crate::index::Known;
+use crate::index::{refresh_skip_ms, Known};
 use crate::peers_log::Publishing;
 use crate::router::{prompt_chars, Body, RoutingId, RoutingKey};
 use crate::select::Loads;
@@ -467,8 +467,17 @@ impl RouterHttp {
         else {
             return;
         };
-        let mut slots = SharedSlots::new(&p.keys.prefix);
         let now_ms = host::now_nanos() / 1_000_000;
+        // A warm repeat on its front holder, recorded less than the bound
+        // ago, would only refresh the entry's time: no set.
+        let publish_ms = p.config().peers.as_ref();
+        let publish_ms = publish_ms.map(|c| u64::from(c.refresh_publish_s) * 1000);
+        let fresh_ms = refresh_skip_ms(view.router.affinity_config().max_age_ms, publish_ms);
+        let index = view.router.index();
+        if index.record_unneeded(&blocks, known.as_ref(), served, (now_ms, fresh_ms)) {
+            return;
+        }
+        let mut slots = SharedSlots::new(&p.keys.prefix);
         {
             // With `peers`, the news among the writes is published (address ids).
             let rule = super::peers::news_rule(p);
