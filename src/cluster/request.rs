@@ -99,8 +99,10 @@ impl DownCache {
 /// CAS set of its own: its release waits here and is written by the VM's next
 /// [`Slot::take`] (in the same CAS update as the take, the picture it is
 /// routed on already subtracting them) or by [`Releases::flush`] (the
-/// filter flushes on every tick, 100 ms, and at a request end that leaves
-/// the VM idle, so at rest the counts and gauges are exact).
+/// filter flushes on every tick, 100 ms, and before its poller reconciles
+/// with Envoy's `rq_active`; so at rest the counts and gauges are exact one
+/// tick after the last request ended, and a single worker's own pictures
+/// are exact at once).
 ///
 /// Invariants: this VM's own decisions always see its ended requests as
 /// ended; another worker sees them at most one tick late (the host looks
@@ -830,5 +832,49 @@ mod tests {
         assert_eq!(g, vec![(a1.to_string(), 0), (a2.to_string(), 0)]);
         assert_eq!((w.count(a1), w.count(a2)), (0, 0));
         assert_eq!(local.releases.flush(&w.s, &w.k).unwrap(), vec![]);
+    }
+
+    /// One request at a time (c=1), each release left waiting when the VM
+    /// goes idle (the filter's `on_log`): every picture still sees exact
+    /// loads and queued tokens, each routing is one get + one CAS set (the
+    /// release rides on it), and one flush (the tick) leaves the table at 0.
+    #[test]
+    fn a_single_worker_sees_exact_counts_with_releases_left_waiting() {
+        let w = World::with_two_hosts();
+        let view = w.f.current(&w.s, &w.k);
+        let local = VmLocal::default();
+        let addrs = ["10.0.0.1:1", "10.0.0.1:2"];
+        for i in 0..40 {
+            let calls = w.s.calls.get();
+            let p = picture(&w.s, &w.k, &view, w.f.config(), None, 10, &local);
+            assert_eq!(p.loads, vec![0, 0], "request {i}");
+            assert_eq!(p.queued, Some(vec![0, 0]), "request {i}");
+            let addr = addrs[i % 2];
+            let mut slot = Slot::default();
+            let joined = Joined {
+                queued_tokens: 50,
+                share: false,
+            };
+            slot.take(&w.s, &w.k, addr, p.snapshot, &local.releases, joined)
+                .unwrap();
+            // Down marks: read once per DownCache::MAX_AGE_MS (the clock stands).
+            let downs = u64::from(i == 0);
+            assert_eq!(w.s.calls.get() - calls, 2 + downs, "request {i}");
+            assert_eq!(w.count(addr), 1, "request {i}: counted once");
+            let mut q = crate::cluster::queued::Queued::default();
+            q.joined(addr, 50);
+            let calls = w.s.calls.get();
+            q.finish_later(&local.releases);
+            assert!(slot.release_later(&local.releases));
+            assert_eq!(
+                w.s.calls.get(),
+                calls,
+                "request {i}: no host call at its end"
+            );
+        }
+        assert_eq!(w.count(addrs[1]), 1, "other workers see it one tick late");
+        local.releases.flush(&w.s, &w.k).unwrap();
+        let (t, _) = InFlight::read(&w.s, &w.k.inflight).unwrap();
+        assert_eq!((view.loads(&t), view.queued(&t)), (vec![0, 0], vec![0, 0]));
     }
 }

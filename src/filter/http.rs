@@ -756,14 +756,12 @@ impl RouterHttp {
         self.load_upstream();
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());
-        // The release waits for this VM's next take (or tick) while other
-        // requests of the VM are live; a request that leaves the VM idle
-        // writes it, and any waiting ones, at once (`local.rs`).
+        // The release waits for this VM's next take or its tick (≤ 100 ms),
+        // even when the request leaves the VM idle: this VM's pictures
+        // subtract it at once (exact for a single worker), other workers
+        // see it one tick late, never as less busy (`Releases`).
         if !super::local::LOCAL.with(|local| self.slot.release_later(&local.releases)) {
             return;
-        }
-        if !super::batch::others_live() && !probe::off(Ablate::IdleFlush) {
-            super::local::flush_releases(&p);
         }
         // The primary was decided at routing; count requests another host served.
         if let (Some(addr), Some(primary)) =

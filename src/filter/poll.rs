@@ -211,6 +211,9 @@ impl Poller {
                 return true;
             }
         };
+        // This VM's waiting releases first: the reconcile lowers counts to
+        // `rq_active`, which no longer counts those requests.
+        super::local::flush_releases(p);
         let now = host::now_nanos() / 1_000_000;
         let applied = apply_admin(&HostShared, &p.keys, &body, &d.cluster, now);
         // Queued-prefill tokens of hosts with nothing in flight are leaks (a
