@@ -1208,7 +1208,7 @@ mod tests {
                 let unneeded = idx.record_unneeded(blocks, known.as_ref(), r, (now, fresh_ms));
                 // What the record would change, by slot.
                 let mut probe = skipping.clone();
-                let sets = idx.record(&mut probe, blocks, known.as_ref(), r, now) as usize;
+                let sets = idx.record(&mut probe, blocks, known.as_ref(), r, now);
                 let time_only = probe.slots.iter().zip(&skipping.slots).all(|(n, o)| {
                     n == o
                         || match (Entry::decode(n), Entry::decode(o)) {
