@@ -35,6 +35,8 @@ use std::sync::OnceLock;
 
 use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::CostModel;
+use prefix_router::engine::load::{host_load, LoadRule};
+use prefix_router::engine::EngineSample;
 use prefix_router::hash::BLOCK_UNITS;
 use prefix_router::index::{Known, PrefixIndex, SlotValue, VecStore};
 use prefix_router::peers::{self, DeltaLog};
@@ -78,6 +80,15 @@ pub struct Knobs {
     /// received) per gateway at most this many basis points of its request
     /// bytes ([`prefix_router::peers_budget`]); 0: no budget.
     pub budget_bp: u32,
+    /// Load rule of every gateway: its own in-flight counts (`None`, the
+    /// filter without an `engine` block), or the filter's `engine` block
+    /// ([`LoadRule`], `engine=max|queued|delta`): each gateway scrapes the
+    /// replicas every `engine_ms` at its own phase and combines the sample
+    /// with its own live in-flight counts by the core's [`host_load`] (the
+    /// function the filter calls), so the other gateways' requests count.
+    pub engine: Option<LoadRule>,
+    /// Scrape period of `engine`, ms (the filter's `engine.refresh_ms`).
+    pub engine_ms: f64,
 }
 
 impl Default for Knobs {
@@ -94,6 +105,8 @@ impl Default for Knobs {
             shared_pressure: false,
             scale_load: false,
             budget_bp: shipped_peers().2,
+            engine: None,
+            engine_ms: 500.0,
         }
     }
 }
@@ -116,6 +129,16 @@ impl Knobs {
             "shared_pressure" => self.shared_pressure = v == "1" || v == "true",
             "scale_load" => self.scale_load = v == "1" || v == "true",
             "budget_bp" => self.budget_bp = u().ok_or_else(bad)? as u32,
+            "engine" => {
+                self.engine = match v {
+                    "off" | "0" => None,
+                    "max" => Some(LoadRule::Max),
+                    "queued" => Some(LoadRule::Queued),
+                    "delta" => Some(LoadRule::Delta),
+                    _ => return Err(bad()),
+                }
+            }
+            "engine_ms" => self.engine_ms = f().filter(|&x| x >= 1.0).ok_or_else(bad)?,
             _ => return Err(format!("--gw: unknown knob {k}")),
         }
         Ok(())
@@ -314,6 +337,15 @@ struct Gateway {
     log: DeltaLog,
     ticket: u64,
     budget: Budget,
+    /// Prompt tokens this gateway routed and not yet seen start (the
+    /// filter's `cluster::queued` table: per Envoy, like the in-flight
+    /// counts); `None` without `queued_prefill`.
+    queued: Option<Vec<u32>>,
+    /// `engine` knob: the scrape period index of `snap`, the sample and this
+    /// gateway's in-flight counts when it was taken.
+    epoch: i64,
+    snap: Vec<crate::replica::Metrics>,
+    snap_own: Vec<u32>,
 }
 
 /// Per routed request, until its first token.
@@ -327,6 +359,9 @@ struct Pending {
     known: Option<Known>,
     /// The decision is recorded (always but in `exc` modes).
     record: bool,
+    /// Queued prefill tokens added to the primary at routing.
+    queued_tokens: u32,
+    primary: u16,
 }
 
 /// Counters for the report.
@@ -416,6 +451,10 @@ impl Gateways {
                 log: DeltaLog::new(knobs.max_pending),
                 ticket: 0,
                 budget: Budget::new(f64::from(knobs.budget_bp) / 10_000.0, knobs.min_publish),
+                queued: p.queued_prefill.then(|| vec![0; n]),
+                epoch: i64::MIN,
+                snap: Vec::new(),
+                snap_own: Vec::new(),
             })
             .collect();
         Gateways {
@@ -463,6 +502,39 @@ impl Gateways {
         } else {
             view.now
         };
+    }
+
+    /// Gateway `k`'s loads under the `engine` knob: the filter's `engine`
+    /// block. The gateway takes a sample at the first request of each of
+    /// its scrape periods (phase `k / N` of a period, as separate Envoys'
+    /// timers are not aligned; the sample is the simulator's scrape current
+    /// then) with its own in-flight counts at that time, and combines it
+    /// with its live counts by [`host_load`].
+    fn engine_loads(&mut self, k: usize, rule: LoadRule, view: &View<'_>) -> Vec<u32> {
+        let period = self.knobs.engine_ms / 1000.0;
+        let phase = period * k as f64 / self.gws.len().max(1) as f64;
+        let epoch = ((view.now + phase) / period).floor() as i64;
+        let g = &mut self.gws[k];
+        let n = g.in_flight.len();
+        if epoch != g.epoch || g.snap.len() != n {
+            g.epoch = epoch;
+            g.snap = view.scraped.to_vec();
+            g.snap.resize(n, crate::replica::Metrics::default());
+            g.snap_own = g.in_flight.clone();
+        }
+        (0..n)
+            .map(|i| {
+                let own = g.in_flight.get(i).copied().unwrap_or(0);
+                let m = g.snap.get(i).copied().unwrap_or_default();
+                let sample = EngineSample {
+                    waiting: Some(f64::from(m.waiting)),
+                    running: Some(f64::from(m.outstanding.saturating_sub(m.waiting))),
+                    kv_usage: Some(m.kv_usage),
+                    ..EngineSample::default()
+                };
+                host_load(rule, own, &sample, g.snap_own.get(i).copied())
+            })
+            .collect()
     }
 
     /// Merge every published slot write older than the delay into the
@@ -544,6 +616,8 @@ impl Gateways {
                 .zip(&g.since_scrape)
                 .map(|(a, b)| a + b)
                 .collect()
+        } else if let Some(rule) = self.knobs.engine {
+            self.engine_loads(k, rule, view)
         } else if self.knobs.scale_load {
             let n = self.gws.len() as u32;
             self.gws[k].in_flight.iter().map(|x| x * n).collect()
@@ -586,10 +660,15 @@ impl Gateways {
             ticket: g.ticket,
             pressure: pressure.as_ref(),
             share: share.as_ref(),
-            queued_prefill: None,
+            queued_prefill: g.queued.as_deref(),
         };
         let c = affinity::choose(self.router.ring(), &request, &g.cost, &self.cfg);
         Share::note(&mut g.store, n, c.primary, &self.cfg);
+        // The filter's `Queued::start`: this gateway's own count.
+        let queued_tokens = c.expected_uncached_tokens().round() as u32;
+        if let Some(x) = g.queued.as_mut().and_then(|q| q.get_mut(c.primary)) {
+            *x = x.saturating_add(queued_tokens);
+        }
         let first_choice = rkey
             .key
             .and_then(|rk| self.router.ring().candidates(rk).next());
@@ -639,6 +718,8 @@ impl Gateways {
             delivered,
             known,
             record,
+            queued_tokens,
+            primary: c.primary as u16,
         };
         self.c.reasons[match c.reason {
             Reason::Warm => 0,
@@ -725,6 +806,10 @@ impl Gateways {
 }
 
 impl Policy for Gateways {
+    fn needs_scrape(&self) -> bool {
+        self.knobs.engine.is_some()
+    }
+
     fn route(&mut self, idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
         let k = self.rng.below(self.gws.len() as u64) as usize;
         self.route_on(k, idx, req, view)
@@ -736,6 +821,15 @@ impl Policy for Gateways {
         };
         let k = usize::from(p.gateway);
         let now_ms = clock_ms(now);
+        // The filter's `Queued::finish` at the first response byte.
+        if let Some(x) = self
+            .gws
+            .get_mut(k)
+            .and_then(|g| g.queued.as_mut())
+            .and_then(|q| q.get_mut(usize::from(p.primary)))
+        {
+            *x = x.saturating_sub(p.queued_tokens);
+        }
         if p.record && !self.knobs.record_at_route && k < self.gws.len() {
             if let Some(key) = req.keys.core.get(self.key) {
                 self.sync(now_ms);
@@ -895,12 +989,10 @@ mod tests {
         let (book, reqs) = sagemaker(0.04);
         let m = ModelParams::default();
         // The gateways drive the core as `ours` does (pending record at
-        // routing, record at the first token, spread_cold counters); the
-        // queued-prefill count (`cluster::queued`) is not modelled here yet.
-        let p = OursParams {
-            queued_prefill: false,
-            ..OursParams::default()
-        };
+        // routing, record at the first token, spread_cold counters, the
+        // queued-prefill count of `cluster::queued`, on by default).
+        let p = OursParams::default();
+        assert!(p.queued_prefill);
         let mut ours = Ours::new(book.routers[0].1.clone(), 0, p, &m).unwrap();
         let mut one = gateways(&book, "indep/1", Knobs::default());
         let a = engine::run(&mut ours, &reqs, &m, 7, &engine::Limits::default()).unwrap();
@@ -915,6 +1007,32 @@ mod tests {
         let mut two = gateways(&book, "indep/2", Knobs::default());
         let c = engine::run(&mut two, &reqs, &m, 7, &engine::Limits::default()).unwrap();
         assert_ne!(pick(&a), pick(&c));
+        // Without the queued-prefill count the decisions differ from `ours`.
+        let off = OursParams {
+            queued_prefill: false,
+            ..OursParams::default()
+        };
+        let spec = parse_name("indep/1").unwrap();
+        let r = book.routers[0].1.clone();
+        let mut blind = Gateways::new(r, 0, &off, spec, Knobs::default(), 7, 1);
+        let e = engine::run(&mut blind, &reqs, &m, 7, &engine::Limits::default()).unwrap();
+        assert_ne!(pick(&a), pick(&e));
+    }
+
+    #[test]
+    fn queued_prefill_is_counted_per_gateway_until_the_first_token() {
+        let (book, reqs) = sagemaker(0.01);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let mut g = gateways(&book, "peer/2/0", Knobs::default());
+        let total = |g: &Gateways, k: usize| g.gws[k].queued.as_ref().unwrap().iter().sum::<u32>();
+        let r = g.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
+        let added = g.pending[0].queued_tokens;
+        assert!(added > 0, "a cold prompt queues its tokens");
+        assert_eq!(g.gws[0].queued.as_ref().unwrap()[r.replica], added);
+        assert_eq!(total(&g, 1), 0, "gateway 1 does not see gateway 0's queue");
+        g.on_first_token(0, &reqs[0], r.replica, 0.1, 1.1);
+        assert_eq!(total(&g, 0), 0);
     }
 
     fn view<'a>(now: f64, reps: &'a [crate::replica::Replica], m: &'a ModelParams) -> View<'a> {
