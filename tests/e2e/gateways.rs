@@ -667,7 +667,7 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
 }
 
 /// A fake peer on loopback for `life`: `garbage` answers every request 200
-/// with bytes that are not a valid batch (a `PRX3` magic, then junk);
+/// with bytes that are not a valid batch (the batch magic, then junk);
 /// otherwise it accepts, reads and never answers (a hung peer). Returns its
 /// port and the number of requests it has read so far; the thread stops by
 /// itself after `life` (bounded).
@@ -690,7 +690,7 @@ fn fake_peer(garbage: bool, life: Duration) -> (u16, Arc<AtomicUsize>) {
                         count.fetch_add(1, Ordering::SeqCst);
                     }
                     if garbage {
-                        let mut body = b"PRX3".to_vec();
+                        let mut body = prefix_router::peers::MAGIC.to_vec();
                         body.extend(
                             (0..200u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8),
                         );

@@ -38,7 +38,7 @@ use prefix_router::cost::CostModel;
 use prefix_router::engine::load::{host_load, LoadRule};
 use prefix_router::engine::EngineSample;
 use prefix_router::hash::BLOCK_UNITS;
-use prefix_router::index::{Known, PrefixIndex, SlotValue, VecStore};
+use prefix_router::index::{Known, PrefixIndex, SlotStore, SlotValue, VecStore};
 use prefix_router::peers::{self, DeltaLog};
 use prefix_router::peers_budget::{Budget, Offer};
 use prefix_router::peers_log::{News, NewsRule, Publishing};
@@ -89,6 +89,25 @@ pub struct Knobs {
     pub engine: Option<LoadRule>,
     /// Scrape period of `engine`, ms (the filter's `engine.refresh_ms`).
     pub engine_ms: f64,
+    /// Peer load exchange: every `share_load_ms` each gateway copies every
+    /// other gateway's in-flight counts and queued-prefill tokens per
+    /// replica (a few bytes per replica on each pull) and adds them to its
+    /// own live counts; `None`: its own counts only (the filter today), 0:
+    /// live (the upper bound).
+    pub share_load_ms: Option<f64>,
+    /// With `share_load_ms`: estimate the other gateways' changes since the
+    /// exchange as N − 1 times this gateway's own (they route the same
+    /// share of the traffic by a similar picture): per replica
+    /// `max(own, own + Σ peers' last + (N − 1)·(own − own at the exchange))`.
+    pub extrapolate: bool,
+    /// Hold a confirmed first placement (a cold prompt's blocks) back until
+    /// this gateway sees the prefix reused (a later record whose known
+    /// prefix covers a held slot publishes it); `held_s`: or until it is
+    /// this old (0: only on reuse). Placement changes and new blocks of a
+    /// known prefix are published as before.
+    pub publish_reused: bool,
+    /// See `publish_reused`.
+    pub held_s: f64,
 }
 
 impl Default for Knobs {
@@ -107,6 +126,10 @@ impl Default for Knobs {
             budget_bp: shipped_peers().2,
             engine: None,
             engine_ms: 500.0,
+            share_load_ms: None,
+            extrapolate: false,
+            publish_reused: false,
+            held_s: 0.0,
         }
     }
 }
@@ -139,6 +162,16 @@ impl Knobs {
                 }
             }
             "engine_ms" => self.engine_ms = f().filter(|&x| x >= 1.0).ok_or_else(bad)?,
+            "extrapolate" => self.extrapolate = v == "1" || v == "true",
+            "publish_reused" => self.publish_reused = v == "1" || v == "true",
+            "held_s" => self.held_s = f().ok_or_else(bad)?,
+            "share_load_ms" => {
+                self.share_load_ms = if v == "off" {
+                    None
+                } else {
+                    Some(f().ok_or_else(bad)?)
+                }
+            }
             _ => return Err(format!("--gw: unknown knob {k}")),
         }
         Ok(())
@@ -346,6 +379,10 @@ struct Gateway {
     epoch: i64,
     snap: Vec<crate::replica::Metrics>,
     snap_own: Vec<u32>,
+    /// `publish_reused`: slot → (time held, ms) of confirmed first
+    /// placements not published yet, in holding order.
+    held: std::collections::HashMap<u32, u64>,
+    held_order: VecDeque<(u32, u64)>,
 }
 
 /// Per routed request, until its first token.
@@ -399,6 +436,10 @@ pub struct Gateways {
     pressure: VecStore,
     scraped: Vec<u32>,
     next_scrape: f64,
+    /// `share_load_ms`: every gateway's (in-flight, queued) counts at the
+    /// last exchange, and when the next one is due (s).
+    peer_loads: Vec<(Vec<u32>, Vec<u32>)>,
+    next_share: f64,
     pending: Vec<Pending>,
     rng: Rng,
     c: Counts,
@@ -455,6 +496,8 @@ impl Gateways {
                 epoch: i64::MIN,
                 snap: Vec::new(),
                 snap_own: Vec::new(),
+                held: std::collections::HashMap::new(),
+                held_order: VecDeque::new(),
             })
             .collect();
         Gateways {
@@ -470,6 +513,8 @@ impl Gateways {
             pressure: VecStore::new(1),
             scraped: vec![0; n],
             next_scrape: 0.0,
+            peer_loads: Vec::new(),
+            next_share: 0.0,
             pending: Vec::new(),
             rng: Rng::new(seed ^ 0x6d75),
             c: Counts::default(),
@@ -535,6 +580,52 @@ impl Gateways {
                 host_load(rule, own, &sample, g.snap_own.get(i).copied())
             })
             .collect()
+    }
+
+    /// Gateway `k`'s (in-flight, queued) per replica under `share_load_ms`:
+    /// its own live counts plus every other gateway's at the last exchange
+    /// (all gateways exchange every period; 0 = live).
+    fn shared_loads(&mut self, k: usize, now: f64) -> (Vec<u32>, Vec<u32>) {
+        let period = self.knobs.share_load_ms.unwrap_or(0.0) / 1000.0;
+        if period <= 0.0 || now >= self.next_share || self.peer_loads.len() != self.gws.len() {
+            self.peer_loads = self
+                .gws
+                .iter()
+                .map(|g| (g.in_flight.clone(), g.queued.clone().unwrap_or_default()))
+                .collect();
+            if period > 0.0 {
+                self.next_share = (now / period).floor() * period + period;
+            }
+        }
+        let g = &self.gws[k];
+        let own = (g.in_flight.clone(), g.queued.clone().unwrap_or_default());
+        let mut sum = (vec![0i64; own.0.len()], vec![0i64; own.1.len()]);
+        let others = self.peer_loads.len().saturating_sub(1) as i64;
+        for (j, (l, q)) in self.peer_loads.iter().enumerate() {
+            // Own snapshot: −(N − 1)× (the extrapolation's base); others: +1×.
+            let w = match (j == k, self.knobs.extrapolate) {
+                (true, true) => -others,
+                (true, false) => continue,
+                (false, _) => 1,
+            };
+            for (a, b) in sum.0.iter_mut().zip(l) {
+                *a += w * i64::from(*b);
+            }
+            for (a, b) in sum.1.iter_mut().zip(q) {
+                *a += w * i64::from(*b);
+            }
+        }
+        let x = if self.knobs.extrapolate { others } else { 0 };
+        let est = |own: &[u32], sum: &[i64]| -> Vec<u32> {
+            own.iter()
+                .zip(sum)
+                .map(|(&o, &s)| {
+                    let v = i64::from(o) * (1 + x) + s;
+                    v.clamp(i64::from(o), i64::from(u32::MAX)) as u32
+                })
+                .collect()
+        };
+        (est(&own.0, &sum.0), est(&own.1, &sum.1))
     }
 
     /// Merge every published slot write older than the delay into the
@@ -616,6 +707,8 @@ impl Gateways {
                 .zip(&g.since_scrape)
                 .map(|(a, b)| a + b)
                 .collect()
+        } else if self.knobs.share_load_ms.is_some() {
+            self.shared_loads(k, view.now).0
         } else if let Some(rule) = self.knobs.engine {
             self.engine_loads(k, rule, view)
         } else if self.knobs.scale_load {
@@ -636,6 +729,15 @@ impl Gateways {
         };
         let n = self.router.ring().len();
         let n_peers = self.gws.len() - 1;
+        let queued_all = match self.knobs.share_load_ms {
+            Some(_) if self.gws[k].queued.is_some() => Some(self.shared_loads(k, view.now).1),
+            None if self.knobs.scale_load => self.gws[k].queued.as_ref().map(|q| {
+                q.iter()
+                    .map(|x| x.saturating_mul(n_peers as u32 + 1))
+                    .collect()
+            }),
+            _ => None,
+        };
         let g = &mut self.gws[k];
         let known = self.index.lookup(&g.store, &key.blocks, now_ms);
         g.ticket += 1;
@@ -660,7 +762,7 @@ impl Gateways {
             ticket: g.ticket,
             pressure: pressure.as_ref(),
             share: share.as_ref(),
-            queued_prefill: g.queued.as_deref(),
+            queued_prefill: queued_all.as_deref().or(g.queued.as_deref()),
         };
         let c = affinity::choose(self.router.ring(), &request, &g.cost, &self.cfg);
         Share::note(&mut g.store, n, c.primary, &self.cfg);
@@ -779,6 +881,50 @@ impl Gateways {
                 News::Reorder | News::None => 3,
             };
             self.c.news[i] += 1;
+        }
+        if peer && self.knobs.publish_reused {
+            let mv = moved(known, served);
+            let first: std::collections::HashSet<u32> = p
+                .writes
+                .iter()
+                .filter(|w| w.2 == News::Confirmed && !mv)
+                .map(|w| w.0)
+                .collect();
+            out.retain(|(slot, _)| {
+                if first.contains(slot) {
+                    if g.held.insert(*slot, now_ms).is_none() {
+                        g.held_order.push_back((*slot, now_ms));
+                    }
+                    false
+                } else {
+                    true
+                }
+            });
+            // Reuse: the known prefix covers held slots.
+            let depth = known.map_or(0, |k| k.depth);
+            let mut due: Vec<u32> = key.blocks[..depth.min(key.blocks.len())]
+                .iter()
+                .map(|&b| self.index.slot(b))
+                .filter(|s| g.held.remove(s).is_some())
+                .collect();
+            // Or old enough.
+            let horizon = (self.knobs.held_s * 1000.0) as u64;
+            while let Some(&(slot, at)) = g.held_order.front() {
+                if g.held.get(&slot) != Some(&at) {
+                    g.held_order.pop_front();
+                } else if horizon > 0 && at + horizon <= now_ms {
+                    g.held_order.pop_front();
+                    g.held.remove(&slot);
+                    due.push(slot);
+                } else {
+                    break;
+                }
+            }
+            for slot in due {
+                if let Some(v) = p.get(slot) {
+                    out.push((slot, v));
+                }
+            }
         }
         self.c.published += out.len() as u64;
         self.c.sets += sets as u64;
