@@ -100,6 +100,9 @@ pub struct Knobs {
     /// share of the traffic by a similar picture): per replica
     /// `max(own, own + Σ peers' last + (N − 1)·(own − own at the exchange))`.
     pub extrapolate: bool,
+    /// With `share_load_ms`: which counts are exchanged (`share_part`:
+    /// 0 both, 1 in-flight only, 2 queued tokens only).
+    pub share_part: u8,
     /// Hold a confirmed first placement (a cold prompt's blocks) back until
     /// this gateway sees the prefix reused (a later record whose known
     /// prefix covers a held slot publishes it); `held_s`: or until it is
@@ -128,6 +131,7 @@ impl Default for Knobs {
             engine_ms: 500.0,
             share_load_ms: None,
             extrapolate: false,
+            share_part: 0,
             publish_reused: false,
             held_s: 0.0,
         }
@@ -163,6 +167,7 @@ impl Knobs {
             }
             "engine_ms" => self.engine_ms = f().filter(|&x| x >= 1.0).ok_or_else(bad)?,
             "extrapolate" => self.extrapolate = v == "1" || v == "true",
+            "share_part" => self.share_part = u().filter(|&x| x <= 2).ok_or_else(bad)? as u8,
             "publish_reused" => self.publish_reused = v == "1" || v == "true",
             "held_s" => self.held_s = f().ok_or_else(bad)?,
             "share_load_ms" => {
@@ -707,7 +712,7 @@ impl Gateways {
                 .zip(&g.since_scrape)
                 .map(|(a, b)| a + b)
                 .collect()
-        } else if self.knobs.share_load_ms.is_some() {
+        } else if self.knobs.share_load_ms.is_some() && self.knobs.share_part != 2 {
             self.shared_loads(k, view.now).0
         } else if let Some(rule) = self.knobs.engine {
             self.engine_loads(k, rule, view)
@@ -730,7 +735,9 @@ impl Gateways {
         let n = self.router.ring().len();
         let n_peers = self.gws.len() - 1;
         let queued_all = match self.knobs.share_load_ms {
-            Some(_) if self.gws[k].queued.is_some() => Some(self.shared_loads(k, view.now).1),
+            Some(_) if self.gws[k].queued.is_some() && self.knobs.share_part != 1 => {
+                Some(self.shared_loads(k, view.now).1)
+            }
             None if self.knobs.scale_load => self.gws[k].queued.as_ref().map(|q| {
                 q.iter()
                     .map(|x| x.saturating_mul(n_peers as u32 + 1))
@@ -1179,6 +1186,38 @@ mod tests {
         assert_eq!(total(&g, 1), 0, "gateway 1 does not see gateway 0's queue");
         g.on_first_token(0, &reqs[0], r.replica, 0.1, 1.1);
         assert_eq!(total(&g, 0), 0);
+    }
+
+    #[test]
+    fn exchanged_queues_arrive_once_per_period() {
+        let (book, reqs) = sagemaker(0.01);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let knobs = |ms: f64, extrapolate: bool| Knobs {
+            share_load_ms: Some(ms),
+            share_part: 2,
+            extrapolate,
+            ..Knobs::default()
+        };
+        // Live: gateway 1 sees gateway 0's queued tokens at once.
+        let mut live = gateways(&book, "peer/2/0", knobs(0.0, false));
+        let r = live.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
+        let added = live.pending[0].queued_tokens;
+        assert_eq!(live.shared_loads(1, 1.0).1[r.replica], added);
+        // Every 100 ms: not before the next exchange, then yes.
+        let mut slow = gateways(&book, "peer/2/0", knobs(100.0, false));
+        slow.shared_loads(1, 0.95);
+        let r = slow.route_on(0, 0, &reqs[0], &view(0.96, &reps, &m));
+        let added = slow.pending[0].queued_tokens;
+        assert_eq!(slow.shared_loads(1, 0.99).1[r.replica], 0);
+        assert_eq!(slow.shared_loads(1, 1.0).1[r.replica], added);
+        // Extrapolated: gateway 0's own change since the exchange counts
+        // once more for its one peer (N − 1 = 1).
+        let mut x = gateways(&book, "peer/2/0", knobs(100.0, true));
+        x.shared_loads(0, 0.95);
+        let r = x.route_on(0, 0, &reqs[0], &view(0.96, &reps, &m));
+        let added = x.pending[0].queued_tokens;
+        assert_eq!(x.shared_loads(0, 0.97).1[r.replica], 2 * added);
     }
 
     fn view<'a>(now: f64, reps: &'a [crate::replica::Replica], m: &'a ModelParams) -> View<'a> {
