@@ -331,7 +331,10 @@ impl RouterHttp {
         };
         let mut slots = SharedSlots::new(&p.keys.prefix);
         let usable = loads.available.unwrap_or(&[]);
-        let queued = queued::read(&HostShared, &p.keys, view);
+        let mut queued = queued::read(&HostShared, &p.keys, view);
+        if let Some(q) = queued.as_mut() {
+            super::peers::add_queues(p, view, q, self.routed_at_ms); // issue 11
+        }
         let (d, choice, known) = {
             let mut by_addr = AddrSlots::new(&mut slots, view, usable);
             let chosen = p.delivered.with_horizons(self.routed_at_ms, view, |h| {

@@ -641,7 +641,7 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
         let pulls_per_s = pulls as f64 / elapsed.max(1.0) * (PULL_MS as f64 / 100.0);
         let fixed_at_1000 = 100.0 * pulls_per_s * per_pull / (1000.0 * own_bytes / routed);
         eprintln!(
-            "gateways: gw{i}: routed {routed} ({own_bytes} request bytes), published {published} writes ({:.2}/request); served {pulls} pulls, {served} B, {entries} B of entries; pulls on the wire ({}): {wire_pulls}, sent {tx} B, received {rx} B, {per_pull:.0} B per pull besides entries; share of its request bytes: entries sent {sent:.2} % + received {received:.2} %, pulls at 1000 req/s (100 ms) {fixed_at_1000:.2} % each way; snapshot served {} B; pull_ok {} pull_fail {} bad_batch {} lost {}",
+            "gateways: gw{i}: routed {routed} ({own_bytes} request bytes), published {published} writes ({:.2}/request); served {pulls} pulls, {served} B, {entries} B of entries; pulls on the wire ({}): {wire_pulls}, sent {tx} B, received {rx} B, {per_pull:.0} B per pull besides entries; share of its request bytes: entries sent {sent:.2} % + received {received:.2} %, pulls at 1000 req/s (100 ms) {fixed_at_1000:.2} % each way; snapshot served {} B; pull_ok {} pull_fail {} bad_batch {} lost {}; queue tables received {}",
             published / routed,
             if peers_h2() { "HTTP/2" } else { "HTTP/1.1" },
             s.get("prefix_router.peers.snapshot_bytes"),
@@ -649,6 +649,13 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
             s.get("prefix_router.peers.pull_fail"),
             s.get("prefix_router.peers.bad_batch"),
             s.get("prefix_router.peers.writes_lost"),
+            s.get("prefix_router.peers.queues_received"),
+        );
+        // The peers' queued-prefill tables travel with the pulls (a table
+        // is sent only while the serving gateway has tokens queued).
+        assert!(
+            s.get("prefix_router.peers.queues_received") > 0,
+            "gw{i} received no queue table"
         );
         assert!(
             sent + fixed_at_1000 < 1.0,
