@@ -282,6 +282,9 @@ mod tests {
             super::derive_index_secret("0123456789abcdeX")
         );
         assert!(!format!("{p:?}").contains("0123456789abcdef"));
+        assert!(p.share_queued);
+        let off = r#"{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdef","share_queued":false}"#;
+        assert!(!parse(off).unwrap().peers.unwrap().share_queued);
         // Same secret → same layout; another secret → another layout.
         let q = parse(r#"{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdeX"}"#)
             .unwrap()

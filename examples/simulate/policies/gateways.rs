@@ -89,11 +89,13 @@ pub struct Knobs {
     pub engine: Option<LoadRule>,
     /// Scrape period of `engine`, ms (the filter's `engine.refresh_ms`).
     pub engine_ms: f64,
-    /// Peer load exchange: every `share_load_ms` each gateway copies every
-    /// other gateway's in-flight counts and queued-prefill tokens per
-    /// replica (a few bytes per replica on each pull) and adds them to its
-    /// own live counts; `None`: its own counts only (the filter today), 0:
-    /// live (the upper bound).
+    /// Peer load exchange (`peer` modes): every `share_load_ms` each gateway
+    /// copies every other gateway's in-flight counts and queued-prefill
+    /// tokens per replica and adds them to its own live counts (see
+    /// `share_part`, `extrapolate`). Default: the filter's exchange
+    /// (`peers.share_queued`, [`prefix_router::peers_queue`]): queued tokens
+    /// only, every `pull_ms`, extrapolated; `off`: own counts only; 0: live
+    /// (the upper bound).
     pub share_load_ms: Option<f64>,
     /// With `share_load_ms`: estimate the other gateways' changes since the
     /// exchange as N − 1 times this gateway's own (they route the same
@@ -129,9 +131,10 @@ impl Default for Knobs {
             budget_bp: shipped_peers().2,
             engine: None,
             engine_ms: 500.0,
-            share_load_ms: None,
-            extrapolate: false,
-            share_part: 0,
+            // The filter's exchange: queued tokens only, extrapolated.
+            share_load_ms: shipped_peers().3,
+            extrapolate: true,
+            share_part: 2,
             publish_reused: false,
             held_s: 0.0,
         }
@@ -183,20 +186,22 @@ impl Knobs {
     }
 }
 
-/// The filter's shipped `min_publish_chars`, `refresh_publish_s` and
-/// `sync_budget_bp` (from the core's validated configuration, so the
-/// simulator runs its defaults).
-fn shipped_peers() -> (usize, u32, u32) {
+/// The filter's shipped `min_publish_chars`, `refresh_publish_s`,
+/// `sync_budget_bp` and queue exchange (`share_queued`: every `pull_ms`)
+/// (from the core's validated configuration, so the simulator runs its
+/// defaults).
+fn shipped_peers() -> (usize, u32, u32, Option<f64>) {
     let json = br#"{"endpoints":["127.0.0.1:1"],
         "peers":{"cluster":"c","secret":"0123456789abcdef0123"}}"#;
     prefix_router::Config::from_json(json)
         .ok()
         .and_then(|c| c.peers)
-        .map_or((512, 120, 0), |p| {
+        .map_or((512, 120, 0, None), |p| {
             (
                 p.min_publish_chars as usize,
                 p.refresh_publish_s,
                 p.sync_budget_bp,
+                p.share_queued.then_some(f64::from(p.pull_ms)),
             )
         })
 }
@@ -712,7 +717,7 @@ impl Gateways {
                 .zip(&g.since_scrape)
                 .map(|(a, b)| a + b)
                 .collect()
-        } else if self.knobs.share_load_ms.is_some() && self.knobs.share_part != 2 {
+        } else if mode.peer && self.knobs.share_load_ms.is_some() && self.knobs.share_part != 2 {
             self.shared_loads(k, view.now).0
         } else if let Some(rule) = self.knobs.engine {
             self.engine_loads(k, rule, view)
@@ -734,7 +739,7 @@ impl Gateways {
         };
         let n = self.router.ring().len();
         let n_peers = self.gws.len() - 1;
-        let queued_all = match self.knobs.share_load_ms {
+        let queued_all = match self.knobs.share_load_ms.filter(|_| mode.peer) {
             Some(_) if self.gws[k].queued.is_some() && self.knobs.share_part != 1 => {
                 Some(self.shared_loads(k, view.now).1)
             }
