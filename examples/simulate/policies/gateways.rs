@@ -192,18 +192,18 @@ impl Knobs {
 /// defaults).
 fn shipped_peers() -> (usize, u32, u32, Option<f64>) {
     let json = br#"{"endpoints":["127.0.0.1:1"],
-        "peers":{"cluster":"c","secret":"0123456789abcdef0123"}}"#;
-    prefix_router::Config::from_json(json)
+        "peers":{"cluster":"c","admin_cluster":"a","secret":"0123456789abcdef0123"}}"#;
+    let shipped = prefix_router::Config::from_json(json)
         .ok()
-        .and_then(|c| c.peers)
-        .map_or((512, 120, 0, None), |p| {
-            (
-                p.min_publish_chars as usize,
-                p.refresh_publish_s,
-                p.sync_budget_bp,
-                p.share_queued.then_some(f64::from(p.pull_ms)),
-            )
-        })
+        .and_then(|c| c.peers);
+    shipped.map_or((512, 120, 0, None), |p| {
+        (
+            p.min_publish_chars as usize,
+            p.refresh_publish_s,
+            p.sync_budget_bp,
+            p.share_queued.then_some(f64::from(p.pull_ms)),
+        )
+    })
 }
 
 static KNOBS: OnceLock<Knobs> = OnceLock::new();
@@ -1108,6 +1108,15 @@ mod tests {
             7,
             1,
         )
+    }
+
+    #[test]
+    fn the_shipped_peers_defaults_are_read() {
+        // (A refused configuration would silently give the fallbacks.)
+        let (min_publish, refresh, budget, share) = shipped_peers();
+        assert_eq!((min_publish, refresh, budget), (512, 120, 0));
+        assert_eq!(share, Some(100.0));
+        assert_eq!(Knobs::default().share_load_ms, Some(100.0));
     }
 
     #[test]
