@@ -1,7 +1,7 @@
 //! Instruction and allocation counts of the routing core per request, for the
 //! cost check of the test suite (`scripts/cost.sh`, run by `./build.sh test`).
 //!
-//! Each case runs one routing decision `ITERS` times inside [`measured_region`]
+//! Each case runs one routing decision `ITERS` (= [`iters`]) times inside [`measured_region`]
 //! (after one warm-up call outside it, so lazy initialisation is not counted).
 //! Under `valgrind --tool=callgrind --collect-atstart=no
 //! --toggle-collect='*measured_region*' --dump-after='*measured_region*'`
@@ -34,15 +34,24 @@
 mod responses;
 
 use prefix_router::cost::CostModel;
+use prefix_router::hash::{PrefixHasher, BLOCK_UNITS};
 use prefix_router::index::{SlotStore, SlotValue, VecStore};
+use prefix_router::json::{Scanner, ELEMENT_END};
 use prefix_router::usage::UsageScanner;
 use prefix_router::{Body, Config, Loads, Router, RoutingKey};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Requests per measured region.
-const ITERS: u64 = 10;
+/// Requests per measured region: 10, or `COST_PROBE_ITERS` (the wasm fuel
+/// count, `scripts/cost-wasm.sh --fuel`, runs each case with 0 and with N
+/// requests and takes the difference: setup and warm-up cancel out).
+fn iters() -> u64 {
+    std::env::var("COST_PROBE_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10)
+}
 
 /// System allocator that counts allocations (and reallocations).
 struct Counting;
@@ -70,17 +79,16 @@ static GLOBAL: Counting = Counting;
 /// The only region callgrind counts (see the module docs). Never inlined, so
 /// the toggle finds it by name.
 #[inline(never)]
-fn measured_region(f: &mut dyn FnMut() -> u64) -> u64 {
+fn measured_region(n: u64, f: &mut dyn FnMut() -> u64) -> u64 {
     let mut acc = 0u64;
-    for _ in 0..ITERS {
+    for _ in 0..n {
         acc = acc.wrapping_add(f());
     }
     black_box(acc)
 }
 
-/// A chat body of exactly `bytes` bytes (system prompt + user message, plain
-/// ASCII prose, like the overhead benchmark's).
-fn chat_body(bytes: usize, variant: u64) -> String {
+/// [`chat_body`] and the texts of its two messages.
+fn chat_parts(bytes: usize, variant: u64) -> (String, [String; 2]) {
     let words = [
         "the",
         "assistant",
@@ -112,16 +120,23 @@ fn chat_body(bytes: usize, variant: u64) -> String {
         out.truncate(n);
         out
     };
-    let head = format!(
-        r#"{{"model":"bench-model","messages":[{{"role":"system","content":"Tenant {variant}. "#
-    );
+    let head = r#"{"model":"bench-model","messages":[{"role":"system","content":""#;
+    let system = format!("Tenant {variant}. ");
     let mid = r#""},{"role":"user","content":""#;
     let tail = r#""}],"max_tokens":64,"stream":false}"#;
     let room = bytes
-        .saturating_sub(head.len() + mid.len() + tail.len())
+        .saturating_sub(head.len() + system.len() + mid.len() + tail.len())
         .max(16);
     let user = (room / 8).max(8);
-    format!("{head}{}{mid}{}{tail}", prose(room - user), prose(user))
+    let (system, user) = (system + &prose(room - user), prose(user));
+    let body = format!("{head}{system}{mid}{user}{tail}");
+    (body, [system, user])
+}
+
+/// A chat body of exactly `bytes` bytes (system prompt + user message, plain
+/// ASCII prose, like the overhead benchmark's).
+fn chat_body(bytes: usize, variant: u64) -> String {
+    chat_parts(bytes, variant).0
 }
 
 fn endpoints(n: usize) -> String {
@@ -169,7 +184,7 @@ fn selected(name: &str) -> bool {
     args.peek().is_none() || args.any(|a| name.starts_with(&a))
 }
 
-/// Run one case: warm-up outside the counted region, then `ITERS` requests
+/// Run one case: warm-up outside the counted region, then [`iters`] requests
 /// inside it; prints the case name and allocations per request.
 fn case(name: &str, mut f: impl FnMut() -> u64) {
     if !selected(name) {
@@ -177,11 +192,15 @@ fn case(name: &str, mut f: impl FnMut() -> u64) {
     }
     black_box(f());
     let before = ALLOCS.load(Ordering::Relaxed);
-    black_box(measured_region(&mut f));
+    black_box(measured_region(iters(), &mut f));
     let allocs = ALLOCS.load(Ordering::Relaxed) - before;
     match timing_rounds() {
         Some(rounds) => println!("{name} {:.0}", best_ns(rounds, &mut f)),
-        None => println!("{name} {ITERS} {:.1}", allocs as f64 / ITERS as f64),
+        None => println!(
+            "{name} {} {:.1}",
+            iters(),
+            allocs as f64 / iters().max(1) as f64
+        ),
     }
 }
 
@@ -302,10 +321,89 @@ fn usage(name: &str, chunks: &[Vec<u8>], sse: bool) {
     });
 }
 
+/// `key/<size>` and its parts (`affinity`'s 65,536-character key of a chat
+/// body): `key` = `Router::key` (extract + per-block seeding); `keyscan` =
+/// the validating JSON scan alone (no walk, no hash); `keyhash` = the
+/// prefix hasher fed the two messages' texts directly (no JSON); `keyxxh`
+/// = xxh64 of the text's 256-byte blocks alone (the block-hash floor).
+fn key_parts(kb: usize) {
+    let r = router("affinity", 7);
+    let (body, texts) = chat_parts(kb * 1024, 1);
+    let limit = r.config().prefix_length;
+    case(&format!("key/{kb}k"), || {
+        let k = r.key(Body::Complete(black_box(body.as_bytes())), None);
+        k.key.unwrap_or(0)
+    });
+    case(&format!("keyextract/{kb}k"), || {
+        let e = prefix_router::extract::extract(black_box(body.as_bytes()), limit, BLOCK_UNITS);
+        e.map_or(0, |e| e.prefix.last().unwrap_or(0))
+    });
+    case(&format!("keyscan/{kb}k"), || {
+        let mut n = 0u64;
+        let ok = Scanner::new(black_box(body.as_bytes()))
+            .object_members(|_, v| n += v.len() as u64)
+            .is_ok();
+        n + u64::from(ok)
+    });
+    case(&format!("keyhash/{kb}k"), || {
+        let mut h = PrefixHasher::new(limit, BLOCK_UNITS);
+        for t in &texts {
+            h.push_str(black_box(t));
+            h.end_element(ELEMENT_END);
+        }
+        h.finish().last().unwrap_or(0)
+    });
+    case(&format!("keyblock/{kb}k"), || {
+        texts
+            .iter()
+            .flat_map(|t| black_box(t.as_bytes()).chunks(BLOCK_UNITS))
+            .fold(0u64, |a, c| a ^ prefix_router::blockhash::block_hash(c))
+    });
+    case(&format!("keysplit/{kb}k"), || {
+        texts.iter().fold(0u64, |a, t| {
+            let mut b = black_box(t.as_bytes());
+            let mut n = a;
+            while !b.is_empty() {
+                let (bytes, chars) = prefix_router::bytescan::split_chars(b, BLOCK_UNITS);
+                n += chars as u64;
+                b = &b[bytes..];
+            }
+            n
+        })
+    });
+    case(&format!("keyxxh/{kb}k"), || {
+        texts
+            .iter()
+            .flat_map(|t| black_box(t.as_bytes()).chunks(BLOCK_UNITS))
+            .fold(0u64, |a, c| a ^ xxhash_rust::xxh64::xxh64(c, 0))
+    });
+}
+
 fn main() {
+    let tiny = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    case("keytiny/extract", || {
+        let e = prefix_router::extract::extract(black_box(tiny), 65536, BLOCK_UNITS);
+        e.map_or(0, |e| e.prefix.last().unwrap_or(0))
+    });
+    case("keytiny/scan", || {
+        let mut n = 0u64;
+        let ok = Scanner::new(black_box(tiny))
+            .object_members(|_, v| n += v.len() as u64)
+            .is_ok();
+        n + u64::from(ok)
+    });
+    case("keytiny/hasher", || {
+        let mut h = PrefixHasher::new(65536, BLOCK_UNITS);
+        h.push_str(black_box("hi"));
+        h.end_element(ELEMENT_END);
+        h.finish().last().unwrap_or(0)
+    });
     for kb in [1, 16, 64, 256] {
         end_to_end("affinity", kb);
         end_to_end("prefix", kb);
+    }
+    for kb in [1, 16, 64] {
+        key_parts(kb);
     }
     for with_key in [true, false] {
         for n in [3, 10, 30, 100, 300, 1000] {

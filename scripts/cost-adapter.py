@@ -80,11 +80,15 @@ state = {"req_headers": [], "resp_headers": [], "body": b"", "upstream": b"127.0
 shared = {}
 cas_seq = [1]
 calls = {}
+by_phase = {}  # (phase group, kind) -> calls
+PHASE = ["setup"]
 mem = [None]
 
 
 def count(k):
     calls[k] = calls.get(k, 0) + 1
+    g = (PHASE[0], k)
+    by_phase[g] = by_phase.get(g, 0) + 1
 
 
 def u32(caller, ptr, v):
@@ -275,6 +279,11 @@ ex["proxy_on_vm_start"](store, ROOT, 0)
 if not ex["proxy_on_configure"](store, ROOT, len(CONFIG)):
     sys.exit("configuration refused")
 
+# Host calls are also tallied by part of the request: routing (request callbacks), response
+# (response callbacks), log (on_log and the context's end).
+GROUP = {"context_create": "routing", "request_headers": "routing", "request_body": "routing",
+         "response_headers": "response", "response_body": "response", "log": "log",
+         "done_delete": "log"}
 PHASES = ["context_create", "request_headers", "request_body", "response_headers",
           "response_body", "log", "done_delete"]
 fuel = {p: 0 for p in PHASES}
@@ -302,6 +311,7 @@ def run(i, ctx, measure):
             target = dict(state["req_headers"]).get(b"x-gateway-destination-endpoint")
             if target:
                 state["upstream"] = target.split(b",")[0]
+        PHASE[0] = GROUP.get(name, name)
         f0 = store.get_fuel()
         step()
         if measure:
@@ -313,6 +323,7 @@ for i in range(WARM):
     run(i, ctx, False)
     ctx += 1
 calls.clear()
+by_phase.clear()
 for i in range(REQUESTS):
     CLOCKS.clear()
     run(i, ctx, True)
@@ -323,6 +334,11 @@ print(f"{BODY_BYTES} B chat bodies, {REQUESTS} requests after {WARM} of warm-up 
 print(f"wasm instructions per request: {total / REQUESTS:,.0f}")
 print("by callback: " + ", ".join(f"{p} {fuel[p] / REQUESTS:,.0f}" for p in PHASES))
 print("host calls per request: " + " ".join(f"{k}={v / REQUESTS:.2f}" for k, v in sorted(calls.items())))
+print(f"host calls per request: {sum(calls.values()) / REQUESTS:.2f}, by part:")
+for g in ("routing", "response", "log"):
+    kinds = sorted((k, v) for (p, k), v in by_phase.items() if p == g)
+    tot = sum(v for _, v in kinds) / REQUESTS
+    print(f"  {g:<8} {tot:5.2f}: " + " ".join(f"{k}={v / REQUESTS:.2f}" for k, v in kinds))
 if CLOCKS:
     print("fuel between consecutive clock reads (last request): " +
           " ".join(f"{a - b:,}" for a, b in zip(CLOCKS, CLOCKS[1:])))

@@ -5,6 +5,9 @@
 # builds in the same run, not with numbers from another day. Not a test step.
 #   bash scripts/cost-wasm.sh [case-prefix...]        e.g. affinity/16k prefix/
 #   COST_WASM=<other cost_probe.wasm> bash scripts/cost-wasm.sh   time another build
+#   bash scripts/cost-wasm.sh --fuel CASE...   wasm INSTRUCTIONS per request of the named cases
+#                                    instead of time (wasmtime fuel, scripts/cost-fuel.py):
+#                                    exact, independent of machine load; e.g. --fuel key/16k
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -14,6 +17,15 @@ if [ -z "$WASM" ]; then
   log "cargo build --release --example cost_probe --target wasm32-wasip1"
   cargo build --release --example cost_probe --target wasm32-wasip1 >&2
   WASM="$ROOT/target/wasm32-wasip1/release/examples/cost_probe.wasm"
+fi
+if [ "${1:-}" = --fuel ]; then
+  shift
+  ensure_venv
+  if ! "$VENV/bin/python" -c 'import wasmtime' 2>/dev/null; then
+    log "pip install wasmtime (into .venv)"
+    "$VENV/bin/pip" install -q wasmtime >&2
+  fi
+  exec "$VENV/bin/python" scripts/cost-fuel.py "$WASM" "${COST_FUEL_ITERS:-20}" "$@"
 fi
 command -v node >/dev/null || { echo "node is needed (apt-get install nodejs)" >&2; exit 1; }
 node --no-warnings - "$WASM" "$ROUNDS" "$@" <<'JS'

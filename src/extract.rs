@@ -497,6 +497,90 @@ mod tests {
         assert!(extract(br#"{"input":[{"text":"a","content":"b"}]}"#, 2048, 256).is_ok());
     }
 
+    /// The slow path as the reference: texts fed one character at a time
+    /// (never a whole block at once, so never an in-place, ASCII or plain
+    /// block), each message closing its block.
+    fn char_by_char(texts: &[String], limit: usize) -> PrefixHashes {
+        let mut h = PrefixHasher::new(limit, 256);
+        for t in texts {
+            for c in t.chars() {
+                h.push_str(c.encode_utf8(&mut [0; 4]));
+            }
+            h.end_element(ELEMENT_END);
+        }
+        h.finish()
+    }
+
+    /// JSON string contents for `text`: quotes, backslashes and controls
+    /// escaped, and (when `rand` says so) non-ASCII characters as `\uXXXX`.
+    fn json_text(text: &str, rand: &mut impl FnMut(u32) -> u32) -> String {
+        let mut out = String::new();
+        for c in text.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                c if !c.is_ascii() && (c as u32) < 0x10000 && rand(3) == 0 => {
+                    out.push_str(&format!("\\u{:04x}", c as u32))
+                }
+                c => out.push(c),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn fast_paths_give_the_slow_paths_keys() {
+        // Messages of ASCII runs whose lengths straddle the 256-character
+        // block and the 16/64-byte vector steps, escapes, multi-byte
+        // characters and controls at every kind of offset: the key of the
+        // body (plain blocks straight from the JSON, ASCII blocks, SIMD
+        // character counts) equals feeding the decoded texts one character
+        // at a time; with the whole budget and with one that runs out
+        // inside a plain run.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut rand = |n: u32| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % u64::from(n)) as u32
+        };
+        let runs = [0usize, 1, 15, 16, 17, 63, 64, 255, 256, 257, 511, 512, 700];
+        let odd = ["\n", "\"", "\\", "é", "漢", "🦊", "\t", "\u{1}", "ü\n"];
+        for round in 0..60 {
+            let mut texts = Vec::new();
+            for _ in 0..1 + rand(4) {
+                let mut t = String::new();
+                for _ in 0..rand(6) {
+                    let n = runs[rand(runs.len() as u32) as usize];
+                    t.extend((0..n).map(|i| char::from(b'a' + ((i * 7 + round) % 26) as u8)));
+                    t.push_str(odd[rand(odd.len() as u32) as usize]);
+                }
+                texts.push(t);
+            }
+            let body = format!(
+                r#"{{"model":"m","messages":[{}]}}"#,
+                texts
+                    .iter()
+                    .map(|t| format!(
+                        r#"{{"role":"user","content":"{}"}}"#,
+                        json_text(t, &mut rand)
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            for limit in [65536, 300 + rand(900) as usize] {
+                let got = extract(body.as_bytes(), limit, 256).unwrap().prefix;
+                assert_eq!(
+                    got,
+                    char_by_char(&texts, limit),
+                    "round {round} limit {limit}: {body}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn invalid_utf8_is_hashed_as_bytes_not_refused() {
         // The engine refuses such a body; routing it anywhere is fine, never a panic.

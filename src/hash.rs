@@ -1,15 +1,19 @@
-//! Prefix hashing: chained xxh64 block hashes over a bounded prefix.
+//! Prefix hashing: chained block hashes over a bounded prefix.
 //!
 //! Algorithm: the prefix text is cut into blocks of `block_units` units
 //! (characters for extracted text, bytes for raw bodies). Block `i` is hashed
-//! one-shot with unseeded xxh64 (straight from the input when it is a whole
-//! ASCII block, else from a reused block buffer) and chained:
-//! `h_i = chain(h_{i-1}, xxh64(block_i))`, `h_{-1} = 0`, where `chain` is a
-//! splitmix64-style mix of the two (see [`chain`]; only 64-bit multiplies,
-//! which wasm32 has, unlike xxh3's 128-bit products). So `h_i` identifies the whole prefix up to the end of block `i`, as
-//! vLLM's chained block hashes do. (Seeding the 256-byte block hash itself
-//! with `h_{i-1}`, as before, made xxh3 derive a 192-byte secret from the
-//! seed for every block: as much work as hashing the block.) The request seed (model, tenant salt, routing id)
+//! one-shot with [`crate::blockhash::block_hash`] (a SIMD hash built for
+//! wasm; xxh64 until the sixth session: same blocks, other values) straight
+//! from the input when it is a whole block (whole ASCII blocks are
+//! recognised by the hash itself, and plain JSON blocks straight from the
+//! body by [`PrefixHasher::push_plain_blocks`]), else from a reused block
+//! buffer, and chained: `h_i = chain(h_{i-1}, hash(block_i))`, `h_{-1} = 0`,
+//! where `chain` is a splitmix64-style mix of the two (see [`chain`]; only
+//! 64-bit multiplies, which wasm32 has, unlike xxh3's 128-bit products). So
+//! `h_i` identifies the whole prefix up to the end of block `i`, as vLLM's
+//! chained block hashes do. (Seeding the block hash itself with `h_{i-1}`,
+//! as before, made xxh3 derive a 192-byte secret from the seed for every
+//! block: as much work as hashing the block.) The request seed (model, tenant salt, routing id)
 //! is mixed in at the end ([`mix`]), so text can be hashed in a single pass in
 //! any JSON field order, before the seed is known.
 //!
@@ -37,9 +41,10 @@
 //! yields the same hashes, and a shared prefix of calls yields the same
 //! leading block hashes and ends.
 
+use crate::blockhash::{block_hash, block_hash_ascii, block_hash_plain};
+use crate::bytescan::split_chars;
 use std::cell::Cell;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
-use xxhash_rust::xxh64::xxh64;
 
 thread_local! {
     /// The open-block buffer of the last finished hasher, reused by the next
@@ -177,33 +182,91 @@ impl PrefixHasher {
     /// Feed UTF-8 bytes, counting characters (bytes that start a character).
     /// Pieces must not split a multi-byte character. Invalid UTF-8 is hashed
     /// as it is.
+    ///
+    /// Fast path: with no block open, the next `block_units` bytes are hashed
+    /// straight from `b` while they are tested for ASCII
+    /// ([`block_hash_ascii`]: the test rides along with the hash); if they
+    /// are all ASCII (and no continuation byte follows) they are a whole
+    /// block of as many characters, with no separate pass to count them and
+    /// no copy. Otherwise (and for the rest of this piece, so non-ASCII text
+    /// wastes at most one block hash per piece) the block's end is found with
+    /// SIMD character counting ([`split_chars`]) and the bytes are hashed in
+    /// place if they make a whole block, else copied into the open block.
     pub fn push_utf8(&mut self, mut b: &[u8]) {
+        let mut try_ascii = true;
         while !b.is_empty() && self.remaining > 0 {
-            if let Some(n) = self.whole_block(b, true) {
-                b = self.hash_in_place(b, n);
-                continue;
+            let n = self.block_units;
+            if try_ascii && self.in_block == 0 && self.cur.is_empty() && self.remaining >= n {
+                if let Some((block, rest)) = b.split_at_checked(n) {
+                    let ends = rest.first().map_or(true, |&c| c & 0xC0 != 0x80);
+                    if let Some(h) = block_hash_ascii(block).filter(|_| ends) {
+                        self.push_whole(h);
+                        b = rest;
+                        continue;
+                    }
+                    try_ascii = false;
+                }
             }
             let room = (self.block_units - self.in_block).min(self.remaining);
             let (take_bytes, take_chars) = split_chars(b, room);
-            self.cur.extend_from_slice(&b[..take_bytes]);
-            self.account(take_chars);
-            b = &b[take_bytes..];
+            b = self.take(b, take_bytes, take_chars);
         }
+    }
+
+    /// Hash whole blocks of plain JSON string bytes straight from `raw`
+    /// (the raw body, escapes and the closing quote still in it), while no
+    /// block is open: each next `block_units` bytes that are all plain
+    /// ([`block_hash_plain`]: ASCII, no `"`, `\\` or control byte, so they
+    /// are the text itself, one character each) and not followed by a
+    /// continuation byte make one block. Returns the bytes consumed (whole
+    /// blocks; 0 at the first block that is not plain), which the caller
+    /// must then skip: the same blocks and hashes as unescaping them and
+    /// calling [`PrefixHasher::push_utf8`], in one pass instead of a scan for
+    /// the string's end, then a count and a hash.
+    #[inline]
+    pub fn push_plain_blocks(&mut self, raw: &[u8]) -> usize {
+        let n = self.block_units;
+        let mut used = 0;
+        while self.in_block == 0 && self.cur.is_empty() && self.remaining >= n {
+            let Some((block, rest)) = raw[used..].split_at_checked(n) else {
+                break;
+            };
+            if rest.first().is_some_and(|&c| c & 0xC0 == 0x80) {
+                break;
+            }
+            let Some(h) = block_hash_plain(block) else {
+                break;
+            };
+            self.push_whole(h);
+            used += n;
+        }
+        used
     }
 
     /// Feed raw bytes, counting bytes.
     pub fn push_bytes(&mut self, mut b: &[u8]) {
         while !b.is_empty() && self.remaining > 0 {
-            if let Some(n) = self.whole_block(b, false) {
-                b = self.hash_in_place(b, n);
-                continue;
-            }
             let room = (self.block_units - self.in_block).min(self.remaining);
             let take = room.min(b.len());
-            self.cur.extend_from_slice(&b[..take]);
-            self.account(take);
-            b = &b[take..];
+            b = self.take(b, take, take);
         }
+    }
+
+    /// Add the first `bytes` bytes of `b`, holding `units` units (at most
+    /// the room left in the open block and the budget); the rest of `b`.
+    /// Fast path: when no block is open (no unit, no marker) and they make
+    /// a whole block, they are hashed in place, without the copy into `cur`
+    /// (the same bytes, so the same hash as the copying path).
+    #[inline]
+    fn take<'b>(&mut self, b: &'b [u8], bytes: usize, units: usize) -> &'b [u8] {
+        let (head, rest) = b.split_at(bytes.min(b.len()));
+        if units == self.block_units && self.in_block == 0 && self.cur.is_empty() {
+            self.push_whole(block_hash(head));
+        } else {
+            self.cur.extend_from_slice(head);
+            self.account(units);
+        }
+        rest
     }
 
     /// Feed bytes that shape the key (separators, image references) without
@@ -230,36 +293,13 @@ impl PrefixHasher {
         }
     }
 
-    /// Fast path: when no block is open and `b` starts with a whole block
-    /// (for text: `block_units` ASCII bytes, not followed by a continuation
-    /// byte that would belong to the block), its length in bytes. The block is
-    /// then hashed straight from the input, without the copy into `cur`; the
-    /// hashes are the same as the copying path's (same bytes, same seed).
-    fn whole_block(&self, b: &[u8], text: bool) -> Option<usize> {
-        let n = self.block_units;
-        if self.in_block != 0 || !self.cur.is_empty() || self.remaining < n {
-            return None;
-        }
-        let block = b.get(..n)?;
-        if text {
-            // OR of every byte (vectorised): below 0x80 iff all ASCII.
-            let ascii = block.iter().fold(0u8, |a, &c| a | c) < 0x80;
-            let ends_here = b.get(n).map_or(true, |&c| c & 0xC0 != 0x80);
-            if !(ascii && ends_here) {
-                return None;
-            }
-        }
-        Some(n)
-    }
-
-    /// Hash the whole block `b[..n]` of `n` units in place; the rest of `b`.
-    fn hash_in_place<'b>(&mut self, b: &'b [u8], n: usize) -> &'b [u8] {
-        let (block, rest) = b.split_at(n);
-        self.chain = chain(self.chain, block_hash(block));
-        self.units += n;
-        self.remaining -= n;
+    /// Chain a whole block of `block_units` units (none open) whose hash is `h`.
+    #[inline]
+    fn push_whole(&mut self, h: u64) {
+        self.chain = chain(self.chain, h);
+        self.units += self.block_units;
+        self.remaining -= self.block_units;
         self.push_block();
-        rest
     }
 
     fn account(&mut self, units: usize) {
@@ -290,55 +330,6 @@ impl Drop for PrefixHasher {
         let cur = std::mem::take(&mut self.cur);
         SPARE_BLOCK_BUFFER.with(|s| s.set(cur));
     }
-}
-
-/// Characters (bytes that are not UTF-8 continuation bytes `10xxxxxx`) in
-/// one little-endian word: eight minus the continuation bytes, found as
-/// "bit 7 set and bit 6 clear" in every byte at once.
-#[inline]
-fn chars_in_word(w: u64) -> usize {
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    if w & HIGH == 0 {
-        return 8; // ASCII: the common case, no population count
-    }
-    8 - (w & !(w << 1) & HIGH).count_ones() as usize
-}
-
-/// Split `b` after at most `room` characters: (bytes, characters) taken.
-/// Whole words are counted eight bytes at a time while they fit; the split
-/// itself is found byte by byte.
-fn split_chars(b: &[u8], room: usize) -> (usize, usize) {
-    let mut i = 0;
-    let mut chars = 0;
-    for c in b.chunks_exact(8) {
-        let n = chars_in_word(u64::from_le_bytes([
-            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
-        ]));
-        if chars + n > room {
-            break;
-        }
-        chars += n;
-        i += 8;
-    }
-    for (j, &c) in b[i..].iter().enumerate() {
-        if c & 0xC0 != 0x80 {
-            if chars == room {
-                return (i + j, chars);
-            }
-            chars += 1;
-        }
-    }
-    (b.len(), chars)
-}
-
-/// The hash of one block's bytes: xxh64 (unseeded). Not xxh3: xxh3 folds
-/// 64×64→128-bit products, which wasm32 has no instruction for (each one is
-/// a call to the `__multi3` helper), while xxh64 needs only 64-bit multiplies
-/// (`i64.mul`): measured with `scripts/cost-adapter.sh`, the 16 KiB request's
-/// key costs several times fewer wasm instructions (docs/overhead.md).
-#[inline]
-fn block_hash(block: &[u8]) -> u64 {
-    xxh64(block, 0)
 }
 
 /// The chained hash of a block: `fmix(prev · K ⊕ block)`, with `K` odd and

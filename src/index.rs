@@ -69,6 +69,14 @@
 //!   deepest known block is rewritten without one, so a block that two
 //!   prompts contain (a system prompt under which short prompts end) loses
 //!   its mark when the second one is recorded.
+//! - without `end_marks`, the **last-block mark** ([`IndexConfig::last_mark`],
+//!   on by default): the last block, written anyway, carries the mark (no
+//!   search path, no `n − 2` mark: no extra set). A longer prompt finds it
+//!   when that block is a ladder position of its lookup (every block up to
+//!   8, then four per octave): turn 2 of a conversation after a short first
+//!   prompt and a long answer is then warm (in chat, such turns went cold
+//!   under `min_match`). A pending record writes the same mark, so its
+//!   confirmation changes no tag, and an exact repeat keeps it.
 //!
 //! Invariants: a slot holds the entry of at most one key; lookups never
 //! report a depth whose block key is not present with its exact 47-bit tag;
@@ -301,6 +309,13 @@ pub struct IndexConfig {
     /// sets per request (and peer sync traffic); worth it once blocks end at
     /// message boundaries (`docs/benchmarks.md`, "Why chat still fails").
     pub end_marks: bool,
+    /// Without `end_marks`: still mark the request's last block (no search
+    /// path, no `n − 2` mark), which `record` writes anyway: no extra set.
+    /// A longer prompt finds that mark when the block is on its lookup's
+    /// path (a ladder position: every block up to 8, then four per octave),
+    /// e.g. turn 2 of a conversation after a short first prompt and a long
+    /// answer ([`crate::affinity`], `continuation`).
+    pub last_mark: bool,
 }
 
 impl Default for IndexConfig {
@@ -312,6 +327,7 @@ impl Default for IndexConfig {
             rewrite_known: false,
             secret: 0,
             end_marks: false,
+            last_mark: true,
         }
     }
 }
@@ -365,6 +381,17 @@ pub fn ladder(n: usize, bits: u32) -> impl Iterator<Item = usize> {
 }
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Which end marks a write sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Marks {
+    /// None (a pending record).
+    None,
+    /// The last block only ([`IndexConfig::last_mark`]).
+    Last,
+    /// Both marks and their search paths ([`IndexConfig::end_marks`]).
+    Paths,
+}
 
 /// The index logic (stateless; the state is the [`SlotStore`]).
 #[derive(Debug, Clone, Copy)]
@@ -567,7 +594,15 @@ impl PrefixIndex {
     ) -> usize {
         let back = max_age_ms.saturating_sub(PENDING_MS);
         let at = now_ms.saturating_sub(back);
-        self.write(store, blocks, known, replica, (at, false))
+        // The last-block mark is written here too (a continuation cannot
+        // come before the response; the confirming record then writes the
+        // same tag, so peers see a confirmation, not a new block).
+        let marks = if self.cfg.last_mark && !self.cfg.end_marks {
+            Marks::Last
+        } else {
+            Marks::None
+        };
+        self.write(store, blocks, known, replica, (at, marks))
     }
 
     /// Record that the request with `blocks` went to `replica` (see the module
@@ -581,18 +616,24 @@ impl PrefixIndex {
         replica: usize,
         now_ms: u64,
     ) -> usize {
-        self.write(store, blocks, known, replica, (now_ms, self.cfg.end_marks))
+        let marks = match (self.cfg.end_marks, self.cfg.last_mark) {
+            (true, _) => Marks::Paths,
+            (false, true) => Marks::Last,
+            (false, false) => Marks::None,
+        };
+        self.write(store, blocks, known, replica, (now_ms, marks))
     }
 
-    /// `record` at `now_ms`, with the end mark and its path when `marks`.
+    /// `record` at `now_ms`, with the end marks `marks`.
     fn write<S: SlotStore>(
         &self,
         store: &mut S,
         blocks: &[u64],
         known: Option<&Known>,
         replica: usize,
-        (now_ms, marks): (u64, bool),
+        (now_ms, marks): (u64, Marks),
     ) -> usize {
+        let (paths, marks) = (marks == Marks::Paths, marks != Marks::None);
         let Some(&last) = blocks.last() else {
             return 0;
         };
@@ -613,17 +654,20 @@ impl PrefixIndex {
         // end), and its mark would make every prompt under it look like a
         // continuation. The deepest known block, shared by definition, is
         // rewritten without a mark for the same reason.
-        let end_at = if marks && n >= 2 && n - 1 > depth {
+        let end_at = if paths && n >= 2 && n - 1 > depth {
             n - 1
         } else {
             0
         };
         let mark_last = marks && depth < n;
         if let Some(k) = known.filter(|_| depth > 0) {
+            // An exact repeat (a retry, the same prompt again) keeps its
+            // mark: it proves no other prompt shares the block.
+            let keep = depth == n && marks && k.entry.is_end();
             self.put(
                 store,
                 blocks[depth - 1],
-                (time, false),
+                (time, keep),
                 k.entry.with_front(r),
             );
             sets += 1;
@@ -659,7 +703,7 @@ impl PrefixIndex {
                 }
             }
         }
-        let last_path = gap_path(if mark_last { n } else { 0 }, bits);
+        let last_path = gap_path(if mark_last && paths { n } else { 0 }, bits);
         for p in last_path.filter(|&p| p >= depth && p + 1 < n && !written[..w].contains(&p)) {
             if let Some(&key) = blocks.get(p) {
                 self.put(store, key, (time, false), fresh);
@@ -952,6 +996,44 @@ mod tests {
         off.record(&mut st, &t1, None, 2, 0);
         let k = off.lookup(&st, &chain(5, 44, 9, 60), 1000).unwrap();
         assert_eq!((k.depth, k.entry.is_end()), (40, false));
+    }
+
+    #[test]
+    fn the_last_block_mark_costs_no_set_and_finds_short_first_turns() {
+        let idx = PrefixIndex::new(IndexConfig::default());
+        let plain = PrefixIndex::new(IndexConfig {
+            last_mark: false,
+            ..IndexConfig::default()
+        });
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        let mut st_plain = VecStore::new(IndexConfig::default().slots);
+        // Turn 1: a system prompt (4 blocks) and a short question (1 block).
+        let t1 = chain(3, 4, 1, 5);
+        let sets = idx.record(&mut st, &t1, None, 2, 0);
+        assert_eq!(sets, plain.record(&mut st_plain, &t1, None, 2, 0));
+        // Turn 2 after a long answer: 30 blocks, all of turn 1 known, marked
+        // (a continuation whatever its coverage); without the mark, not.
+        let t2: Vec<u64> = t1.iter().copied().chain(chain(9, 0, 9, 25)).collect();
+        let k = idx.lookup(&st, &t2, 1000).unwrap();
+        assert_eq!((k.depth, k.entry.is_end()), (5, true));
+        let k = plain.lookup(&st_plain, &t2, 1000).unwrap();
+        assert_eq!((k.depth, k.entry.is_end()), (5, false));
+        // A pending record writes the same mark (its confirmation then
+        // changes no tag); an exact repeat keeps it.
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        idx.record_pending(&mut st, &t1, None, 2, (0, 600_000));
+        let k = idx.lookup(&st, &t2, 1000).unwrap();
+        assert_eq!((k.depth, k.entry.is_end()), (5, true));
+        let k = idx.lookup(&st, &t1, 1000);
+        idx.record(&mut st, &t1, k.as_ref(), 2, 0);
+        let k = idx.lookup(&st, &t2, 1000).unwrap();
+        assert_eq!((k.depth, k.entry.is_end()), (5, true));
+        // A second prompt sharing turn 1's blocks removes the mark.
+        let k = idx.lookup(&st, &t2, 1000).unwrap();
+        idx.record(&mut st, &t2, Some(&k), 4, 0);
+        let other: Vec<u64> = t1.iter().copied().chain(chain(8, 0, 8, 25)).collect();
+        let k = idx.lookup(&st, &other, 2000).unwrap();
+        assert_eq!((k.depth, k.entry.is_end()), (5, false));
     }
 
     #[test]

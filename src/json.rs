@@ -333,27 +333,71 @@ enum Pieces {
 /// `f` off the per-escape path, runs and decoded characters are gathered in a
 /// 1 KiB stack buffer and handed over when it fills (long runs go straight
 /// through). Pieces never split a character. Cost: O(bytes visited), SWAR scan.
-fn for_each_piece(raw: &[u8], mut f: impl FnMut(&[u8]) -> bool) -> Pieces {
+fn for_each_piece(raw: &[u8], f: impl FnMut(&[u8]) -> bool) -> Pieces {
+    for_each_piece_or_plain(raw, &mut Unescaped(f))
+}
+
+/// Where [`for_each_piece_or_plain`] hands the text of a string.
+trait TextSink {
+    /// Take a prefix of `raw`, the string's raw bytes from the current
+    /// position, if it is plain (no `"`, `\\` or control byte: the text
+    /// itself); how many bytes were taken (they count as handed over).
+    fn plain(&mut self, raw: &[u8]) -> usize;
+    /// Take one unescaped piece; false = stop.
+    fn piece(&mut self, piece: &[u8]) -> bool;
+}
+
+/// A sink of unescaped pieces only.
+struct Unescaped<F>(F);
+
+impl<F: FnMut(&[u8]) -> bool> TextSink for Unescaped<F> {
+    fn plain(&mut self, _raw: &[u8]) -> usize {
+        0
+    }
+    fn piece(&mut self, piece: &[u8]) -> bool {
+        (self.0)(piece)
+    }
+}
+
+/// The prompt hasher as a sink: whole plain blocks straight from the body
+/// ([`PrefixHasher::push_plain_blocks`]), the rest unescaped.
+impl TextSink for PrefixHasher {
+    fn plain(&mut self, raw: &[u8]) -> usize {
+        self.push_plain_blocks(raw)
+    }
+    fn piece(&mut self, piece: &[u8]) -> bool {
+        self.push_utf8(piece);
+        !self.is_full()
+    }
+}
+
+/// [`for_each_piece`], offering `sink` the raw bytes first wherever nothing
+/// is buffered (at the start and after each hand-over) with
+/// [`TextSink::plain`].
+fn for_each_piece_or_plain<S: TextSink>(raw: &[u8], sink: &mut S) -> Pieces {
     const CAP: usize = 1024;
     let mut buf = [0u8; CAP];
     let mut len = 0usize;
     let mut i = 0;
     // Hand the buffer over; false = stop.
-    let flush = |buf: &[u8], len: &mut usize, f: &mut dyn FnMut(&[u8]) -> bool| -> bool {
-        let go = *len == 0 || f(&buf[..*len]);
+    let flush = |buf: &[u8], len: &mut usize, sink: &mut S| -> bool {
+        let go = *len == 0 || sink.piece(&buf[..*len]);
         *len = 0;
         go
     };
     while i < raw.len() {
+        if len == 0 {
+            i += sink.plain(&raw[i..]);
+        }
         let run = find_special(&raw[i..]).unwrap_or(raw.len() - i);
         if run > 0 {
             let piece = &raw[i..i + run];
             if len + run <= CAP {
                 buf[len..len + run].copy_from_slice(piece);
                 len += run;
-            } else if !flush(&buf, &mut len, &mut f) {
+            } else if !flush(&buf, &mut len, sink) {
                 return Pieces::Stopped(i);
-            } else if !f(piece) {
+            } else if !sink.piece(piece) {
                 return Pieces::Stopped(i + run);
             }
         }
@@ -361,7 +405,7 @@ fn for_each_piece(raw: &[u8], mut f: impl FnMut(&[u8]) -> bool) -> Pieces {
         match raw.get(i) {
             Some(b'\\') => {}
             Some(b'"') => {
-                return if flush(&buf, &mut len, &mut f) {
+                return if flush(&buf, &mut len, sink) {
                     Pieces::Quote(i)
                 } else {
                     Pieces::Stopped(i)
@@ -369,13 +413,13 @@ fn for_each_piece(raw: &[u8], mut f: impl FnMut(&[u8]) -> bool) -> Pieces {
             }
             // The end (what was decoded is handed over) or a control byte.
             None => {
-                flush(&buf, &mut len, &mut f);
+                flush(&buf, &mut len, sink);
                 return Pieces::Bad;
             }
             _ => return Pieces::Bad,
         }
         let Some(used) = escape_len(&raw[i..]) else {
-            flush(&buf, &mut len, &mut f);
+            flush(&buf, &mut len, sink);
             return Pieces::Bad;
         };
         let ch = match raw[i + 1] {
@@ -392,14 +436,14 @@ fn for_each_piece(raw: &[u8], mut f: impl FnMut(&[u8]) -> bool) -> Pieces {
         } else {
             used
         };
-        if len + 4 > CAP && !flush(&buf, &mut len, &mut f) {
+        if len + 4 > CAP && !flush(&buf, &mut len, sink) {
             return Pieces::Stopped(i);
         }
         len += ch.encode_utf8(&mut buf[len..]).len();
         i += used;
     }
     // The end without a closing quote: hand over what was decoded.
-    flush(&buf, &mut len, &mut f);
+    flush(&buf, &mut len, sink);
     Pieces::Bad
 }
 
@@ -488,10 +532,9 @@ fn walk(s: &mut Scanner<'_>, h: &mut PrefixHasher, element_end: &[u8], depth: us
         Some(b'"') => {
             // Hash up to the budget; validate the rest without hashing.
             s.pos += 1;
-            match for_each_piece(&s.b[s.pos..], |piece| {
-                h.push_utf8(piece);
-                !h.is_full()
-            }) {
+            // Whole blocks of plain text are hashed straight from the body
+            // (one pass); the rest is unescaped piece by piece.
+            match for_each_piece_or_plain(&s.b[s.pos..], h) {
                 Pieces::Quote(q) => s.pos += q + 1,
                 Pieces::Stopped(at) => {
                     s.pos += at;

@@ -7,7 +7,7 @@
 //! - a **pure routing core** with no proxy-wasm dependency, built and tested
 //!   natively (and on wasm32 with `wasm-bindgen-test`), reused by the simulator:
 //!   [`config`] (serde + validation), [`extract`] and [`json`] (body → prefix
-//!   text, one zero-copy pass), [`hash`] (chained xxh3 blocks), [`ring`]
+//!   text, one zero-copy pass), [`hash`] (chained block hashes, [`blockhash`]), [`ring`]
 //!   (consistent hashing with virtual nodes), [`select`] (bounded-load
 //!   selection), [`index`] (direct-mapped index of recently routed blocks),
 //!   [`affinity`] (longest known prefix, cost-aware spill), [`cost`] (prices
@@ -43,6 +43,7 @@
 #![warn(missing_docs)]
 
 pub mod affinity;
+pub mod blockhash;
 pub mod bytescan;
 pub mod cluster;
 pub mod config;

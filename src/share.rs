@@ -74,6 +74,15 @@
 //! (plus `⌈n / 10⌉` gets and sets on the halving, once per ≥ 128 requests
 //! per replica).
 //!
+//! **In the filter** the counts are not in the slot store: each host's count
+//! is a field of its entry in the in-flight value
+//! ([`crate::cluster::tables::InFlight`], keyed by address, halved the same
+//! way: [`crate::cluster::tables::InFlight::bump_share`]), which routing
+//! reads and CAS-writes anyway, so reading and bumping cost no host call of
+//! their own. The filter's slot store serves these slots from that read
+//! ([`slot_value`], `AddrSlots::with_shares`) and the bump rides on the
+//! take's update. The simulator and the tests keep them in the slot store.
+//!
 //! Approximation: workers bump without a lock, so a concurrent bump can be
 //! lost; a lost count moves the bound by one request.
 //!
@@ -82,13 +91,34 @@
 //! slots; the first 6 bytes of every value written are 0.
 
 use crate::affinity::AffinityConfig;
-use crate::index::{Known, SlotStore};
-use crate::pressure::{Pressure, TABLE_SLOTS};
+use crate::index::{Known, SlotStore, SlotValue, ENTRY_BYTES};
+use crate::pressure::{Pressure, PER_SLOT, TABLE_SLOTS};
 use crate::router::RoutingKey;
 
 /// The top share slot: just below the [`crate::pressure`] slots (`u32::MAX`
 /// down to `u32::MAX − TABLE_SLOTS + 1`); same layout ([`Pressure::read_at`]).
 const BASE: u32 = u32::MAX - TABLE_SLOTS;
+
+/// Is `slot` one of the request-share slots?
+pub fn is_slot(slot: u32) -> bool {
+    slot <= BASE && slot > BASE - TABLE_SLOTS
+}
+
+/// The value the slot store would hold in share slot `slot` for the counts
+/// `counts` (member order): 6 zero bytes, then the counts of the slot's 10
+/// replicas (0 beyond `counts`). `None` if `slot` is not a share slot.
+pub fn slot_value(counts: &[u8], slot: u32) -> Option<SlotValue> {
+    if !is_slot(slot) {
+        return None;
+    }
+    let g = (BASE - slot) as usize;
+    let mut v: SlotValue = [0; ENTRY_BYTES];
+    let own = counts.iter().skip(g * PER_SLOT).take(PER_SLOT);
+    for (x, &c) in v.iter_mut().skip(ENTRY_BYTES - PER_SLOT).zip(own) {
+        *x = c;
+    }
+    Some(v)
+}
 /// Mean in-flight requests per available replica below which the bound acts
 /// (see the module docs).
 pub const LIGHT_LOAD: f64 = 1.0;
@@ -219,6 +249,17 @@ mod tests {
         crate::pressure::Pressure::bump(&mut s, 11, n);
         assert_eq!(Share::read(&s, n).of(11), 5);
         assert_eq!(crate::pressure::Pressure::read(&s, n).of(11), 1);
+        // The same values from counts held elsewhere (the filter's in-flight value).
+        let counts: Vec<u8> = (0..n).map(|r| Share::read(&s, n).of(r)).collect();
+        for g in 0..3 {
+            assert_eq!(
+                slot_value(&counts, BASE - g),
+                Some(s.get(BASE - g).unwrap_or([0; 16]))
+            );
+        }
+        assert!(is_slot(BASE) && is_slot(BASE - TABLE_SLOTS + 1));
+        assert!(!is_slot(BASE + 1) && !is_slot(BASE - TABLE_SLOTS) && !is_slot(0));
+        assert_eq!(slot_value(&counts, u32::MAX), None);
         // Never published to peers.
         let mut publishing = crate::peers_log::Publishing::new(&mut s, 1200, true);
         Share::bump(&mut publishing, 3, n);

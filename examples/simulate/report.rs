@@ -69,22 +69,28 @@ fn pct(sorted: &[f64], q: f64) -> f64 {
 
 /// `SIM_DUMP=DIR`: one CSV per run, `DIR/<policy>.csv`, one line per
 /// request (index, arrival s, replica, prompt tokens, cached tokens, TTFT s,
-/// spill, completion s), for offline diagnosis of the TTFT tail. Errors are
-/// printed, never fatal.
+/// spill, completion s, output tokens, previous turn's index or −1), for
+/// offline diagnosis of the TTFT tail (`tail_diag.py`) and of chat turns
+/// (`turn_diag.py`). Errors are printed, never fatal.
 fn dump(dir: &str, policy: &str, reqs: &[SimRequest], res: &RunResult) {
     use std::fmt::Write as _;
-    let mut s = String::from("idx,arrived,replica,prompt,cached,ttft,spill,done\n");
+    let mut s = String::from("idx,arrived,replica,prompt,cached,ttft,spill,done,output,prev\n");
     for (i, (r, c)) in reqs.iter().zip(&res.records).enumerate() {
+        let prev = match r.arrival {
+            crate::engine::Arrival::After { prev, .. } => i64::from(prev),
+            crate::engine::Arrival::At(_) => -1,
+        };
         let _ = writeln!(
             s,
-            "{i},{:.6},{},{},{},{:.6},{},{:.6}",
+            "{i},{:.6},{},{},{},{:.6},{},{:.6},{},{prev}",
             c.arrived,
             c.replica,
             r.prompt_tokens,
             c.cached,
             c.ttft,
             u8::from(c.spill),
-            c.done
+            c.done,
+            r.output_tokens
         );
     }
     let name: String = policy

@@ -7,9 +7,16 @@
 //! whichever comes first) the same amount is taken off ([`Queued::finish`],
 //! idempotent). The simulator's `--ours queue=1` counts exactly this.
 //!
-//! Layout: a [`Table<u32>`] (addr hash → tokens) under `<namespace>queued`,
-//! CAS-updated like the in-flight table. Cost: one get per routed request
-//! ([`read`]) and two CAS sets ([`Queued::start`], [`Queued::finish`]).
+//! Layout: the `queued` field of each host's entry in the in-flight value
+//! ([`InFlight`], `<namespace>inflight`), so the routing-time read and the
+//! start are the picture's get and the take's CAS set
+//! ([`super::request::Slot::take`] with [`Queued::joined`]): no host call of
+//! their own. The finish is one CAS update of that value, or none when it
+//! waits in the VM's [`super::request::Releases`] for the VM's next take or
+//! flush ([`Queued::finish_later`], while other requests of the VM are live:
+//! the host then looks busier than it is for at most a tick, never less
+//! busy). [`read`], [`Queued::start`] and [`Queued::finish`] are the
+//! stand-alone forms (one get each, one get + one CAS set each).
 //!
 //! Invariants: a request adds at most once and takes off exactly what it
 //! added, at most once; counts saturate at 0 (a take-off after a reset never
@@ -18,50 +25,47 @@
 //! count of every host with no request in flight, so a leak lasts at most
 //! until the host drains.
 //!
-//! Wired in `src/filter/http.rs` (read and `start` at routing with the
-//! affinity strategy, `finish` at the first response body byte or at
-//! `on_log`) and `src/filter/poll.rs` (`reconcile` after each admin poll).
+//! Wired in `src/filter/http.rs` (read with the picture and started with
+//! the take at routing with the affinity strategy, finished at the first
+//! response body byte or at `on_log`) and `src/filter/poll.rs` (`reconcile`
+//! after each admin poll).
 
+use super::request::Releases;
 use super::shared::{ShareError, SharedData};
-use super::tables::{addr_hash, InFlight, Keys, Table};
+use super::tables::{addr_hash, InFlight, Keys};
 use super::view::View;
-
-/// Shared-data key of the table.
-pub fn key(k: &Keys) -> String {
-    format!("{}queued", k.prefix)
-}
 
 /// Queued tokens per member of `view` (member order); `None` if the read
 /// failed (the caller then routes without the Queue rule).
 pub fn read<S: SharedData + ?Sized>(s: &S, k: &Keys, view: &View) -> Option<Vec<u32>> {
-    let (t, _) = Table::<u32>::read(s, &key(k)).ok()?;
-    Some(
-        (0..view.endpoints().len())
-            .map(|i| view.hash(i).map_or(0, |h| t.get(h)))
-            .collect(),
-    )
+    let (t, _) = InFlight::read(s, &k.inflight).ok()?;
+    Some(view.queued(&t))
 }
 
-/// Drop the count of every host with no request in flight (and of hosts not
-/// in `inflight` at all). Returns how many counts were dropped.
+/// Drop the count of every host with no request in flight. Returns how many
+/// counts were dropped.
 ///
 /// # Errors
 /// Shared data failed.
 pub fn reconcile<S: SharedData + ?Sized>(s: &S, k: &Keys) -> Result<usize, ShareError> {
-    let (inflight, _) = InFlight::read(s, &k.inflight)?;
+    let (t, cas) = InFlight::read(s, &k.inflight)?;
+    if !t
+        .entries
+        .iter()
+        .any(|e| e.1.inflight == 0 && e.1.queued > 0)
+    {
+        return Ok(0); // nothing to drop: no write
+    }
     let mut dropped = 0;
-    Table::<u32>::modify(s, &key(k), None, |t| {
+    InFlight::modify(s, &k.inflight, Some((t, cas)), |t| {
         dropped = 0;
-        let idle: Vec<u64> = t
-            .entries
-            .iter()
-            .map(|e| e.0)
-            .filter(|&h| inflight.get(h) == 0)
-            .collect();
-        for h in idle {
-            t.set(h, 0);
-            dropped += 1;
+        for e in t.entries.iter_mut() {
+            if e.1.inflight == 0 && e.1.queued > 0 {
+                e.1.queued = 0;
+                dropped += 1;
+            }
         }
+        t.entries.retain(|e| e.1 != Default::default());
     })?;
     Ok(dropped)
 }
@@ -74,7 +78,8 @@ pub struct Queued {
 }
 
 impl Queued {
-    /// Add `tokens` to `addr` (routing). A second call does nothing.
+    /// Add `tokens` to `addr` (routing) in a CAS update of its own. A second
+    /// call does nothing.
     ///
     /// # Errors
     /// Shared data failed: nothing is held, so nothing is taken off later.
@@ -89,11 +94,18 @@ impl Queued {
             return Ok(());
         }
         let h = addr_hash(addr);
-        Table::<u32>::modify(s, &key(k), None, |t| {
-            t.set(h, t.get(h).saturating_add(tokens));
-        })?;
+        InFlight::modify(s, &k.inflight, None, |t| t.add_queued(h, i64::from(tokens)))?;
         self.held = Some((h, tokens));
         Ok(())
+    }
+
+    /// The take of this request's in-flight count added `tokens` to `addr`
+    /// in the same update ([`super::request::Slot::take`]): hold them. A
+    /// second call does nothing.
+    pub fn joined(&mut self, addr: &str, tokens: u32) {
+        if self.held.is_none() && tokens > 0 {
+            self.held = Some((addr_hash(addr), tokens));
+        }
     }
 
     /// Take the added tokens off (first response byte, or the end).
@@ -105,10 +117,18 @@ impl Queued {
         let Some((h, tokens)) = self.held.take() else {
             return Ok(());
         };
-        Table::<u32>::modify(s, &key(k), None, |t| {
-            t.set(h, t.get(h).saturating_sub(tokens));
+        InFlight::modify(s, &k.inflight, None, |t| {
+            t.add_queued(h, -i64::from(tokens))
         })
         .map(|_| ())
+    }
+
+    /// [`Queued::finish`] without a host call: the take-off waits in
+    /// `releases` (written by the VM's next take or flush). Idempotent.
+    pub fn finish_later(&mut self, releases: &Releases) {
+        if let Some((h, tokens)) = self.held.take() {
+            releases.push_queued(h, tokens);
+        }
     }
 }
 

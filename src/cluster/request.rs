@@ -1,10 +1,15 @@
 //! One request's lifecycle against shared data, generic over [`SharedData`]
 //! so it is unit-tested natively (the filter's `http.rs` only adds host
 //! calls, headers and stats around these):
-//! 1. [`picture`]: the loads and usable hosts the request is routed on
-//!    (in-flight table, down marks, engine samples: ≤ 3 gets; the down
-//!    marks come from a per-VM [`DownCache`], read at most every 100 ms);
-//! 2. [`Slot::take`]: count the request on its primary (CAS on `inflight`);
+//! 1. [`picture`]: the loads, queued-prefill tokens, request-share counts
+//!    and usable hosts the request is routed on (the in-flight value holds
+//!    the first three: one get; down marks, engine samples: ≤ 3 gets in all;
+//!    the down marks come from a per-VM [`DownCache`], read at most every
+//!    100 ms);
+//! 2. [`Slot::take`]: count the request on its primary, with its queued
+//!    tokens and share count ([`Joined`]) and this VM's waiting releases, in
+//!    one CAS update of `inflight` (one set when the picture's read is still
+//!    current);
 //! 3. [`Slot::moved`]: at response headers, a retry or the fallback used
 //!    another host: move the count there; [`Slot::primary_failed`] tells the
 //!    caller to mark the primary down ([`super::sync::mark_failed`]);
@@ -17,9 +22,9 @@
 
 use super::engines::{self, Effect, EngineTable};
 use super::shared::{ShareError, SharedData};
-use super::tables::{addr_hash, Down, InFlight, Keys, Table};
+use super::tables::{addr_hash, Down, InFlight, Keys};
 use super::view::View;
-use crate::config::Config;
+use crate::config::{Config, Strategy};
 use std::cell::RefCell;
 
 /// The down marks as this VM last read them: `picture` reads the shared
@@ -103,9 +108,14 @@ impl DownCache {
 /// failed write keeps them for the next one; at most [`Releases::MAX`]
 /// wait (beyond, the oldest are dropped and the poller's reconcile with
 /// Envoy's `rq_active` repairs the count, as for a VM that died).
+///
+/// It also holds queued-prefill take-offs ([`super::queued::Queued::finish_later`]):
+/// the same rule, the same update.
 #[derive(Debug, Default)]
 pub struct Releases {
     held: RefCell<Vec<(u64, String)>>,
+    /// (host hash, tokens) to take off the queued-prefill counts.
+    tokens: RefCell<Vec<(u64, u32)>>,
 }
 
 impl Releases {
@@ -115,6 +125,7 @@ impl Releases {
     /// Nothing waits.
     pub fn is_empty(&self) -> bool {
         self.held.try_borrow().map_or(true, |h| h.is_empty())
+            && self.tokens.try_borrow().map_or(true, |t| t.is_empty())
     }
 
     fn push(&self, addr: String) {
@@ -126,17 +137,35 @@ impl Releases {
         }
     }
 
-    /// Subtract the waiting releases from `t` (saturating at 0).
+    /// A queued-prefill take-off of `tokens` on host `hash` waits here.
+    pub fn push_queued(&self, hash: u64, tokens: u32) {
+        if let Ok(mut t) = self.tokens.try_borrow_mut() {
+            if t.len() >= Self::MAX {
+                t.remove(0);
+            }
+            t.push((hash, tokens));
+        }
+    }
+
+    /// Subtract the waiting releases and take-offs from `t` (saturating at 0).
     fn apply(&self, t: &mut InFlight) {
         if let Ok(h) = self.held.try_borrow() {
             for (hash, _) in h.iter() {
                 t.set(*hash, t.get(*hash).saturating_sub(1));
             }
         }
+        if let Ok(q) = self.tokens.try_borrow() {
+            for &(hash, n) in q.iter() {
+                t.add_queued(hash, -i64::from(n));
+            }
+        }
     }
 
     /// The gauges of the released hosts in `t` (each once), and forget them.
     fn written(&self, t: &InFlight, out: &mut Vec<Gauge>) {
+        if let Ok(mut q) = self.tokens.try_borrow_mut() {
+            q.clear();
+        }
         if let Ok(mut h) = self.held.try_borrow_mut() {
             for (hash, addr) in h.drain(..) {
                 if !out.iter().any(|(a, _)| *a == addr) {
@@ -156,7 +185,7 @@ impl Releases {
         if self.is_empty() {
             return Ok(out);
         }
-        let t = Table::modify(s, &k.inflight, None, |t| self.apply(t))?;
+        let t = InFlight::modify(s, &k.inflight, None, |t| self.apply(t))?;
         self.written(&t, &mut out);
         Ok(out)
     }
@@ -177,12 +206,19 @@ pub struct VmLocal {
 pub struct Picture {
     /// Load per member (our in-flight counts, raised by engine load).
     pub loads: Vec<u32>,
+    /// Prompt tokens queued for prefill per member ([`super::queued`]), with
+    /// the `affinity` strategy; `None` otherwise or if the read failed.
+    pub queued: Option<Vec<u32>>,
+    /// Request-share counts per member ([`crate::share`]), with
+    /// `share_factor > 0`; `None` otherwise or if the read failed.
+    pub shares: Option<Vec<u8>>,
     /// Usable members (health, down marks, saturation, LoRA tier).
     pub usable: Vec<bool>,
     /// The in-flight table as read (to try first when taking the slot).
     pub snapshot: Option<(InFlight, u32)>,
-    /// Shared-data reads that failed (the picture is then partial: unknown
-    /// counts read as 0, unknown marks as none).
+    /// Shared-data reads that failed, and values that did not decode (the
+    /// picture is then partial: unknown counts read as 0, unknown marks as
+    /// none).
     pub failures: u32,
     /// What the engine view did (with `engine`).
     pub engine: Option<Effect>,
@@ -204,15 +240,27 @@ pub fn picture<S: SharedData + ?Sized>(
     let snapshot = InFlight::read(s, &k.inflight)
         .map_err(|_| failures += 1)
         .ok();
-    let mut loads = match &snapshot {
+    let affinity = cfg.strategy == Strategy::Affinity;
+    let share = affinity && cfg.affinity.share_factor > 0.0;
+    let per_member = |t: &InFlight| {
+        (
+            view.loads(t),
+            affinity.then(|| view.queued(t)),
+            share.then(|| view.shares(t)),
+        )
+    };
+    let (mut loads, queued, shares) = match &snapshot {
         Some((t, _)) if !local.releases.is_empty() => {
             let mut t = t.clone();
             local.releases.apply(&mut t);
-            view.loads(&t)
+            per_member(&t)
         }
-        Some((t, _)) => view.loads(t),
-        None => view.loads(&InFlight::default()),
+        Some((t, _)) => per_member(t),
+        None => (view.loads(&InFlight::default()), None, None),
     };
+    if snapshot.as_ref().is_some_and(|(t, _)| t.corrupt) {
+        failures += 1;
+    }
     let (mut usable, failed) = local
         .downs
         .with(s, k, now_ms, |down| view.usable(down, now_ms));
@@ -237,6 +285,8 @@ pub fn picture<S: SharedData + ?Sized>(
         });
     Picture {
         loads,
+        queued,
+        shares,
         usable,
         snapshot,
         failures,
@@ -256,14 +306,26 @@ pub struct Slot {
 /// A gauge update: (address, count now).
 pub type Gauge = (String, u32);
 
+/// What a take writes besides the request's in-flight count, in the same
+/// CAS update.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Joined {
+    /// Prompt tokens to add to the primary's queued prefill ([`super::queued`]).
+    pub queued_tokens: u32,
+    /// Count the request in the primary's request share ([`crate::share`]).
+    pub share: bool,
+}
+
 impl Slot {
     /// Count the request on `primary` (routing). `seen` is the picture's read;
-    /// `releases`: this VM's waiting releases, written in the same CAS update.
+    /// `releases`: this VM's waiting releases, written in the same CAS update,
+    /// as is `joined` (queued tokens, share count). One CAS set when `seen`
+    /// is still current, else one get + one set per retry.
     /// Returns the gauges: the primary's count first, then the released hosts'.
     ///
     /// # Errors
-    /// Shared data failed: the request is routed but not counted (the
-    /// releases keep waiting).
+    /// Shared data failed: the request is routed but not counted, nor its
+    /// `joined` (the releases keep waiting).
     pub fn take<S: SharedData + ?Sized>(
         &mut self,
         s: &S,
@@ -271,12 +333,19 @@ impl Slot {
         primary: &str,
         seen: Option<(InFlight, u32)>,
         releases: &Releases,
+        joined: Joined,
     ) -> Result<Vec<Gauge>, ShareError> {
         self.primary = Some(primary.to_string());
         let h = addr_hash(primary);
-        let t = Table::modify(s, &k.inflight, seen, |t: &mut InFlight| {
+        let t = InFlight::modify(s, &k.inflight, seen, |t: &mut InFlight| {
             releases.apply(t);
             t.set(h, t.get(h).saturating_add(1));
+            if joined.queued_tokens > 0 {
+                t.add_queued(h, i64::from(joined.queued_tokens));
+            }
+            if joined.share {
+                t.bump_share(h);
+            }
         })?;
         self.holding = Some(primary.to_string());
         let mut gauges = vec![(primary.to_string(), t.get(h))];
@@ -460,6 +529,7 @@ mod tests {
                 view.addr(d.primary).unwrap(),
                 p.snapshot,
                 &Releases::default(),
+                Joined::default(),
             )
             .unwrap();
             (slot, secondary)
@@ -603,6 +673,113 @@ mod tests {
         assert_eq!(w.s.calls.get() - calls, 2, "a failed read is not cached");
     }
 
+    /// The request-share counts kept in the in-flight value (read with the
+    /// picture, bumped by the take) route exactly like the same counts kept
+    /// in the index's slot store (`Router::note_routed`), request by request;
+    /// and routing makes one get + one CAS set for the counts, the queued
+    /// tokens and the share.
+    #[test]
+    fn share_and_queued_counts_ride_on_the_in_flight_value() {
+        let cfg = Config::from_json(
+            br#"{"cluster":"llm","admin_cluster":"a","share_factor":1.0,"learn_costs":false}"#,
+        )
+        .unwrap();
+        let (s, k) = (MockShared::new(), Keys::new("t"));
+        InFlight::init(&s, &k.inflight).unwrap();
+        Down::init(&s, &k.down).unwrap();
+        let hosts: Vec<(u16, bool)> = (1..=4).map(|p| (p, true)).collect();
+        apply_admin(&s, &k, doc(&hosts).as_bytes(), "llm", 0).unwrap();
+        let f = Follower::new(cfg.clone());
+        let view = f.current(&s, &k);
+        let n = view.endpoints().len();
+        let cost = CostModel::new(view.router.cost_config());
+        let local = VmLocal::default();
+        let slots = cfg.affinity.index_slots;
+        let (mut reference, mut folded) = (VecStore::new(slots), VecStore::new(slots));
+        let (mut diverted, mut rng) = (0, 12345u64);
+        for i in 0..400u64 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let g = rng % 6;
+            let body = format!(
+                r#"{{"messages":[{{"role":"system","content":"group {g} {}"}},{{"role":"user","content":"q{i}"}}]}}"#,
+                "shared instructions ".repeat(60)
+            );
+            let key = view.router.key(Body::Complete(body.as_bytes()), None);
+            let now = 1000 + i;
+            // Reference: the counts in the slot store.
+            let want = {
+                let mut st = AddrSlots::new(&mut reference, &view, &[]);
+                let (_, c, known) = view.router.choose_affinity(
+                    &key,
+                    body.len(),
+                    Loads::new(&vec![0; n]),
+                    &st,
+                    &cost,
+                    now,
+                    i,
+                );
+                view.router
+                    .record_affinity(&mut st, &key.blocks, known.as_ref(), c.primary, now);
+                view.router.note_routed(&mut st, c.primary);
+                c
+            };
+            // Folded: the picture's read, the take's update.
+            let calls = s.calls.get();
+            let p = picture(&s, &k, &view, &cfg, None, now, &local);
+            assert!(p.queued.is_some() && p.shares.is_some());
+            let mut st =
+                AddrSlots::new(&mut folded, &view, &p.usable).with_shares(p.shares.as_deref());
+            let l = Loads {
+                in_flight: &p.loads,
+                available: Some(&p.usable),
+            };
+            let (_, c, known) =
+                view.router
+                    .choose_affinity(&key, body.len(), l, &st, &cost, now, i);
+            assert_eq!(c, want, "request {i}");
+            diverted += usize::from(c.reason != crate::affinity::Reason::Warm && known.is_some());
+            view.router
+                .record_affinity(&mut st, &key.blocks, known.as_ref(), c.primary, now);
+            view.router.note_routed(&mut st, c.primary); // dropped: the take counts it
+            let addr = view.addr(c.primary).unwrap();
+            let mut slot = Slot::default();
+            let joined = Joined {
+                queued_tokens: 100,
+                share: true,
+            };
+            slot.take(&s, &k, addr, p.snapshot, &local.releases, joined)
+                .unwrap();
+            let mut q = crate::cluster::queued::Queued::default();
+            q.joined(addr, 100);
+            // One get (picture) + one set (take); the down marks are read
+            // every 100 ms (`DownCache`).
+            let downs = u64::from(i % DownCache::MAX_AGE_MS == 0);
+            assert_eq!(s.calls.get() - calls, 2 + downs, "request {i}");
+            assert_eq!(
+                crate::cluster::queued::read(&s, &k, &view).unwrap()[c.primary],
+                100
+            );
+            // Its end: the take-off and the release wait, one update writes both.
+            q.finish_later(&local.releases);
+            assert!(slot.release_later(&local.releases));
+            local.releases.flush(&s, &k).unwrap();
+        }
+        assert!(diverted > 0, "the share bound never acted");
+        let (t, _) = InFlight::read(&s, &k.inflight).unwrap();
+        let shares = view.shares(&t);
+        let want: Vec<u8> = (0..n)
+            .map(|r| crate::share::Share::read(&reference, n).of(r))
+            .collect();
+        assert_eq!(shares, want);
+        assert_eq!((view.loads(&t), view.queued(&t)), (vec![0; n], vec![0; n]));
+        assert_eq!(
+            crate::share::Share::read(&folded, n),
+            crate::share::Share::default()
+        );
+    }
+
     #[test]
     fn deferred_releases_ride_on_the_next_take_or_a_flush() {
         let w = World::with_two_hosts();
@@ -613,7 +790,14 @@ mod tests {
             let p = picture(&w.s, &w.k, &view, w.f.config(), None, 10, &local);
             let loads = p.loads.clone();
             let g = slot
-                .take(&w.s, &w.k, addr, p.snapshot, &local.releases)
+                .take(
+                    &w.s,
+                    &w.k,
+                    addr,
+                    p.snapshot,
+                    &local.releases,
+                    Joined::default(),
+                )
                 .unwrap();
             (loads, g)
         };

@@ -9,7 +9,7 @@
 //! | --- | --- | --- | --- |
 //! | `members` | [`Snapshot`]: generation ‖ (flags, address)… | the polling VM | 1 get |
 //! | `lease` | owner u64 ‖ expiry ms u64 | every root context (CAS) | 0 |
-//! | `inflight` | (addr hash u64, count u32)… sorted | requests (CAS), reconcile | 1 get + 1 CAS set per change |
+//! | `inflight` | [`InFlight`]: (addr hash u64, in-flight u32, queued tokens u32, share u8)… sorted | requests (CAS), reconcile | 1 get + 1 CAS set at routing (take, queued tokens, share bump, waiting releases in one update), 1 get + 1 CAS set at release (or none: [`super::request::Releases`]) |
 //! | `down` | (addr hash u64, until ms u64)… | requests (CAS), poller clears | 1 get |
 //! | `engine` | (addr hash, time, sample)… ([`super::engines`]) | the polling VM | 1 get (with `engine`) |
 //!
@@ -270,47 +270,281 @@ impl<V: Cell> Table<V> {
 
     /// Read from shared data with the CAS token.
     pub fn read<S: SharedData + ?Sized>(s: &S, key: &str) -> Result<(Table<V>, u32), ShareError> {
-        let (v, cas) = s.get(key)?;
-        Ok((Table::decode(v.as_deref()), cas))
+        read_value(s, key)
     }
 
     /// Create the key (empty table) if it is missing, so CAS updates race safely.
     pub fn init<S: SharedData + ?Sized>(s: &S, key: &str) -> Result<(), ShareError> {
-        match s.get(key)? {
-            (Some(_), _) => Ok(()),
-            (None, _) => s.set(key, &[VERSION], 0),
-        }
+        init_value(s, key, &[VERSION])
     }
 
     /// CAS-update with `f`; `seen` is a previous read to try first.
     pub fn modify<S: SharedData + ?Sized>(
         s: &S,
         key: &str,
-        mut seen: Option<(Table<V>, u32)>,
-        mut f: impl FnMut(&mut Table<V>),
+        seen: Option<(Table<V>, u32)>,
+        f: impl FnMut(&mut Table<V>),
     ) -> Result<Table<V>, ShareError> {
-        for _ in 0..super::shared::MAX_CAS_ATTEMPTS {
-            let (mut t, cas) = match seen.take() {
-                Some(x) => x,
-                None => Table::read(s, key)?,
-            };
-            f(&mut t);
-            match s.set(key, &t.encode(), cas) {
-                Ok(()) => return Ok(t),
-                Err(ShareError::CasMismatch) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(ShareError::CasMismatch)
+        modify_value(s, key, seen, f)
     }
 }
 
-/// In-flight counts per host (cluster-wide over this Envoy's workers).
-pub type InFlight = Table<u32>;
-/// Passive down marks: host → until (ms since the epoch).
-pub type Down = Table<u64>;
+/// A value kept in shared data: how it decodes and encodes.
+trait Value: Sized {
+    fn decode_value(v: Option<&[u8]>) -> Self;
+    fn encode_value(&self) -> Vec<u8>;
+}
+
+impl<V: Cell> Value for Table<V> {
+    fn decode_value(v: Option<&[u8]>) -> Self {
+        Table::decode(v)
+    }
+    fn encode_value(&self) -> Vec<u8> {
+        self.encode()
+    }
+}
+
+impl Value for InFlight {
+    fn decode_value(v: Option<&[u8]>) -> Self {
+        InFlight::decode(v)
+    }
+    fn encode_value(&self) -> Vec<u8> {
+        self.encode()
+    }
+}
+
+fn read_value<T: Value, S: SharedData + ?Sized>(s: &S, key: &str) -> Result<(T, u32), ShareError> {
+    let (v, cas) = s.get(key)?;
+    Ok((T::decode_value(v.as_deref()), cas))
+}
+
+fn init_value<S: SharedData + ?Sized>(s: &S, key: &str, empty: &[u8]) -> Result<(), ShareError> {
+    match s.get(key)? {
+        (Some(_), _) => Ok(()),
+        (None, _) => s.set(key, empty, 0),
+    }
+}
+
+/// Bounded CAS loop: `f` on the value (`seen` first, then fresh reads).
+fn modify_value<T: Value, S: SharedData + ?Sized>(
+    s: &S,
+    key: &str,
+    mut seen: Option<(T, u32)>,
+    mut f: impl FnMut(&mut T),
+) -> Result<T, ShareError> {
+    for _ in 0..super::shared::MAX_CAS_ATTEMPTS {
+        let (mut t, cas) = match seen.take() {
+            Some(x) => x,
+            None => read_value(s, key)?,
+        };
+        f(&mut t);
+        match s.set(key, &t.encode_value(), cas) {
+            Ok(()) => return Ok(t),
+            Err(ShareError::CasMismatch) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ShareError::CasMismatch)
+}
+
+/// Layout version byte of the [`InFlight`] value (per-host load: in-flight
+/// count, queued-prefill tokens, request-share count). Version [`VERSION`]
+/// (1) is the earlier in-flight-only layout, still decoded (its queued and
+/// share counts read as 0), so a value left by an older build is not lost.
+pub const LOAD_VERSION: u8 = 2;
+
+/// One host's entry in the [`InFlight`] value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostLoad {
+    /// Requests in flight (taken at routing, released at the end).
+    pub inflight: u32,
+    /// Prompt tokens queued for prefill ([`super::queued`]).
+    pub queued: u32,
+    /// Requests routed recently ([`crate::share`]: fading u8 count).
+    pub share: u8,
+}
+
+impl HostLoad {
+    /// Bytes of one encoded entry after its 8-byte host hash.
+    const WIDTH: usize = 9;
+    /// Bytes of one entry of the version-1 layout (in-flight only).
+    const WIDTH_V1: usize = 4;
+}
+
+/// The per-host load of this Envoy's workers, one shared-data value that
+/// every take and release already CASes: the in-flight count, the prompt
+/// tokens queued for prefill ([`super::queued`]) and the request-share count
+/// ([`crate::share`]). Routing reads it once and writes it once (one get +
+/// one CAS set for all three); before, each lived in its own value (3 gets
+/// and up to 3 sets per request).
+///
+/// Encoding: [`LOAD_VERSION`] ‖ (addr hash u64, in-flight u32, queued u32,
+/// share u8)… sorted by hash, little-endian; an entry whose three counts are
+/// 0 is not stored. A value that does not decode (unknown version, length
+/// not a whole number of entries, entries not sorted) reads as empty with
+/// [`InFlight::corrupt`] set, which callers count as a shared-data failure;
+/// the next CAS write replaces it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InFlight {
+    /// Entries, sorted by hash.
+    pub entries: Vec<(u64, HostLoad)>,
+    /// The value read did not decode (the table is then empty).
+    pub corrupt: bool,
+}
 
 impl InFlight {
+    /// Decode; a missing value is an empty table, a malformed one an empty
+    /// table marked [`InFlight::corrupt`].
+    pub fn decode(v: Option<&[u8]>) -> InFlight {
+        let Some(v) = v else {
+            return InFlight::default();
+        };
+        let parsed = match v {
+            [LOAD_VERSION, rest @ ..] => Self::entries_of(rest, HostLoad::WIDTH, |c| {
+                Some(HostLoad {
+                    inflight: u32::take(c.get(..4)?)?,
+                    queued: u32::take(c.get(4..8)?)?,
+                    share: *c.get(8)?,
+                })
+            }),
+            [VERSION, rest @ ..] => Self::entries_of(rest, HostLoad::WIDTH_V1, |c| {
+                Some(HostLoad {
+                    inflight: u32::take(c)?,
+                    ..HostLoad::default()
+                })
+            }),
+            _ => None,
+        };
+        match parsed {
+            Some(entries) => InFlight {
+                entries,
+                corrupt: false,
+            },
+            None => InFlight {
+                entries: Vec::new(),
+                corrupt: true,
+            },
+        }
+    }
+
+    /// Entries of width `8 + w`, strictly sorted by hash; `None` if malformed.
+    fn entries_of(
+        b: &[u8],
+        w: usize,
+        cell: impl Fn(&[u8]) -> Option<HostLoad>,
+    ) -> Option<Vec<(u64, HostLoad)>> {
+        if b.len() % (8 + w) != 0 {
+            return None;
+        }
+        let mut out: Vec<(u64, HostLoad)> = Vec::with_capacity(b.len() / (8 + w));
+        for c in b.chunks_exact(8 + w) {
+            let h = u64_at(c, 0)?;
+            if out.last().is_some_and(|l| l.0 >= h) {
+                return None;
+            }
+            out.push((h, cell(c.get(8..)?)?));
+        }
+        Some(out)
+    }
+
+    /// Encode ([`LOAD_VERSION`] layout).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(1 + self.entries.len() * (8 + HostLoad::WIDTH));
+        v.push(LOAD_VERSION);
+        for (h, x) in &self.entries {
+            v.extend_from_slice(&h.to_le_bytes());
+            v.extend_from_slice(&x.inflight.to_le_bytes());
+            v.extend_from_slice(&x.queued.to_le_bytes());
+            v.push(x.share);
+        }
+        v
+    }
+
+    /// Everything known of host `h` (zeros if absent).
+    pub fn load(&self, h: u64) -> HostLoad {
+        self.entries
+            .binary_search_by_key(&h, |e| e.0)
+            .ok()
+            .and_then(|i| self.entries.get(i))
+            .map_or(HostLoad::default(), |e| e.1)
+    }
+
+    /// Set everything known of host `h`; all zeros removes the entry.
+    pub fn put(&mut self, h: u64, v: HostLoad) {
+        match self.entries.binary_search_by_key(&h, |e| e.0) {
+            Ok(i) if v == HostLoad::default() => {
+                self.entries.remove(i);
+            }
+            Ok(i) => {
+                if let Some(e) = self.entries.get_mut(i) {
+                    e.1 = v;
+                }
+            }
+            Err(_) if v == HostLoad::default() => {}
+            Err(i) => self.entries.insert(i, (h, v)),
+        }
+    }
+
+    /// In-flight count of host `h` (0 if absent).
+    pub fn get(&self, h: u64) -> u32 {
+        self.load(h).inflight
+    }
+
+    /// Set the in-flight count of host `h`.
+    pub fn set(&mut self, h: u64, n: u32) {
+        let mut v = self.load(h);
+        v.inflight = n;
+        self.put(h, v);
+    }
+
+    /// Add `tokens` to (or, negative, take them off) host `h`'s queued
+    /// prefill, saturating at 0.
+    pub fn add_queued(&mut self, h: u64, tokens: i64) {
+        let mut v = self.load(h);
+        let q = (i64::from(v.queued) + tokens).clamp(0, i64::from(u32::MAX));
+        v.queued = u32::try_from(q).unwrap_or(0);
+        self.put(h, v);
+    }
+
+    /// Count one routed request for host `h` in the request-share counts: +1,
+    /// halving every host's count first if `h`'s is at 255 (the fading
+    /// memory of [`crate::share`]).
+    pub fn bump_share(&mut self, h: u64) {
+        if self.load(h).share == u8::MAX {
+            for e in self.entries.iter_mut() {
+                e.1.share /= 2;
+            }
+            self.entries.retain(|e| e.1 != HostLoad::default());
+        }
+        let mut v = self.load(h);
+        v.share = v.share.saturating_add(1);
+        self.put(h, v);
+    }
+
+    /// Read from shared data with the CAS token.
+    pub fn read<S: SharedData + ?Sized>(s: &S, key: &str) -> Result<(InFlight, u32), ShareError> {
+        read_value(s, key)
+    }
+
+    /// Create the key (empty table) if it is missing, so CAS updates race safely.
+    pub fn init<S: SharedData + ?Sized>(s: &S, key: &str) -> Result<(), ShareError> {
+        init_value(s, key, &[LOAD_VERSION])
+    }
+
+    /// CAS-update with `f`; `seen` is a previous read to try first (a
+    /// corrupt value is replaced: the result is no longer marked corrupt).
+    pub fn modify<S: SharedData + ?Sized>(
+        s: &S,
+        key: &str,
+        seen: Option<(InFlight, u32)>,
+        mut f: impl FnMut(&mut InFlight),
+    ) -> Result<InFlight, ShareError> {
+        modify_value(s, key, seen, |t: &mut InFlight| {
+            f(t);
+            t.corrupt = false;
+        })
+    }
+
     /// Add `delta` to host `h` (saturating at 0); returns its new count.
     pub fn add<S: SharedData + ?Sized>(
         s: &S,
@@ -319,7 +553,7 @@ impl InFlight {
         delta: i32,
         seen: Option<(InFlight, u32)>,
     ) -> Result<u32, ShareError> {
-        let t = Table::modify(s, &k.inflight, seen, |t| {
+        let t = InFlight::modify(s, &k.inflight, seen, |t| {
             let v = t.get(h).saturating_add_signed(delta);
             t.set(h, v);
         })?;
@@ -328,7 +562,9 @@ impl InFlight {
 
     /// Lower the count of every host Envoy reports above its own
     /// `rq_active` to it, and drop hosts Envoy no longer lists. Returns the
-    /// hosts corrected (`(hash, ours, envoy's)`).
+    /// hosts corrected (`(hash, ours, envoy's)`). The queued and share counts
+    /// of listed hosts are kept (queued ones are dropped by
+    /// [`super::queued::reconcile`]).
     ///
     /// Only downwards: a count above Envoy's is a lost release (a VM died
     /// between taking and releasing); a count below it is requests Envoy
@@ -343,20 +579,24 @@ impl InFlight {
         envoy: &[(u64, u32)],
     ) -> Result<Vec<(u64, u32, u32)>, ShareError> {
         let mut fixed = Vec::new();
-        Table::modify(s, &k.inflight, None, |t: &mut InFlight| {
+        InFlight::modify(s, &k.inflight, None, |t: &mut InFlight| {
             fixed.clear();
             let old = std::mem::take(t);
             for &(h, rq) in envoy {
-                let ours = old.get(h);
-                if ours > rq {
-                    fixed.push((h, ours, rq));
+                let mut ours = old.load(h);
+                if ours.inflight > rq {
+                    fixed.push((h, ours.inflight, rq));
                 }
-                t.set(h, ours.min(rq));
+                ours.inflight = ours.inflight.min(rq);
+                t.put(h, ours);
             }
         })?;
         Ok(fixed)
     }
 }
+
+/// Passive down marks: host → until (ms since the epoch).
+pub type Down = Table<u64>;
 
 impl Down {
     /// Is `h` marked down at `now_ms`?
@@ -462,7 +702,82 @@ mod tests {
         // Envoy counting more (its own scrapes, unrouted requests): never raised.
         assert!(InFlight::reconcile(&s, &k, &[(a, 5)]).unwrap().is_empty());
         assert_eq!(InFlight::read(&s, &k.inflight).unwrap().0.get(a), 1);
-        assert_eq!(InFlight::decode(Some(b"garbage")), InFlight::default());
+        let bad = InFlight::decode(Some(b"garbage"));
+        assert!(bad.corrupt && bad.entries.is_empty());
+        assert!(!InFlight::decode(None).corrupt);
+    }
+
+    #[test]
+    fn one_value_holds_in_flight_queued_and_share_counts() {
+        let (a, b) = (addr_hash("10.0.0.1:80"), addr_hash("10.0.0.2:80"));
+        let mut t = InFlight::default();
+        t.set(a, 2);
+        t.add_queued(a, 700);
+        t.add_queued(b, 30);
+        t.bump_share(b);
+        let back = InFlight::decode(Some(&t.encode()));
+        assert_eq!(back, t);
+        let want = HostLoad {
+            inflight: 0,
+            queued: 30,
+            share: 1,
+        };
+        assert_eq!((back.load(a).queued, back.load(b)), (700, want));
+        // Counts saturate at 0; an entry whose counts are all 0 is dropped.
+        t.add_queued(b, -100);
+        t.set(a, 0);
+        t.add_queued(a, -700);
+        assert_eq!(
+            t.entries,
+            vec![(
+                b,
+                HostLoad {
+                    share: 1,
+                    ..HostLoad::default()
+                }
+            )]
+        );
+        // The share count fades: at 255 every count is halved first.
+        for _ in 0..254 {
+            t.bump_share(b);
+        }
+        t.bump_share(a);
+        assert_eq!((t.load(b).share, t.load(a).share), (255, 1));
+        t.bump_share(b);
+        assert_eq!((t.load(b).share, t.load(a).share), (128, 0));
+        assert_eq!(
+            t.entries.len(),
+            1,
+            "a's entry held nothing but a count of 0"
+        );
+        // The earlier layout (version 1, in-flight only) still decodes.
+        let mut v1 = vec![VERSION];
+        v1.extend_from_slice(&a.to_le_bytes());
+        v1.extend_from_slice(&5u32.to_le_bytes());
+        let old = InFlight::decode(Some(&v1));
+        assert_eq!((old.corrupt, old.get(a), old.load(a).queued), (false, 5, 0));
+        // Malformed: a partial entry, unsorted entries, an unknown version.
+        let good = t.encode();
+        for bad in [
+            &good[..good.len() - 1],
+            &[&[LOAD_VERSION][..], &good[1..], &good[1..]].concat()[..],
+            &[&[9u8][..], &good[1..]].concat()[..],
+        ] {
+            let d = InFlight::decode(Some(bad));
+            assert!(d.corrupt && d.entries.is_empty(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_corrupt_value_is_replaced_by_the_next_update() {
+        let s = MockShared::new();
+        let k = Keys::new("p");
+        s.set(&k.inflight, b"\x02garbage", 0).unwrap();
+        let (t, _) = InFlight::read(&s, &k.inflight).unwrap();
+        assert!(t.corrupt);
+        assert_eq!(InFlight::add(&s, &k, 7, 1, None).unwrap(), 1);
+        let (t, _) = InFlight::read(&s, &k.inflight).unwrap();
+        assert!(!t.corrupt && t.get(7) == 1);
     }
 
     #[test]

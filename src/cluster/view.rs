@@ -120,6 +120,16 @@ impl View {
         self.hashes.iter().map(|&h| t.get(h)).collect()
     }
 
+    /// Queued-prefill tokens in member order ([`super::queued`]).
+    pub fn queued(&self, t: &InFlight) -> Vec<u32> {
+        self.hashes.iter().map(|&h| t.load(h).queued).collect()
+    }
+
+    /// Request-share counts in member order ([`crate::share`]).
+    pub fn shares(&self, t: &InFlight) -> Vec<u8> {
+        self.hashes.iter().map(|&h| t.load(h).share).collect()
+    }
+
     /// Where a retry of a request to member `i` should go: the host that
     /// takes over `i`'s prefixes if `i` is dead (its [`View::successor`] with
     /// `i` excluded), so a retried request and the requests after it meet on
@@ -149,10 +159,17 @@ impl View {
 }
 
 /// A [`SlotStore`] whose entries hold address ids (see the module docs).
+///
+/// With [`AddrSlots::with_shares`] the request-share slots
+/// ([`crate::share::slot_value`]) are served from counts the caller read
+/// with the in-flight value (no get), and writes to them are dropped: the
+/// filter counts the routed request in its take's CAS update instead
+/// ([`super::request::Joined::share`]).
 pub struct AddrSlots<'a, S> {
     inner: &'a mut S,
     view: &'a View,
     usable: &'a [bool],
+    shares: Option<&'a [u8]>,
 }
 
 impl<'a, S: SlotStore> AddrSlots<'a, S> {
@@ -167,12 +184,23 @@ impl<'a, S: SlotStore> AddrSlots<'a, S> {
             } else {
                 &[]
             },
+            shares: None,
         }
+    }
+
+    /// Serve the request-share slots from `shares` (counts in member
+    /// order, [`View::shares`]); `None`: from the inner store.
+    pub fn with_shares(mut self, shares: Option<&'a [u8]>) -> AddrSlots<'a, S> {
+        self.shares = shares;
+        self
     }
 }
 
 impl<S: SlotStore> SlotStore for AddrSlots<'_, S> {
     fn get(&self, slot: u32) -> Option<SlotValue> {
+        if let Some(v) = self.shares.and_then(|c| crate::share::slot_value(c, slot)) {
+            return Some(v);
+        }
         let raw = self.inner.get(slot)?;
         let Some(mut e) = Entry::decode(&raw) else {
             return Some(raw);
@@ -197,6 +225,9 @@ impl<S: SlotStore> SlotStore for AddrSlots<'_, S> {
     }
 
     fn set(&mut self, slot: u32, value: SlotValue) {
+        if self.shares.is_some() && crate::share::is_slot(slot) {
+            return; // counted by the take (see the type's docs)
+        }
         let mut v = value;
         if let Some(mut e) = Entry::decode(&value) {
             for h in e.holders.iter_mut() {

@@ -31,8 +31,8 @@ use super::probe::{self, Ablate, Phase};
 use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::HostFailure;
-use crate::cluster::queued::{self, Queued};
-use crate::cluster::request::{picture, Slot};
+use crate::cluster::queued::Queued;
+use crate::cluster::request::{picture, Joined, Picture, Slot};
 use crate::cluster::shared::MAX_CAS_ATTEMPTS;
 use crate::cluster::view::{AddrSlots, View};
 use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
@@ -220,6 +220,7 @@ impl RouterHttp {
             }
             _ => None,
         };
+        let mut joined = Joined::default();
         let decision = if let Some(r) = pinned {
             // The replica that stores the previous response (vLLM: per instance).
             Decision {
@@ -229,7 +230,9 @@ impl RouterHttp {
             }
         } else if cfg.strategy == Strategy::Affinity {
             let chars = prompt_chars(&key, body_len);
-            let mut d = self.select_affinity(&p, &view, &key, chars, l, ticket);
+            let mut d = self.select_affinity(&p, &view, &key, chars, &pic, ticket);
+            // Counted in the request share by the take ([`crate::share`]).
+            joined.share = cfg.affinity.share_factor > 0.0;
             // Retry where the primary's prefixes go if it is dead.
             d.secondary = view.takeover(d.primary, &pic.usable).or(d.secondary);
             d
@@ -239,6 +242,11 @@ impl RouterHttp {
         probe::end(Phase::Select, t);
         let t = probe::start();
         let primary = view.addr(decision.primary).unwrap_or_default().to_string();
+        // Its expected prefill joins the primary's queue until the first
+        // byte: in the take's update, as is the request-share count.
+        if let Some((uncached, _)) = self.pending_cost {
+            joined.queued_tokens = uncached.clamp(0.0, f64::from(u32::MAX)) as u32;
+        }
         let taken = super::local::LOCAL.with(|local| {
             self.slot.take(
                 &HostShared,
@@ -246,27 +254,18 @@ impl RouterHttp {
                 &primary,
                 pic.snapshot,
                 &local.releases,
+                joined,
             )
         });
         match taken {
             Ok(gauges) => {
+                self.queued.joined(&primary, joined.queued_tokens);
                 for (addr, n) in gauges {
                     p.stats.in_flight_now(&addr, n);
                 }
             }
             Err(e) => {
                 log::warn!("#{} cannot count in-flight request: {e:?}", self.context_id);
-                p.stats.failure(HostFailure::SharedData);
-            }
-        }
-        // Its expected prefill joins the primary's queue until the first byte.
-        if let Some((uncached, _)) = self.pending_cost {
-            let tokens = uncached.clamp(0.0, f64::from(u32::MAX)) as u32;
-            if self
-                .queued
-                .start(&HostShared, &p.keys, &primary, tokens)
-                .is_err()
-            {
                 p.stats.failure(HostFailure::SharedData);
             }
         }
@@ -305,16 +304,21 @@ impl RouterHttp {
     }
 
     /// `affinity`: index lookup + choice + record over shared data; index
-    /// holders are kept as address ids ([`AddrSlots`]).
+    /// holders are kept as address ids ([`AddrSlots`]). The loads, queued
+    /// tokens and share counts come from the picture (one get for all).
     fn select_affinity(
         &mut self,
         p: &Plugin,
         view: &View,
         key: &RoutingKey,
         prompt_chars: usize,
-        loads: Loads<'_>,
+        pic: &Picture,
         ticket: u64,
     ) -> Decision {
+        let loads = Loads {
+            in_flight: &pic.loads,
+            available: Some(&pic.usable),
+        };
         // The VM is single-threaded, so the cost model is never borrowed twice;
         // if it somehow were, use the configured prices rather than panic.
         let fallback;
@@ -330,13 +334,18 @@ impl RouterHttp {
             }
         };
         let mut slots = SharedSlots::new(&p.keys.prefix);
-        let usable = loads.available.unwrap_or(&[]);
-        let mut queued = queued::read(&HostShared, &p.keys, view);
-        if let Some(q) = queued.as_mut() {
-            super::peers::add_queues(p, view, q, self.routed_at_ms); // issue 11
-        }
+        // With the share bound on, its counts are the picture's (none if
+        // the read failed: no bound for this request), never a slot get.
+        let shares = (view.router.affinity_config().share_factor > 0.0)
+            .then(|| pic.shares.as_deref().unwrap_or(&[]));
+        // Issue 11: plus the peers' queued tokens (`peers.share_queued`).
+        let with_peers = pic
+            .queued
+            .as_deref()
+            .and_then(|q| super::peers::with_peer_queues(p, view, q, self.routed_at_ms));
+        let queued = with_peers.as_deref().or(pic.queued.as_deref());
         let (d, choice, known) = {
-            let mut by_addr = AddrSlots::new(&mut slots, view, usable);
+            let mut by_addr = AddrSlots::new(&mut slots, view, &pic.usable).with_shares(shares);
             let chosen = p.delivered.with_horizons(self.routed_at_ms, view, |h| {
                 view.router.choose_affinity_fed(
                     key,
@@ -346,7 +355,7 @@ impl RouterHttp {
                     &cost,
                     (self.routed_at_ms, ticket),
                     h,
-                    queued.as_deref(),
+                    queued,
                 )
             });
             // A new placement is written at once as pending (the 2xx record
@@ -357,8 +366,7 @@ impl RouterHttp {
                 view.router
                     .record_pending(&mut by_addr, &key.blocks, k.as_ref(), c, t);
             }
-            // The request-share counters (`src/share.rs`).
-            view.router.note_routed(&mut by_addr, chosen.1.primary);
+            // The request-share count is bumped by the take (`Joined::share`).
             chosen
         };
         // Blocks are uneven (they end at message boundaries): the block after
@@ -385,9 +393,13 @@ impl RouterHttp {
         d
     }
 
-    /// Take this request's tokens off the queued-prefill count (once).
-    fn finish_queued(&mut self, p: &Plugin) {
-        if self.queued.finish(&HostShared, &p.keys).is_err() {
+    /// Take this request's tokens off the queued-prefill count (once): at
+    /// once, or (`later`) with the VM's next in-flight update
+    /// ([`Queued::finish_later`]).
+    fn finish_queued(&mut self, p: &Plugin, later: bool) {
+        if later {
+            super::local::LOCAL.with(|local| self.queued.finish_later(&local.releases));
+        } else if self.queued.finish(&HostShared, &p.keys).is_err() {
             p.stats.failure(HostFailure::SharedData);
         }
     }
@@ -700,8 +712,11 @@ impl RouterHttp {
             // The first response byte (a stream's first token; a streaming
             // server may send its headers before any token): the prefill
             // is done.
+            // While other requests of the VM are live, the take-off rides on
+            // the VM's next take (or tick); at the response's last chunk, on
+            // this request's release in `on_log`, a moment later.
             if size > 0 || end_of_stream {
-                self.finish_queued(&p);
+                self.finish_queued(&p, end_of_stream || super::batch::others_live());
             }
             self.load_upstream();
             self.delivery.on_chunk(
@@ -733,7 +748,8 @@ impl RouterHttp {
     /// `on_log`: the response-end bookkeeping and the in-flight release.
     fn log_end(&mut self) {
         let Some(p) = self.plugin.clone() else { return };
-        self.finish_queued(&p); // no body byte came (an error, a reset)
+        // No body byte came (an error, a reset): written with the release.
+        self.finish_queued(&p, true);
         self.load_upstream();
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());

@@ -49,7 +49,7 @@
 //!   per replica in `x-prefix-router-queued`; the puller keeps each peer's
 //!   last table (and its own at the start of the round) in `peers/queues`,
 //!   and the routing path adds the fresh ones, extrapolated, to its own
-//!   counts ([`add_queues`]: one shared-data get per routed request).
+//!   counts ([`with_peer_queues`]: one shared-data get per routed request).
 //!
 //! Stats (`prefix_router.peers.*`): counters `pull_ok`, `pull_fail`
 //! (= `pull_refused` + `pull_timeout`), `pull_refused`, `pull_timeout`,
@@ -423,18 +423,21 @@ fn write_exchange(p: &Plugin, s: &Shared, ex: &Exchange) {
     }
 }
 
-/// Add the peers' fresh queued tokens to `queued` (this gateway's, in
-/// `view` order) at routing, extrapolated ([`Exchange::estimate`]; a table
-/// older than 3 pull periods is ignored). Nothing without `share_queued`.
-pub fn add_queues(p: &Plugin, view: &View, queued: &mut [u32], now_ms: u64) {
+/// This gateway's queued tokens (`own`, in `view` order) plus the peers'
+/// fresh ones at routing, extrapolated ([`Exchange::estimate`]; a table
+/// older than 3 pull periods is ignored). `None` (use `own`) without
+/// `share_queued` or without a fresh peer.
+pub fn with_peer_queues(p: &Plugin, view: &View, own: &[u32], now_ms: u64) -> Option<Vec<u32>> {
     let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
-        return;
+        return None;
     };
     if !params.share_queued {
-        return;
+        return None;
     }
     let max_age = 3 * u64::from(params.pull_ms);
-    read_exchange(s).estimate(queued, |id| view.position_of_id(id), now_ms, max_age);
+    let mut q = own.to_vec();
+    let fresh = read_exchange(s).estimate(&mut q, |id| view.position_of_id(id), now_ms, max_age);
+    (fresh > 0).then_some(q)
 }
 
 /// The non-empty slots of `[start, start + SNAPSHOT_SPAN)` (one get each),

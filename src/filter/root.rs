@@ -6,7 +6,7 @@ use super::http::RouterHttp;
 use super::poll::Poller;
 use super::stats::Stats;
 use crate::cluster::sync::Follower;
-use crate::cluster::tables::{InFlight, Keys};
+use crate::cluster::tables::{Down, InFlight, Keys};
 use crate::config::{Config, Strategy};
 use crate::cost::CostModel;
 use crate::hash::hash_id;
@@ -116,8 +116,14 @@ impl RootContext for RouterRoot {
         // may share one shared-data namespace), NOT by configuration: a push
         // keeps in-flight counts, down marks, membership and the index.
         let keys = Keys::new(&plugin_name);
-        for key in [&keys.inflight, &keys.down] {
-            if let Err(e) = InFlight::init(&HostShared, key) {
+        for (key, init) in [
+            (
+                &keys.inflight,
+                InFlight::init::<HostShared> as fn(&HostShared, &str) -> _,
+            ),
+            (&keys.down, Down::init::<HostShared>),
+        ] {
+            if let Err(e) = init(&HostShared, key) {
                 log::error!("cannot initialise shared data ({key}): {e:?}");
                 return false;
             }

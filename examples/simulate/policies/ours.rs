@@ -148,10 +148,12 @@ impl OursParams {
             "engine_refresh_ms" => self.engine_refresh_ms = f()?.max(1.0),
             "queue" | "queued_prefill" => self.queued_prefill = v == "1" || v == "true",
             "end_marks" => self.index.end_marks = v == "1" || v == "true",
+            "last_mark" => self.index.last_mark = v == "1" || v == "true",
             "continuation" => self.affinity.continuation = v == "1" || v == "true",
             "pressure" | "spread_cold" => self.affinity.spread_cold = v == "1" || v == "true",
             "share_factor" => self.affinity.share_factor = f()?,
             "share_light_load" => self.affinity.share_light_load = f()?,
+            "light_slack" => self.affinity.light_slack = f()?,
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
