@@ -438,7 +438,9 @@ fn config_pushes_keep_index_and_counts() {
     eps.reverse();
     let pushed = |i: u64, eps: &[String]| {
         serde_json::to_string_pretty(&json!({
-            "endpoints": eps, "strategy": "affinity", "routing_budget_ms": 1000 + i
+            "endpoints": eps, "strategy": "affinity", "routing_budget_ms": 1000 + i,
+            // Off by default; the access log's `decision=` reads it.
+            "decision_header": "x-prefix-router-decision"
         }))
         .unwrap()
     };
