@@ -245,7 +245,7 @@ static_resources:
                 allow_on_headers_stop_iteration: true
                 configuration:
                   "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: '{"strategy": "$strategy", "endpoints": [$eps]${extra:+, $extra}}'
+                  value: '{"strategy": "$strategy", "decision_header": "x-prefix-router-decision", "endpoints": [$eps]${extra:+, $extra}}'
                 vm_config:
                   vm_id: prefix_router
                   runtime: envoy.wasm.runtime.v8

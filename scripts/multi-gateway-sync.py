@@ -10,8 +10,9 @@ For each `--json` output of `simulate --gw-modes peer...`: one row per
   filter encodes them, headers not counted) over its request bytes
   (`sync_share_of_body`);
 - total: sent + received items plus, per pull, a request and a response
-  head (350 B, both as puller and as server) at 1 000 requests/s per
-  gateway and the default 100 ms period (`sync_share_total_at_1000`;
+  head (100 B over HTTP/2 as measured end to end, both as puller and as
+  server) at 1 000 requests/s per gateway and the default 100 ms period
+  (`sync_share_total_at_1000`;
   printed as "-" for runs made before it existed);
 and the hit rate of one gateway (`ours`) for reference. A file may be
 given as NAME=PATH to print NAME in the first column. Python 3 standard

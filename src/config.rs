@@ -74,8 +74,11 @@ pub const DEFAULT_VIRTUAL_NODES: u32 = 256;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 768 * 1024;
 /// Default `target_header` (the Gateway API Inference Extension contract).
 pub const DEFAULT_TARGET_HEADER: &str = "x-gateway-destination-endpoint";
-/// Default `decision_header`, added to the upstream request.
-pub const DEFAULT_DECISION_HEADER: &str = "x-prefix-router-decision";
+/// The usual `decision_header` name (`envoy/envoy.yaml` sets it). Off by
+/// default: the branch is already in the access-log field and the stats, and
+/// a new request header sent upstream is the priciest host call of a request
+/// (~9 µs of Envoy CPU, docs/overhead.md).
+pub const DECISION_HEADER_NAME: &str = "x-prefix-router-decision";
 
 /// How the replica is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -625,8 +628,8 @@ impl Config {
                 .unwrap_or(DEFAULT_TARGET_HEADER),
         )?;
         let decision_header = match raw.decision_header.as_deref() {
-            Some("") => String::new(),
-            name => header_name("decision_header", name.unwrap_or(DEFAULT_DECISION_HEADER))?,
+            None | Some("") => String::new(),
+            Some(name) => header_name("decision_header", name)?,
         };
         if decision_header == target_header {
             return Err(err("decision_header", "must differ from target_header"));
@@ -963,9 +966,12 @@ mod tests {
             }
             assert!(parse(&format!(r#"{{{EPS},"{field}":"x-my-header"}}"#)).is_ok());
         }
-        // Empty: only the decision header may be turned off.
+        // Empty: only the decision header may be turned off; it is off by default.
         let c = parse(&format!(r#"{{{EPS},"decision_header":""}}"#)).unwrap();
         assert_eq!(c.decision_header, "");
+        assert_eq!(parse(&format!("{{{EPS}}}")).unwrap().decision_header, "");
+        let named = format!(r#"{{{EPS},"decision_header":"{DECISION_HEADER_NAME}"}}"#);
+        assert_eq!(parse(&named).unwrap().decision_header, DECISION_HEADER_NAME);
         let e = parse(&format!(r#"{{{EPS},"target_header":""}}"#)).unwrap_err();
         assert_eq!(e.field, "target_header");
     }

@@ -62,6 +62,7 @@ pub mod peers_backoff;
 pub mod peers_budget;
 pub mod peers_config;
 pub mod peers_log;
+pub mod peers_queue;
 pub mod pressure;
 pub mod responses;
 pub mod ring;

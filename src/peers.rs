@@ -9,24 +9,32 @@
 //! ([`DeltaLog::encode_since`] → [`decode`]) and **merge** them into their own
 //! table ([`merge`]). Only slot entries travel (never prompt text), in a
 //! compact form: the writes of one record share their front holder and
-//! time, so the batch body is a sequence of **runs**: count (LEB128 varint)
-//! ‖ front holder u16 ‖ age (varint, deciseconds before the batch's newest
-//! write) ‖ count × (48-bit tag ‖ slot difference). The slot is implied by
-//! the tag (the index takes both from one keyed hash: slot `(k >> 32) %
-//! slots`, tag the low 48 bits), exactly for a power-of-two table of at most
-//! 2^16 slots, so the difference from `(tag >> 32) % slots` is a zigzag
-//! varint that is 0 there (one byte). A record's 24 ladder writes take
-//! 4 + 24 × 7 B instead of 24 × 14 B in the previous `PRX2` items (slot u32 ‖
-//! tag ‖ holder u16 ‖ age u16). Only the **front** holder travels
+//! time, so the batch body is a sequence of **runs**: head (LEB128 varint:
+//! count × 4 + mode) ‖ front holder (varint) ‖ age (varint, deciseconds
+//! before the batch's newest write) ‖ [high-bit bitmap] ‖ count × (48-bit
+//! stored tag [‖ slot difference]). The slot mostly follows from the tag:
+//! the index takes both from one keyed hash `k` (slot `(k >> 32) % slots`,
+//! tag `k`'s low 47 bits plus the end-mark bit 47), so the tag carries key
+//! bits 32..46. Modes: **implied** (0; every slot is `bits 32..46 % slots`,
+//! exact for a power-of-two table of at most 2^15 slots): an entry is its
+//! 6-byte tag; **high bit** (1; every slot is bits 32..46 plus one more bit,
+//! the default 2^16-slot table): one bitmap byte per 8 entries carries that
+//! bit; **explicit** (2; any other table size): each entry adds its
+//! difference from the implied slot (zigzag varint). A record's 24 ladder
+//! writes take 3 + 3 + 24 × 6 B in `PRX4` (sixth session) against about
+//! 4 + 24 × 8 B in `PRX3` (holder u16, a slot difference always: 1 B, or
+//! 3 B for the half of a 2^16 table whose bit 15 the tag lacks) and 24 × 14 B
+//! in `PRX2` items (slot u32 ‖ tag ‖ holder u16 ‖ age u16). Only the
+//! **front** holder travels
 //! (the replica that just served the prefix): the older holders were the front
 //! of earlier writes, published then, and [`merge`] keeps the receiver's
 //! existing holders behind the incoming one. The age is relative to the
 //! newest write of the batch (clamped at 109 minutes, beyond any index TTL),
 //! so a catch-up batch keeps every entry's true age.
 //!
-//! Batch format (little endian): `"PRX3"` ‖ layout u32 ‖ epoch u32 ‖
+//! Batch format (little endian): `"PRX4"` ‖ layout u32 ‖ epoch u32 ‖
 //! from_seq u64 ‖ count u32 ‖ base time u32 (deciseconds) ‖ runs (at most
-//! [`ITEM_BYTES`], typically 7 B per entry). `layout`
+//! [`ITEM_BYTES`], typically 6 B per entry). `layout`
 //! identifies the table geometry and the replica list (see [`layout`]): a
 //! batch from a peer with another layout is refused, since holder indices
 //! and slots would mean something else there. `epoch` is random per process:
@@ -48,15 +56,15 @@ use std::collections::VecDeque;
 use crate::index::{Entry, SlotStore, SlotValue, MAX_HOLDERS};
 
 /// Batch magic.
-pub const MAGIC: [u8; 4] = *b"PRX3";
+pub const MAGIC: [u8; 4] = *b"PRX4";
 /// Header bytes.
 pub const HEADER_BYTES: usize = 28;
-/// Most bytes per entry on the wire: a run of one (count 1 B, front holder
-/// 2 B, age ≤ 3 B) with a 6-byte tag and a slot difference of ≤ 5 B; a
-/// typical entry takes 7 B (see the module docs).
-pub const ITEM_BYTES: usize = 1 + 2 + 3 + 6 + 5;
-/// Fewest bytes per entry on the wire (tag + a one-byte slot difference).
-pub const MIN_ITEM_BYTES: usize = 6 + 1;
+/// Most bytes per entry on the wire: a run of one (head 1 B, front holder
+/// ≤ 3 B, age ≤ 3 B) with a 6-byte tag and a slot difference of ≤ 5 B; a
+/// typical entry takes 6 B (see the module docs).
+pub const ITEM_BYTES: usize = 1 + 3 + 3 + 6 + 5;
+/// Fewest bytes per entry on the wire (the tag; its slot implied).
+pub const MIN_ITEM_BYTES: usize = 6;
 /// Wire value of "no holder".
 const NO_HOLDER: u16 = u16::MAX;
 
@@ -186,26 +194,68 @@ pub fn encode<'a>(
             })
             .count()
             .max(1);
-        put_varint(&mut out, run as u64);
-        out.extend_from_slice(&front.to_le_bytes());
-        put_varint(&mut out, u64::from(age));
-        for d in &decoded[i..i + run] {
+        let ds = &decoded[i..i + run];
+        let diff = |d: &(u32, Option<Entry>)| {
             let (tag, _, _, slot) = item(d);
+            i64::from(slot) - i64::from(predicted_slot(tag, slots))
+        };
+        let high = |d: &(u32, Option<Entry>)| {
+            let (tag, _, _, slot) = item(d);
+            (slot & LOW_MASK == low_slot(tag) && slot >> LOW_BITS <= 1).then_some(slot >> LOW_BITS)
+        };
+        let mode = if ds.iter().all(|d| diff(d) == 0) {
+            RUN_IMPLIED
+        } else if ds.iter().all(|d| high(d).is_some()) {
+            RUN_HIGH_BIT
+        } else {
+            RUN_EXPLICIT
+        };
+        put_varint(&mut out, (run as u64) << 2 | mode);
+        put_varint(&mut out, u64::from(front));
+        put_varint(&mut out, u64::from(age));
+        if mode == RUN_HIGH_BIT {
+            for chunk in ds.chunks(8) {
+                let bits = chunk
+                    .iter()
+                    .enumerate()
+                    .fold(0u8, |b, (k, d)| b | (u8::from(high(d) == Some(1)) << k));
+                out.push(bits);
+            }
+        }
+        for d in ds {
+            let (tag, _, _, _) = item(d);
             out.extend_from_slice(&tag.to_le_bytes()[..6]);
-            let predicted = i64::from(predicted_slot(tag, slots));
-            put_varint(&mut out, zigzag(i64::from(slot) - predicted));
+            if mode == RUN_EXPLICIT {
+                put_varint(&mut out, zigzag(diff(d)));
+            }
         }
         i += run;
     }
     out
 }
 
+/// Run modes (the low 2 bits of a run's head).
+const RUN_IMPLIED: u64 = 0;
+const RUN_HIGH_BIT: u64 = 1;
+const RUN_EXPLICIT: u64 = 2;
+/// Key bits 32..46 that the 47-bit tag keeps ([`crate::index::tag_of`];
+/// bit 47 of a stored tag is the end mark, not a key bit).
+const LOW_BITS: u32 = 15;
+const LOW_MASK: u32 = (1 << LOW_BITS) - 1;
+
+/// Key bits 32..46 of a tag.
+fn low_slot(tag: u64) -> u32 {
+    ((tag >> 32) as u32) & LOW_MASK
+}
+
 /// The slot a tag implies: the index puts key `k` in `(k >> 32) % slots`
-/// and keeps `k`'s low 48 bits as the tag, so for a power-of-two table of
-/// at most 2^16 slots the slot is `(tag >> 32) % slots` exactly (the wire
-/// then carries a zero difference, one byte); otherwise the difference.
+/// and keeps `k`'s low 47 bits as the tag, so for a power-of-two table of
+/// at most 2^15 slots the slot is `low_slot(tag) % slots` exactly (an
+/// implied run); a 2^16-slot table (the default) misses one bit per entry
+/// (a high-bit run: one bitmap byte per 8 entries); other sizes carry the
+/// difference (an explicit run).
 fn predicted_slot(tag: u64, slots: u32) -> u32 {
-    (((tag >> 32) & 0xffff) % u64::from(slots.max(1))) as u32
+    low_slot(tag) % slots.max(1)
 }
 
 fn zigzag(v: i64) -> u64 {
@@ -324,28 +374,43 @@ pub fn decode(
     let mut entries = Vec::with_capacity(count);
     let mut at = 0;
     while at < body.len() {
-        let run = get_varint(body, &mut at).ok_or(PeerError::Malformed)?;
-        let front = body
-            .get(at..at + 2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-            .ok_or(PeerError::Malformed)?;
-        at += 2;
+        let head = get_varint(body, &mut at).ok_or(PeerError::Malformed)?;
+        let (run, mode) = (head >> 2, head & 3);
+        let front = get_varint(body, &mut at).ok_or(PeerError::Malformed)?;
+        let front = u16::try_from(front).map_err(|_| PeerError::BadEntry)?;
         let age = get_varint(body, &mut at).ok_or(PeerError::Malformed)?;
         let age = u16::try_from(age).map_err(|_| PeerError::Malformed)?;
-        if run == 0 || run > (count - entries.len()) as u64 {
+        if run == 0 || run > (count - entries.len()) as u64 || mode > RUN_EXPLICIT {
             return Err(PeerError::Malformed);
         }
         if front == NO_HOLDER || usize::from(front) >= replicas {
             return Err(PeerError::BadEntry);
         }
-        for _ in 0..run {
+        let bitmap = if mode == RUN_HIGH_BIT {
+            let n = (run as usize).div_ceil(8);
+            let b = body.get(at..at + n).ok_or(PeerError::Malformed)?;
+            at += n;
+            b
+        } else {
+            &[]
+        };
+        for k in 0..run as usize {
             let t = body.get(at..at + 6).ok_or(PeerError::Malformed)?;
             at += 6;
             let mut w = [0u8; 8];
             w[..6].copy_from_slice(t);
             let tag = u64::from_le_bytes(w);
-            let diff = unzigzag(get_varint(body, &mut at).ok_or(PeerError::Malformed)?);
-            let slot = i64::from(predicted_slot(tag, slots)).checked_add(diff);
+            let slot = match mode {
+                RUN_EXPLICIT => {
+                    let diff = unzigzag(get_varint(body, &mut at).ok_or(PeerError::Malformed)?);
+                    i64::from(predicted_slot(tag, slots)).checked_add(diff)
+                }
+                RUN_HIGH_BIT => {
+                    let bit = bitmap.get(k / 8).map_or(0, |b| (b >> (k % 8)) & 1);
+                    Some(i64::from(low_slot(tag) | u32::from(bit) << LOW_BITS))
+                }
+                _ => Some(i64::from(predicted_slot(tag, slots))),
+            };
             let slot = slot
                 .and_then(|x| u32::try_from(x).ok())
                 .filter(|&x| x < slots)
@@ -542,9 +607,9 @@ mod tests {
         assert!(idx.lookup(&b, &k, 1000).is_none());
         let lay = layout(4096, &["a".into(), "b".into()]);
         let wire = log.encode_since(0, 512, (lay, 4096), 9);
-        // One run (one holder, one time): 4 bytes, then 7 per write (the
+        // One run (one holder, one time): 3 bytes, then 6 per write (the
         // slot is implied by the tag in a 2^12-slot table).
-        assert_eq!(wire.len(), HEADER_BYTES + 4 + sets * MIN_ITEM_BYTES);
+        assert_eq!(wire.len(), HEADER_BYTES + 3 + sets * MIN_ITEM_BYTES);
         let batch = decode(&wire, lay, 512, 4096, 7).unwrap();
         let mut cur = Cursor::default();
         assert_eq!(cur.advance(&batch), 0);
@@ -632,15 +697,75 @@ mod tests {
         lie[20] = 2;
         assert_eq!(bad(&lie), PeerError::Malformed);
         // A run longer than the count, an endless varint, a run of 0.
+        // (run head = count × 4 + mode; slot 3 is not tag 42's implied
+        // slot 0 in 64, so the run is explicit: head 6).
+        assert_eq!(good[HEADER_BYTES], 6);
         let mut long_run = good.clone();
-        long_run[HEADER_BYTES] = 2;
+        long_run[HEADER_BYTES] = 10;
         assert_eq!(bad(&long_run), PeerError::Malformed);
+        // The same run claimed implied: its difference byte is left over;
+        // an unknown mode.
+        for head in [4, 7] {
+            let mut other = good.clone();
+            other[HEADER_BYTES] = head;
+            assert_eq!(bad(&other), PeerError::Malformed, "{head}");
+        }
+        // A front holder past u16.
+        let mut wide = good[..HEADER_BYTES].to_vec();
+        wide.extend([6, 0x80, 0x80, 0x04, 0]);
+        wide.extend(&good[HEADER_BYTES + 3..]);
+        assert_eq!(bad(&wide), PeerError::BadEntry);
         let mut endless = good[..HEADER_BYTES].to_vec();
         endless.extend([0xff; 14]);
         assert_eq!(bad(&endless), PeerError::Malformed);
         let mut zero = good.clone();
         zero[HEADER_BYTES] = 0;
         assert_eq!(bad(&zero), PeerError::Malformed);
+        zero[HEADER_BYTES] = 1;
+        assert_eq!(bad(&zero), PeerError::Malformed);
+    }
+
+    #[test]
+    fn implied_slots_take_no_bytes_and_other_slots_round_trip() {
+        // 2^15 slots: implied; 2^16 (the default): one bit per entry.
+        for (slots, extra) in [(1 << 15, 0), (1 << 16, 2)] {
+            let idx = PrefixIndex::new(IndexConfig {
+                slots,
+                ..IndexConfig::default()
+            });
+            let lay = layout(slots, &[]);
+            let mut log = DeltaLog::new(64);
+            for b in blocks(3, 10) {
+                let (slot, tag) = idx.place(b);
+                log.push(slot, entry(tag, 500, &[2]));
+            }
+            let wire = log.encode_since(0, 64, (lay, slots), 1);
+            // One run: head, holder, age (1 B each), the bitmap, 6 B per entry.
+            assert_eq!(wire.len(), HEADER_BYTES + 3 + extra + 10 * 6, "{slots}");
+            let b = decode(&wire, lay, 64, slots, 3).unwrap();
+            let want: Vec<u32> = log.items.iter().map(|x| x.0).collect();
+            assert_eq!(b.entries.iter().map(|x| x.0).collect::<Vec<_>>(), want);
+            // (the 2^16 table: some slots in each half)
+            assert!(slots < 1 << 16 || want.iter().any(|&s| s >= 1 << 15));
+            assert!(want.iter().any(|&s| s < 1 << 15));
+        }
+        let slots = 1 << 16;
+        let lay = layout(slots, &[]);
+        let mut log = DeltaLog::new(64);
+        // A slot that is not the implied one makes its run explicit; every
+        // slot survives the trip, and a 300-replica holder is a 2-byte varint.
+        log.push(7, entry(0x0001_0000_0001, 500, &[2]));
+        log.push(9, entry(0x0002_0000_0001, 500, &[299]));
+        let wire = log.encode_since(0, 64, (lay, slots), 1);
+        let b = decode(&wire, lay, 64, slots, 300).unwrap();
+        let want: Vec<u32> = log.items.iter().map(|x| x.0).collect();
+        assert_eq!(b.entries.iter().map(|x| x.0).collect::<Vec<_>>(), want);
+        let front = |i: usize| Entry::decode(&b.entries[i].1).unwrap().holders[0];
+        assert_eq!((front(0), front(1)), (Some(2), Some(299)));
+        assert_eq!(
+            decode(&wire, lay, 64, slots, 299).unwrap_err(),
+            PeerError::BadEntry
+        );
     }
 
     #[test]

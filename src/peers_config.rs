@@ -7,7 +7,7 @@
 //!           "pull_ms": 100, "timeout_ms": 250, "hosts_refresh_ms": 1000,
 //!           "max_batch": 2048, "log_capacity": 16384,
 //!           "min_publish_chars": 512, "refresh_publish_s": 120,
-//!           "sync_budget_bp": 0}
+//!           "sync_budget_bp": 0, "share_queued": true}
 //! ```
 //!
 //! `cluster` and `secret` are required; `admin_cluster` defaults to the
@@ -57,6 +57,8 @@ pub struct RawPeers {
     pub refresh_publish_s: Option<i64>,
     /// See [`PeersParams::sync_budget_bp`].
     pub sync_budget_bp: Option<i64>,
+    /// See [`PeersParams::share_queued`].
+    pub share_queued: Option<bool>,
 }
 
 /// Default path of the sync endpoint.
@@ -100,6 +102,10 @@ pub struct PeersParams {
     /// received from them) stay within this share at any `N`, the longest
     /// new prefixes published first ([`crate::peers_budget`]); 0: no budget.
     pub sync_budget_bp: u32,
+    /// Exchange the queued-prefill tokens per replica on every pull
+    /// ([`crate::peers_queue`]): the Queue rule then sees the other
+    /// gateways' queues too (default true).
+    pub share_queued: bool,
     /// Seed of the index slot hash, derived from `secret`.
     pub index_secret: u64,
 }
@@ -241,6 +247,7 @@ pub fn validate(
         min_publish_chars,
         refresh_publish_s,
         sync_budget_bp,
+        share_queued: r.share_queued.unwrap_or(true),
     }))
 }
 
@@ -275,6 +282,9 @@ mod tests {
             super::derive_index_secret("0123456789abcdeX")
         );
         assert!(!format!("{p:?}").contains("0123456789abcdef"));
+        assert!(p.share_queued);
+        let off = r#"{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdef","share_queued":false}"#;
+        assert!(!parse(off).unwrap().peers.unwrap().share_queued);
         // Same secret → same layout; another secret → another layout.
         let q = parse(r#"{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdeX"}"#)
             .unwrap()

@@ -65,6 +65,9 @@ pub struct PeerKeys {
     /// Hosts of the peers cluster (u32, this gateway included), written by
     /// the puller, read by every worker's sync budget.
     pub hosts: String,
+    /// The peers' queued tokens ([`crate::peers_queue::Exchange`]), written
+    /// by the puller, read at routing.
+    pub queues: String,
 }
 
 impl PeerKeys {
@@ -78,6 +81,7 @@ impl PeerKeys {
             lease: format!("{prefix}peers/lease"),
             snapshot: format!("{prefix}peers/snapshot"),
             hosts: format!("{prefix}peers/hosts"),
+            queues: format!("{prefix}peers/queues"),
         }
     }
 

@@ -338,6 +338,12 @@ impl RouterHttp {
         // the read failed: no bound for this request), never a slot get.
         let shares = (view.router.affinity_config().share_factor > 0.0)
             .then(|| pic.shares.as_deref().unwrap_or(&[]));
+        // Issue 11: plus the peers' queued tokens (`peers.share_queued`).
+        let with_peers = pic
+            .queued
+            .as_deref()
+            .and_then(|q| super::peers::with_peer_queues(p, view, q, self.routed_at_ms));
+        let queued = with_peers.as_deref().or(pic.queued.as_deref());
         let (d, choice, known) = {
             let mut by_addr = AddrSlots::new(&mut slots, view, &pic.usable).with_shares(shares);
             let chosen = p.delivered.with_horizons(self.routed_at_ms, view, |h| {
@@ -349,7 +355,7 @@ impl RouterHttp {
                     &cost,
                     (self.routed_at_ms, ticket),
                     h,
-                    pic.queued.as_deref(),
+                    queued,
                 )
             });
             // A new placement is written at once as pending (the 2xx record

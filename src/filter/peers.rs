@@ -44,19 +44,29 @@
 //! (unknown cluster) or InternalFailure from `proxy_http_call`, which the SDK
 //! maps to `Result`; the admin poll relies on the same call.
 //!
+//! - **Queues** (`share_queued`, default on, [`crate::peers_queue`]): every
+//!   answer to a pull carries the serving gateway's queued-prefill tokens
+//!   per replica in `x-prefix-router-queued`; the puller keeps each peer's
+//!   last table (and its own at the start of the round) in `peers/queues`,
+//!   and the routing path adds the fresh ones, extrapolated, to its own
+//!   counts ([`with_peer_queues`]: one shared-data get per routed request).
+//!
 //! Stats (`prefix_router.peers.*`): counters `pull_ok`, `pull_fail`
 //! (= `pull_refused` + `pull_timeout`), `pull_refused`, `pull_timeout`,
 //! `bad_batch` (garbage), `pull_backoff` (pulls skipped), `budget_refused`
 //! (records whose new blocks the sync budget kept local), `writes_applied`, `writes_lost`, `writes_published`,
 //! `served`, `served_bytes`, `pulled_bytes`, `unauthorized`, `bad_request`,
-//! `snapshot_bytes` (served), `snapshot_applied`; gauge `hosts`.
+//! `snapshot_bytes` (served), `snapshot_applied`, `queues_received` (pulls
+//! that carried a non-empty queue table); gauge `hosts`.
 
 use super::host::{self, MetricKind, BUFFER_HTTP_CALL_RESPONSE_BODY};
 use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::define;
 use crate::cluster::admin::parse_clusters;
-use crate::cluster::tables::try_lease;
+use crate::cluster::queued;
+use crate::cluster::tables::{addr_hash, try_lease};
+use crate::cluster::view::{holder_id, View};
 use crate::hash::hash_id;
 use crate::index::{SlotStore, SlotValue};
 use crate::peers::MIN_ITEM_BYTES;
@@ -67,6 +77,7 @@ use crate::peers_backoff::{classify, Backoff, Failure};
 use crate::peers_budget::{Budget, Offer};
 use crate::peers_config::{PeersParams, SECRET_HEADER};
 use crate::peers_log::{self, NewsRule, PeerKeys, Publishing};
+use crate::peers_queue::{self, Exchange};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -131,7 +142,7 @@ pub struct Shared {
     pub epoch: u32,
     layout: u32,
     slots: u32,
-    ids: [Option<u32>; 18],
+    ids: [Option<u32>; 19],
     /// This VM's sync budget ([`crate::peers_budget`]).
     budget: Cell<Budget>,
     /// Peers (hosts of the peers cluster but this one) and when read, ms.
@@ -156,7 +167,8 @@ const S_PULL_TIMEOUT: usize = 14;
 const S_PULL_REFUSED: usize = 15;
 const S_PULL_BACKOFF: usize = 16;
 const S_BUDGET_REFUSED: usize = 17;
-const NAMES: [&str; 18] = [
+const S_QUEUES: usize = 18;
+const NAMES: [&str; 19] = [
     "pull_ok",
     "pull_fail",
     "bad_batch",
@@ -175,6 +187,7 @@ const NAMES: [&str; 18] = [
     "pull_refused",
     "pull_backoff",
     "budget_refused",
+    "queues_received",
 ];
 
 impl Shared {
@@ -363,8 +376,16 @@ pub fn intercept(p: &Plugin, headers: &[u8]) -> bool {
             let body = encode(from, items.iter(), s.layout, s.epoch, s.slots);
             s.add(S_SERVED, 1);
             s.add(stat, body.len() as u64);
-            if let Err(e) = send_local(200, &[("content-type", "application/octet-stream")], &body)
-            {
+            let table = if params.share_queued && stat == S_SERVED_BYTES {
+                peers_queue::encode(own_queues(p))
+            } else {
+                String::new()
+            };
+            let mut headers = vec![("content-type", "application/octet-stream")];
+            if !table.is_empty() {
+                headers.push((peers_queue::HEADER, table.as_str()));
+            }
+            if let Err(e) = send_local(200, &headers, &body) {
                 log::warn!("peers: cannot answer a pull: {e}");
             }
         }
@@ -374,6 +395,49 @@ pub fn intercept(p: &Plugin, headers: &[u8]) -> bool {
         }
     }
     true
+}
+
+/// This gateway's queued-prefill tokens by holder id (the
+/// `cluster::queued` table over the current view; empty if it cannot be read).
+fn own_queues(p: &Plugin) -> Vec<(u16, u32)> {
+    let view = p.follower.current(&host::HostShared, &p.keys);
+    let Some(q) = queued::read(&host::HostShared, &p.keys, &view) else {
+        return Vec::new();
+    };
+    q.iter()
+        .enumerate()
+        .filter_map(|(i, &t)| view.addr(i).map(|a| (holder_id(a), t)))
+        .collect()
+}
+
+fn read_exchange(s: &Shared) -> Exchange {
+    match host::shared_get(&s.keys.queues) {
+        Ok((Some(b), _)) => Exchange::from_bytes(&b).unwrap_or_default(),
+        _ => Exchange::default(),
+    }
+}
+
+fn write_exchange(p: &Plugin, s: &Shared, ex: &Exchange) {
+    if host::shared_set(&s.keys.queues, &ex.to_bytes(), 0).is_err() {
+        p.stats.failure(super::stats::HostFailure::SharedData);
+    }
+}
+
+/// This gateway's queued tokens (`own`, in `view` order) plus the peers'
+/// fresh ones at routing, extrapolated ([`Exchange::estimate`]; a table
+/// older than 3 pull periods is ignored). `None` (use `own`) without
+/// `share_queued` or without a fresh peer.
+pub fn with_peer_queues(p: &Plugin, view: &View, own: &[u32], now_ms: u64) -> Option<Vec<u32>> {
+    let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
+        return None;
+    };
+    if !params.share_queued {
+        return None;
+    }
+    let max_age = 3 * u64::from(params.pull_ms);
+    let mut q = own.to_vec();
+    let fresh = read_exchange(s).estimate(&mut q, |id| view.position_of_id(id), now_ms, max_age);
+    (fresh > 0).then_some(q)
 }
 
 /// The non-empty slots of `[start, start + SNAPSHOT_SPAN)` (one get each),
@@ -500,6 +564,12 @@ impl Puller {
             Ok(true)
         ) {
             return;
+        }
+        if params.share_queued {
+            // The own table at the start of the round (the extrapolation's base).
+            let mut ex = read_exchange(s);
+            ex.own_at_round = own_queues(p);
+            write_exchange(p, s, &ex);
         }
         let Ok(mut calls) = self.calls.try_borrow_mut() else {
             return;
@@ -675,6 +745,21 @@ impl Puller {
             return;
         }
         s.add(S_PULL_OK, 1);
+        if params.share_queued {
+            let header = host::http_call_response_header(peers_queue::HEADER);
+            let table = match header {
+                Ok(Some(v)) => peers_queue::decode(&v),
+                _ => Some(Vec::new()),
+            };
+            if let Some(t) = table {
+                if !t.is_empty() {
+                    s.add(S_QUEUES, 1);
+                }
+                let mut ex = read_exchange(s);
+                ex.set_peer(addr_hash(addr), host::now_nanos() / 1_000_000, t);
+                write_exchange(p, s, &ex);
+            }
+        }
         let lost = cursor.advance(&batch);
         s.add(S_LOST, lost);
         let mut slots = SharedSlots::new(&p.keys.prefix);

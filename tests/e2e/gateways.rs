@@ -641,7 +641,7 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
         let pulls_per_s = pulls as f64 / elapsed.max(1.0) * (PULL_MS as f64 / 100.0);
         let fixed_at_1000 = 100.0 * pulls_per_s * per_pull / (1000.0 * own_bytes / routed);
         eprintln!(
-            "gateways: gw{i}: routed {routed} ({own_bytes} request bytes), published {published} writes ({:.2}/request); served {pulls} pulls, {served} B, {entries} B of entries; pulls on the wire ({}): {wire_pulls}, sent {tx} B, received {rx} B, {per_pull:.0} B per pull besides entries; share of its request bytes: entries sent {sent:.2} % + received {received:.2} %, pulls at 1000 req/s (100 ms) {fixed_at_1000:.2} % each way; snapshot served {} B; pull_ok {} pull_fail {} bad_batch {} lost {}",
+            "gateways: gw{i}: routed {routed} ({own_bytes} request bytes), published {published} writes ({:.2}/request); served {pulls} pulls, {served} B, {entries} B of entries; pulls on the wire ({}): {wire_pulls}, sent {tx} B, received {rx} B, {per_pull:.0} B per pull besides entries; share of its request bytes: entries sent {sent:.2} % + received {received:.2} %, pulls at 1000 req/s (100 ms) {fixed_at_1000:.2} % each way; snapshot served {} B; pull_ok {} pull_fail {} bad_batch {} lost {}; queue tables received {}",
             published / routed,
             if peers_h2() { "HTTP/2" } else { "HTTP/1.1" },
             s.get("prefix_router.peers.snapshot_bytes"),
@@ -649,6 +649,13 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
             s.get("prefix_router.peers.pull_fail"),
             s.get("prefix_router.peers.bad_batch"),
             s.get("prefix_router.peers.writes_lost"),
+            s.get("prefix_router.peers.queues_received"),
+        );
+        // The peers' queued-prefill tables travel with the pulls (a table
+        // is sent only while the serving gateway has tokens queued).
+        assert!(
+            s.get("prefix_router.peers.queues_received") > 0,
+            "gw{i} received no queue table"
         );
         assert!(
             sent + fixed_at_1000 < 1.0,
@@ -667,7 +674,7 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
 }
 
 /// A fake peer on loopback for `life`: `garbage` answers every request 200
-/// with bytes that are not a valid batch (a `PRX3` magic, then junk);
+/// with bytes that are not a valid batch (the batch magic, then junk);
 /// otherwise it accepts, reads and never answers (a hung peer). Returns its
 /// port and the number of requests it has read so far; the thread stops by
 /// itself after `life` (bounded).
@@ -690,7 +697,7 @@ fn fake_peer(garbage: bool, life: Duration) -> (u16, Arc<AtomicUsize>) {
                         count.fetch_add(1, Ordering::SeqCst);
                     }
                     if garbage {
-                        let mut body = b"PRX3".to_vec();
+                        let mut body = prefix_router::peers::MAGIC.to_vec();
                         body.extend(
                             (0..200u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8),
                         );

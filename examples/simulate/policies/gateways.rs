@@ -35,8 +35,10 @@ use std::sync::OnceLock;
 
 use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::CostModel;
+use prefix_router::engine::load::{host_load, LoadRule};
+use prefix_router::engine::EngineSample;
 use prefix_router::hash::BLOCK_UNITS;
-use prefix_router::index::{Known, PrefixIndex, SlotValue, VecStore};
+use prefix_router::index::{Known, PrefixIndex, SlotStore, SlotValue, VecStore};
 use prefix_router::peers::{self, DeltaLog};
 use prefix_router::peers_budget::{Budget, Offer};
 use prefix_router::peers_log::{News, NewsRule, Publishing};
@@ -78,6 +80,39 @@ pub struct Knobs {
     /// received) per gateway at most this many basis points of its request
     /// bytes ([`prefix_router::peers_budget`]); 0: no budget.
     pub budget_bp: u32,
+    /// Load rule of every gateway: its own in-flight counts (`None`, the
+    /// filter without an `engine` block), or the filter's `engine` block
+    /// ([`LoadRule`], `engine=max|queued|delta`): each gateway scrapes the
+    /// replicas every `engine_ms` at its own phase and combines the sample
+    /// with its own live in-flight counts by the core's [`host_load`] (the
+    /// function the filter calls), so the other gateways' requests count.
+    pub engine: Option<LoadRule>,
+    /// Scrape period of `engine`, ms (the filter's `engine.refresh_ms`).
+    pub engine_ms: f64,
+    /// Peer load exchange (`peer` modes): every `share_load_ms` each gateway
+    /// copies every other gateway's in-flight counts and queued-prefill
+    /// tokens per replica and adds them to its own live counts (see
+    /// `share_part`, `extrapolate`). Default: the filter's exchange
+    /// (`peers.share_queued`, [`prefix_router::peers_queue`]): queued tokens
+    /// only, every `pull_ms`, extrapolated; `off`: own counts only; 0: live
+    /// (the upper bound).
+    pub share_load_ms: Option<f64>,
+    /// With `share_load_ms`: estimate the other gateways' changes since the
+    /// exchange as N − 1 times this gateway's own (they route the same
+    /// share of the traffic by a similar picture): per replica
+    /// `max(own, own + Σ peers' last + (N − 1)·(own − own at the exchange))`.
+    pub extrapolate: bool,
+    /// With `share_load_ms`: which counts are exchanged (`share_part`:
+    /// 0 both, 1 in-flight only, 2 queued tokens only).
+    pub share_part: u8,
+    /// Hold a confirmed first placement (a cold prompt's blocks) back until
+    /// this gateway sees the prefix reused (a later record whose known
+    /// prefix covers a held slot publishes it); `held_s`: or until it is
+    /// this old (0: only on reuse). Placement changes and new blocks of a
+    /// known prefix are published as before.
+    pub publish_reused: bool,
+    /// See `publish_reused`.
+    pub held_s: f64,
 }
 
 impl Default for Knobs {
@@ -94,6 +129,14 @@ impl Default for Knobs {
             shared_pressure: false,
             scale_load: false,
             budget_bp: shipped_peers().2,
+            engine: None,
+            engine_ms: 500.0,
+            // The filter's exchange: queued tokens only, extrapolated.
+            share_load_ms: shipped_peers().3,
+            extrapolate: true,
+            share_part: 2,
+            publish_reused: false,
+            held_s: 0.0,
         }
     }
 }
@@ -116,28 +159,51 @@ impl Knobs {
             "shared_pressure" => self.shared_pressure = v == "1" || v == "true",
             "scale_load" => self.scale_load = v == "1" || v == "true",
             "budget_bp" => self.budget_bp = u().ok_or_else(bad)? as u32,
+            "engine" => {
+                self.engine = match v {
+                    "off" | "0" => None,
+                    "max" => Some(LoadRule::Max),
+                    "queued" => Some(LoadRule::Queued),
+                    "delta" => Some(LoadRule::Delta),
+                    _ => return Err(bad()),
+                }
+            }
+            "engine_ms" => self.engine_ms = f().filter(|&x| x >= 1.0).ok_or_else(bad)?,
+            "extrapolate" => self.extrapolate = v == "1" || v == "true",
+            "share_part" => self.share_part = u().filter(|&x| x <= 2).ok_or_else(bad)? as u8,
+            "publish_reused" => self.publish_reused = v == "1" || v == "true",
+            "held_s" => self.held_s = f().ok_or_else(bad)?,
+            "share_load_ms" => {
+                self.share_load_ms = if v == "off" {
+                    None
+                } else {
+                    Some(f().ok_or_else(bad)?)
+                }
+            }
             _ => return Err(format!("--gw: unknown knob {k}")),
         }
         Ok(())
     }
 }
 
-/// The filter's shipped `min_publish_chars`, `refresh_publish_s` and
-/// `sync_budget_bp` (from the core's validated configuration, so the
-/// simulator runs its defaults).
-fn shipped_peers() -> (usize, u32, u32) {
+/// The filter's shipped `min_publish_chars`, `refresh_publish_s`,
+/// `sync_budget_bp` and queue exchange (`share_queued`: every `pull_ms`)
+/// (from the core's validated configuration, so the simulator runs its
+/// defaults).
+fn shipped_peers() -> (usize, u32, u32, Option<f64>) {
     let json = br#"{"endpoints":["127.0.0.1:1"],
-        "peers":{"cluster":"c","secret":"0123456789abcdef0123"}}"#;
-    prefix_router::Config::from_json(json)
+        "peers":{"cluster":"c","admin_cluster":"a","secret":"0123456789abcdef0123"}}"#;
+    let shipped = prefix_router::Config::from_json(json)
         .ok()
-        .and_then(|c| c.peers)
-        .map_or((512, 120, 0), |p| {
-            (
-                p.min_publish_chars as usize,
-                p.refresh_publish_s,
-                p.sync_budget_bp,
-            )
-        })
+        .and_then(|c| c.peers);
+    shipped.map_or((512, 120, 0, None), |p| {
+        (
+            p.min_publish_chars as usize,
+            p.refresh_publish_s,
+            p.sync_budget_bp,
+            p.share_queued.then_some(f64::from(p.pull_ms)),
+        )
+    })
 }
 
 static KNOBS: OnceLock<Knobs> = OnceLock::new();
@@ -314,6 +380,19 @@ struct Gateway {
     log: DeltaLog,
     ticket: u64,
     budget: Budget,
+    /// Prompt tokens this gateway routed and not yet seen start (the
+    /// filter's `cluster::queued` table: per Envoy, like the in-flight
+    /// counts); `None` without `queued_prefill`.
+    queued: Option<Vec<u32>>,
+    /// `engine` knob: the scrape period index of `snap`, the sample and this
+    /// gateway's in-flight counts when it was taken.
+    epoch: i64,
+    snap: Vec<crate::replica::Metrics>,
+    snap_own: Vec<u32>,
+    /// `publish_reused`: slot → (time held, ms) of confirmed first
+    /// placements not published yet, in holding order.
+    held: std::collections::HashMap<u32, u64>,
+    held_order: VecDeque<(u32, u64)>,
 }
 
 /// Per routed request, until its first token.
@@ -327,6 +406,9 @@ struct Pending {
     known: Option<Known>,
     /// The decision is recorded (always but in `exc` modes).
     record: bool,
+    /// Queued prefill tokens added to the primary at routing.
+    queued_tokens: u32,
+    primary: u16,
 }
 
 /// Counters for the report.
@@ -364,6 +446,10 @@ pub struct Gateways {
     pressure: VecStore,
     scraped: Vec<u32>,
     next_scrape: f64,
+    /// `share_load_ms`: every gateway's (in-flight, queued) counts at the
+    /// last exchange, and when the next one is due (s).
+    peer_loads: Vec<(Vec<u32>, Vec<u32>)>,
+    next_share: f64,
     pending: Vec<Pending>,
     rng: Rng,
     c: Counts,
@@ -416,6 +502,12 @@ impl Gateways {
                 log: DeltaLog::new(knobs.max_pending),
                 ticket: 0,
                 budget: Budget::new(f64::from(knobs.budget_bp) / 10_000.0, knobs.min_publish),
+                queued: p.queued_prefill.then(|| vec![0; n]),
+                epoch: i64::MIN,
+                snap: Vec::new(),
+                snap_own: Vec::new(),
+                held: std::collections::HashMap::new(),
+                held_order: VecDeque::new(),
             })
             .collect();
         Gateways {
@@ -431,6 +523,8 @@ impl Gateways {
             pressure: VecStore::new(1),
             scraped: vec![0; n],
             next_scrape: 0.0,
+            peer_loads: Vec::new(),
+            next_share: 0.0,
             pending: Vec::new(),
             rng: Rng::new(seed ^ 0x6d75),
             c: Counts::default(),
@@ -463,6 +557,85 @@ impl Gateways {
         } else {
             view.now
         };
+    }
+
+    /// Gateway `k`'s loads under the `engine` knob: the filter's `engine`
+    /// block. The gateway takes a sample at the first request of each of
+    /// its scrape periods (phase `k / N` of a period, as separate Envoys'
+    /// timers are not aligned; the sample is the simulator's scrape current
+    /// then) with its own in-flight counts at that time, and combines it
+    /// with its live counts by [`host_load`].
+    fn engine_loads(&mut self, k: usize, rule: LoadRule, view: &View<'_>) -> Vec<u32> {
+        let period = self.knobs.engine_ms / 1000.0;
+        let phase = period * k as f64 / self.gws.len().max(1) as f64;
+        let epoch = ((view.now + phase) / period).floor() as i64;
+        let g = &mut self.gws[k];
+        let n = g.in_flight.len();
+        if epoch != g.epoch || g.snap.len() != n {
+            g.epoch = epoch;
+            g.snap = view.scraped.to_vec();
+            g.snap.resize(n, crate::replica::Metrics::default());
+            g.snap_own = g.in_flight.clone();
+        }
+        (0..n)
+            .map(|i| {
+                let own = g.in_flight.get(i).copied().unwrap_or(0);
+                let m = g.snap.get(i).copied().unwrap_or_default();
+                let sample = EngineSample {
+                    waiting: Some(f64::from(m.waiting)),
+                    running: Some(f64::from(m.outstanding.saturating_sub(m.waiting))),
+                    kv_usage: Some(m.kv_usage),
+                    ..EngineSample::default()
+                };
+                host_load(rule, own, &sample, g.snap_own.get(i).copied())
+            })
+            .collect()
+    }
+
+    /// Gateway `k`'s (in-flight, queued) per replica under `share_load_ms`:
+    /// its own live counts plus every other gateway's at the last exchange
+    /// (all gateways exchange every period; 0 = live).
+    fn shared_loads(&mut self, k: usize, now: f64) -> (Vec<u32>, Vec<u32>) {
+        let period = self.knobs.share_load_ms.unwrap_or(0.0) / 1000.0;
+        if period <= 0.0 || now >= self.next_share || self.peer_loads.len() != self.gws.len() {
+            self.peer_loads = self
+                .gws
+                .iter()
+                .map(|g| (g.in_flight.clone(), g.queued.clone().unwrap_or_default()))
+                .collect();
+            if period > 0.0 {
+                self.next_share = (now / period).floor() * period + period;
+            }
+        }
+        let g = &self.gws[k];
+        let own = (g.in_flight.clone(), g.queued.clone().unwrap_or_default());
+        let mut sum = (vec![0i64; own.0.len()], vec![0i64; own.1.len()]);
+        let others = self.peer_loads.len().saturating_sub(1) as i64;
+        for (j, (l, q)) in self.peer_loads.iter().enumerate() {
+            // Own snapshot: −(N − 1)× (the extrapolation's base); others: +1×.
+            let w = match (j == k, self.knobs.extrapolate) {
+                (true, true) => -others,
+                (true, false) => continue,
+                (false, _) => 1,
+            };
+            for (a, b) in sum.0.iter_mut().zip(l) {
+                *a += w * i64::from(*b);
+            }
+            for (a, b) in sum.1.iter_mut().zip(q) {
+                *a += w * i64::from(*b);
+            }
+        }
+        let x = if self.knobs.extrapolate { others } else { 0 };
+        let est = |own: &[u32], sum: &[i64]| -> Vec<u32> {
+            own.iter()
+                .zip(sum)
+                .map(|(&o, &s)| {
+                    let v = i64::from(o) * (1 + x) + s;
+                    v.clamp(i64::from(o), i64::from(u32::MAX)) as u32
+                })
+                .collect()
+        };
+        (est(&own.0, &sum.0), est(&own.1, &sum.1))
     }
 
     /// Merge every published slot write older than the delay into the
@@ -544,6 +717,10 @@ impl Gateways {
                 .zip(&g.since_scrape)
                 .map(|(a, b)| a + b)
                 .collect()
+        } else if mode.peer && self.knobs.share_load_ms.is_some() && self.knobs.share_part != 2 {
+            self.shared_loads(k, view.now).0
+        } else if let Some(rule) = self.knobs.engine {
+            self.engine_loads(k, rule, view)
         } else if self.knobs.scale_load {
             let n = self.gws.len() as u32;
             self.gws[k].in_flight.iter().map(|x| x * n).collect()
@@ -562,6 +739,17 @@ impl Gateways {
         };
         let n = self.router.ring().len();
         let n_peers = self.gws.len() - 1;
+        let queued_all = match self.knobs.share_load_ms.filter(|_| mode.peer) {
+            Some(_) if self.gws[k].queued.is_some() && self.knobs.share_part != 1 => {
+                Some(self.shared_loads(k, view.now).1)
+            }
+            None if self.knobs.scale_load => self.gws[k].queued.as_ref().map(|q| {
+                q.iter()
+                    .map(|x| x.saturating_mul(n_peers as u32 + 1))
+                    .collect()
+            }),
+            _ => None,
+        };
         let g = &mut self.gws[k];
         let known = self.index.lookup(&g.store, &key.blocks, now_ms);
         g.ticket += 1;
@@ -586,10 +774,15 @@ impl Gateways {
             ticket: g.ticket,
             pressure: pressure.as_ref(),
             share: share.as_ref(),
-            queued_prefill: None,
+            queued_prefill: queued_all.as_deref().or(g.queued.as_deref()),
         };
         let c = affinity::choose(self.router.ring(), &request, &g.cost, &self.cfg);
         Share::note(&mut g.store, n, c.primary, &self.cfg);
+        // The filter's `Queued::start`: this gateway's own count.
+        let queued_tokens = c.expected_uncached_tokens().round() as u32;
+        if let Some(x) = g.queued.as_mut().and_then(|q| q.get_mut(c.primary)) {
+            *x = x.saturating_add(queued_tokens);
+        }
         let first_choice = rkey
             .key
             .and_then(|rk| self.router.ring().candidates(rk).next());
@@ -639,6 +832,8 @@ impl Gateways {
             delivered,
             known,
             record,
+            queued_tokens,
+            primary: c.primary as u16,
         };
         self.c.reasons[match c.reason {
             Reason::Warm => 0,
@@ -699,6 +894,50 @@ impl Gateways {
             };
             self.c.news[i] += 1;
         }
+        if peer && self.knobs.publish_reused {
+            let mv = moved(known, served);
+            let first: std::collections::HashSet<u32> = p
+                .writes
+                .iter()
+                .filter(|w| w.2 == News::Confirmed && !mv)
+                .map(|w| w.0)
+                .collect();
+            out.retain(|(slot, _)| {
+                if first.contains(slot) {
+                    if g.held.insert(*slot, now_ms).is_none() {
+                        g.held_order.push_back((*slot, now_ms));
+                    }
+                    false
+                } else {
+                    true
+                }
+            });
+            // Reuse: the known prefix covers held slots.
+            let depth = known.map_or(0, |k| k.depth);
+            let mut due: Vec<u32> = key.blocks[..depth.min(key.blocks.len())]
+                .iter()
+                .map(|&b| self.index.slot(b))
+                .filter(|s| g.held.remove(s).is_some())
+                .collect();
+            // Or old enough.
+            let horizon = (self.knobs.held_s * 1000.0) as u64;
+            while let Some(&(slot, at)) = g.held_order.front() {
+                if g.held.get(&slot) != Some(&at) {
+                    g.held_order.pop_front();
+                } else if horizon > 0 && at + horizon <= now_ms {
+                    g.held_order.pop_front();
+                    g.held.remove(&slot);
+                    due.push(slot);
+                } else {
+                    break;
+                }
+            }
+            for slot in due {
+                if let Some(v) = p.get(slot) {
+                    out.push((slot, v));
+                }
+            }
+        }
         self.c.published += out.len() as u64;
         self.c.sets += sets as u64;
         for (slot, v) in out {
@@ -725,6 +964,10 @@ impl Gateways {
 }
 
 impl Policy for Gateways {
+    fn needs_scrape(&self) -> bool {
+        self.knobs.engine.is_some()
+    }
+
     fn route(&mut self, idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
         let k = self.rng.below(self.gws.len() as u64) as usize;
         self.route_on(k, idx, req, view)
@@ -736,6 +979,15 @@ impl Policy for Gateways {
         };
         let k = usize::from(p.gateway);
         let now_ms = clock_ms(now);
+        // The filter's `Queued::finish` at the first response byte.
+        if let Some(x) = self
+            .gws
+            .get_mut(k)
+            .and_then(|g| g.queued.as_mut())
+            .and_then(|q| q.get_mut(usize::from(p.primary)))
+        {
+            *x = x.saturating_sub(p.queued_tokens);
+        }
         if p.record && !self.knobs.record_at_route && k < self.gws.len() {
             if let Some(key) = req.keys.core.get(self.key) {
                 self.sync(now_ms);
@@ -859,6 +1111,15 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_peers_defaults_are_read() {
+        // (A refused configuration would silently give the fallbacks.)
+        let (min_publish, refresh, budget, share) = shipped_peers();
+        assert_eq!((min_publish, refresh, budget), (512, 120, 0));
+        assert_eq!(share, Some(100.0));
+        assert_eq!(Knobs::default().share_load_ms, Some(100.0));
+    }
+
+    #[test]
     fn names_and_grid() {
         let s = parse_name("det+truth/4/200").unwrap();
         assert!(s.mode.engine_load && s.mode.anchor && s.mode.truth && !s.mode.peer);
@@ -895,12 +1156,10 @@ mod tests {
         let (book, reqs) = sagemaker(0.04);
         let m = ModelParams::default();
         // The gateways drive the core as `ours` does (pending record at
-        // routing, record at the first token, spread_cold counters); the
-        // queued-prefill count (`cluster::queued`) is not modelled here yet.
-        let p = OursParams {
-            queued_prefill: false,
-            ..OursParams::default()
-        };
+        // routing, record at the first token, spread_cold counters, the
+        // queued-prefill count of `cluster::queued`, on by default).
+        let p = OursParams::default();
+        assert!(p.queued_prefill);
         let mut ours = Ours::new(book.routers[0].1.clone(), 0, p, &m).unwrap();
         let mut one = gateways(&book, "indep/1", Knobs::default());
         let a = engine::run(&mut ours, &reqs, &m, 7, &engine::Limits::default()).unwrap();
@@ -915,6 +1174,64 @@ mod tests {
         let mut two = gateways(&book, "indep/2", Knobs::default());
         let c = engine::run(&mut two, &reqs, &m, 7, &engine::Limits::default()).unwrap();
         assert_ne!(pick(&a), pick(&c));
+        // Without the queued-prefill count the decisions differ from `ours`.
+        let off = OursParams {
+            queued_prefill: false,
+            ..OursParams::default()
+        };
+        let spec = parse_name("indep/1").unwrap();
+        let r = book.routers[0].1.clone();
+        let mut blind = Gateways::new(r, 0, &off, spec, Knobs::default(), 7, 1);
+        let e = engine::run(&mut blind, &reqs, &m, 7, &engine::Limits::default()).unwrap();
+        assert_ne!(pick(&a), pick(&e));
+    }
+
+    #[test]
+    fn queued_prefill_is_counted_per_gateway_until_the_first_token() {
+        let (book, reqs) = sagemaker(0.01);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let mut g = gateways(&book, "peer/2/0", Knobs::default());
+        let total = |g: &Gateways, k: usize| g.gws[k].queued.as_ref().unwrap().iter().sum::<u32>();
+        let r = g.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
+        let added = g.pending[0].queued_tokens;
+        assert!(added > 0, "a cold prompt queues its tokens");
+        assert_eq!(g.gws[0].queued.as_ref().unwrap()[r.replica], added);
+        assert_eq!(total(&g, 1), 0, "gateway 1 does not see gateway 0's queue");
+        g.on_first_token(0, &reqs[0], r.replica, 0.1, 1.1);
+        assert_eq!(total(&g, 0), 0);
+    }
+
+    #[test]
+    fn exchanged_queues_arrive_once_per_period() {
+        let (book, reqs) = sagemaker(0.01);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let knobs = |ms: f64, extrapolate: bool| Knobs {
+            share_load_ms: Some(ms),
+            share_part: 2,
+            extrapolate,
+            ..Knobs::default()
+        };
+        // Live: gateway 1 sees gateway 0's queued tokens at once.
+        let mut live = gateways(&book, "peer/2/0", knobs(0.0, false));
+        let r = live.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
+        let added = live.pending[0].queued_tokens;
+        assert_eq!(live.shared_loads(1, 1.0).1[r.replica], added);
+        // Every 100 ms: not before the next exchange, then yes.
+        let mut slow = gateways(&book, "peer/2/0", knobs(100.0, false));
+        slow.shared_loads(1, 0.95);
+        let r = slow.route_on(0, 0, &reqs[0], &view(0.96, &reps, &m));
+        let added = slow.pending[0].queued_tokens;
+        assert_eq!(slow.shared_loads(1, 0.99).1[r.replica], 0);
+        assert_eq!(slow.shared_loads(1, 1.0).1[r.replica], added);
+        // Extrapolated: gateway 0's own change since the exchange counts
+        // once more for its one peer (N − 1 = 1).
+        let mut x = gateways(&book, "peer/2/0", knobs(100.0, true));
+        x.shared_loads(0, 0.95);
+        let r = x.route_on(0, 0, &reqs[0], &view(0.96, &reps, &m));
+        let added = x.pending[0].queued_tokens;
+        assert_eq!(x.shared_loads(0, 0.97).1[r.replica], 2 * added);
     }
 
     fn view<'a>(now: f64, reps: &'a [crate::replica::Replica], m: &'a ModelParams) -> View<'a> {

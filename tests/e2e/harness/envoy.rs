@@ -104,11 +104,13 @@ pub fn eds_yaml(endpoints: &[String], version: u64) -> String {
 
 impl EnvoyConfig {
     /// The shipped default strategy (`affinity`, no `strategy` field) over
-    /// `endpoints` (filter list = cluster list), defaults otherwise.
+    /// `endpoints` (filter list = cluster list), defaults otherwise except the
+    /// decision header, which is sent (the tests read it).
     pub fn new(endpoints: &[String]) -> EnvoyConfig {
         EnvoyConfig {
             endpoints: endpoints.to_vec(),
-            filter: json!({"endpoints": endpoints}),
+            // The decision header is off in the filter's defaults; the tests read it.
+            filter: json!({"endpoints": endpoints, "decision_header": "x-prefix-router-decision"}),
             filter_raw: None,
             retry_on: "connect-failure,refused-stream,reset,retriable-status-codes".into(),
             hc_interval_ms: 500,
