@@ -17,7 +17,12 @@
 //!    high load this is KubeAI's bounded load (`load_factor × mean`); the `+1`
 //!    is a slack of `load_factor` requests that keeps an idle or lightly loaded
 //!    cluster from spilling (the KubeAI form `(total + 1) / n` accepts nobody
-//!    when `n > load_factor` and the cluster is idle).
+//!    when `n > load_factor` and the cluster is idle). When no available
+//!    replica is under `concurrency_threshold` (a saturated fleet) the
+//!    threshold is lifted for this decision: it no longer tells replicas
+//!    apart, and a holder over it would otherwise spill to a replica just as
+//!    far over, re-prefilling its prompt (`docs/benchmarks.md`,
+//!    "Out-of-sample families").
 //! 2. **Cold placement** `place(excluded)`: walk the ring from the request's
 //!    key, keep the first `cold_choices` acceptable replicas not excluded,
 //!    take the least loaded; on equal loads one under the request-share
@@ -335,6 +340,22 @@ fn place(
     best.or(least)
 }
 
+/// The concurrency threshold in force: `threshold` while some available
+/// replica (`load_of(i)` is `Some`) is under it, else none (`u32::MAX`).
+/// When every replica is at or over it the fleet is saturated and the
+/// threshold no longer tells replicas apart: a holder over it would spill
+/// to a replica just as far over (the fallback of [`place`] is the least
+/// loaded, acceptable or not), re-prefilling its whole prompt there and
+/// adding prefill work to a saturated fleet. The relative bound and the
+/// cost rule still decide. Cost: O(N).
+fn saturated_threshold(threshold: u32, n: usize, load_of: impl Fn(usize) -> Option<u32>) -> u32 {
+    if (0..n).any(|i| load_of(i).is_some_and(|l| l < threshold)) {
+        threshold
+    } else {
+        u32::MAX
+    }
+}
+
 /// What is known about one request at decision time.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
@@ -418,7 +439,9 @@ pub fn choose(
         all,
         n,
         cap: cfg.load_factor * (total as f64 / count.max(1) as f64 + 1.0),
-        threshold: cfg.concurrency_threshold,
+        threshold: saturated_threshold(cfg.concurrency_threshold, n, |i| {
+            (all || loads.is_available(i)).then(|| loads.of(i))
+        }),
     };
     let cpt = cfg.chars_per_token.max(0.1);
     let prompt_tokens = (prompt_chars.max(key.units) as f64 / cpt).max(1.0);
@@ -689,6 +712,33 @@ mod tests {
         };
         let c = choose(&r, &req, &cost(), &AffinityConfig::default());
         assert_ne!(c.primary, 1);
+    }
+
+    #[test]
+    fn a_saturated_fleet_lifts_the_concurrency_threshold() {
+        // Every replica at or over the threshold (256): a holder over it
+        // stays warm instead of spilling to a replica just as far over.
+        let k = key(7, 128);
+        let kn = known(128, &[3], 0);
+        let mut loads = [260u32; 7];
+        loads[3] = 262;
+        let c = pick(&k, Some(&kn), &loads);
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        // With the threshold forced on (as before), the same request spills.
+        let cfg = AffinityConfig::default();
+        let v_threshold =
+            saturated_threshold(cfg.concurrency_threshold, 7, |i| loads.get(i).copied());
+        assert_eq!(v_threshold, u32::MAX);
+        // One replica under the threshold: it holds, the holder spills there.
+        loads[5] = 100;
+        let c = pick(&k, Some(&kn), &loads);
+        assert_eq!((c.primary, c.reason), (5, Reason::Spill));
+        assert_eq!(saturated_threshold(256, 7, |i| loads.get(i).copied()), 256);
+        // Unavailable replicas do not count as under it.
+        assert_eq!(
+            saturated_threshold(256, 7, |i| (i != 5).then(|| loads[i])),
+            u32::MAX
+        );
     }
 
     #[test]
