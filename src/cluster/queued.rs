@@ -14,7 +14,7 @@
 //! their own. The finish is one CAS update of that value, or none when it
 //! waits in the VM's [`super::request::Releases`] for the VM's next take or
 //! flush ([`Queued::finish_later`], while other requests of the VM are
-//! live, at the response's last chunk and at `on_log`: the host then looks busier than it is for at most a tick, never less
+//! live and at the response's last chunk: the host then looks busier than it is for at most a tick, never less
 //! busy). [`read`], [`Queued::start`] and [`Queued::finish`] are the
 //! stand-alone forms (one get each, one get + one CAS set each).
 //!

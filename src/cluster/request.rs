@@ -99,10 +99,10 @@ impl DownCache {
 /// CAS set of its own: its release waits here and is written by the VM's next
 /// [`Slot::take`] (in the same CAS update as the take, the picture it is
 /// routed on already subtracting them) or by [`Releases::flush`] (the
-/// filter flushes on every tick, 100 ms, and before its poller reconciles
-/// with Envoy's `rq_active`; so at rest the counts and gauges are exact one
-/// tick after the last request ended, and a single worker's own pictures
-/// are exact at once).
+/// filter flushes on every tick, 100 ms, before its poller reconciles
+/// with Envoy's `rq_active`, and at a request end that leaves the VM idle,
+/// so at rest the counts and gauges are exact; this VM's own pictures are
+/// exact at once in any case).
 ///
 /// Invariants: this VM's own decisions always see its ended requests as
 /// ended; another worker sees them at most one tick late (the host looks
@@ -857,8 +857,9 @@ mod tests {
         assert_eq!(local.releases.flush(&w.s, &w.k).unwrap(), vec![]);
     }
 
-    /// One request at a time (c=1), each release left waiting when the VM
-    /// goes idle (the filter's `on_log`): every picture still sees exact
+    /// One request at a time, each release left waiting (the filter writes
+    /// it at once when its VM goes idle; this is the worst case of a VM
+    /// whose requests overlap): every picture still sees exact
     /// loads and queued tokens, each routing is one get + one CAS set (the
     /// release rides on it), and one flush (the tick) leaves the table at 0.
     #[test]

@@ -762,12 +762,17 @@ impl RouterHttp {
         self.load_upstream();
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());
-        // The release waits for this VM's next take or its tick (≤ 100 ms),
-        // even when the request leaves the VM idle: this VM's pictures
-        // subtract it at once (exact for a single worker), other workers
-        // see it one tick late, never as less busy (`Releases`).
+        // The release waits for this VM's next take (or tick) while other
+        // requests of the VM are live; a request that leaves the VM idle
+        // writes it, and any waiting ones, at once (`local.rs`): left
+        // waiting, the other workers would route on it for up to a tick
+        // (e2e `safety::huge_body_is_routed_on_its_raw_prefix` saw a cold
+        // placement move off its ring owner).
         if !super::local::LOCAL.with(|local| self.slot.release_later(&local.releases)) {
             return;
+        }
+        if !super::batch::others_live() && !probe::off(Ablate::IdleFlush) {
+            super::local::flush_releases(&p);
         }
         // The primary was decided at routing; count requests another host served.
         if let (Some(addr), Some(primary)) =

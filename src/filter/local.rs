@@ -1,7 +1,8 @@
 //! What a VM keeps between its requests ([`VmLocal`]): the down-mark cache
 //! (read at most every 100 ms by routing, dropped when this VM writes marks)
 //! and the in-flight releases not written yet (written by the next take, on
-//! every tick and before the poller's reconcile). The algorithms
+//! every tick, before the poller's reconcile, and at a request end that
+//! leaves the VM idle). The algorithms
 //! and their invariants are in [`crate::cluster::request`], tested natively.
 
 use super::host::HostShared;
