@@ -44,6 +44,19 @@ pub struct Metrics {
     pub outstanding: u32,
 }
 
+impl Metrics {
+    /// The scrape as the filter's Prometheus parser would read it (the
+    /// engine sample `ours` and the gateways mode feed to the load rule).
+    pub fn as_sample(&self) -> prefix_router::engine::EngineSample {
+        prefix_router::engine::EngineSample {
+            waiting: Some(f64::from(self.waiting)),
+            running: Some(f64::from(self.outstanding.saturating_sub(self.waiting))),
+            kv_usage: Some(self.kv_usage),
+            ..prefix_router::engine::EngineSample::default()
+        }
+    }
+}
+
 /// One replica.
 #[derive(Debug, Clone)]
 pub struct Replica {

@@ -36,7 +36,6 @@ use std::sync::OnceLock;
 use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::CostModel;
 use prefix_router::engine::load::{host_load, LoadRule};
-use prefix_router::engine::EngineSample;
 use prefix_router::hash::BLOCK_UNITS;
 use prefix_router::index::{Known, PrefixIndex, SlotStore, SlotValue, VecStore};
 use prefix_router::peers::{self, DeltaLog};
@@ -581,12 +580,7 @@ impl Gateways {
             .map(|i| {
                 let own = g.in_flight.get(i).copied().unwrap_or(0);
                 let m = g.snap.get(i).copied().unwrap_or_default();
-                let sample = EngineSample {
-                    waiting: Some(f64::from(m.waiting)),
-                    running: Some(f64::from(m.outstanding.saturating_sub(m.waiting))),
-                    kv_usage: Some(m.kv_usage),
-                    ..EngineSample::default()
-                };
+                let sample = m.as_sample();
                 host_load(rule, own, &sample, g.snap_own.get(i).copied())
             })
             .collect()

@@ -13,7 +13,6 @@
 use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::{CostConfig, CostModel};
 use prefix_router::engine::load::{host_load, LoadRule};
-use prefix_router::engine::EngineSample;
 use prefix_router::index::{IndexConfig, Known, PrefixIndex, VecStore};
 use prefix_router::pressure::Pressure;
 use prefix_router::share::{self, Share};
@@ -258,12 +257,7 @@ impl Ours {
             let own = view.in_flight.get(i).copied().unwrap_or(0);
             let m = self.snap.get(i).copied().unwrap_or_default();
             // The scrape as the filter's parser would read it.
-            let sample = EngineSample {
-                waiting: Some(f64::from(m.waiting)),
-                running: Some(f64::from(m.outstanding.saturating_sub(m.waiting))),
-                kv_usage: Some(m.kv_usage),
-                ..EngineSample::default()
-            };
+            let sample = m.as_sample();
             let then = self.snap_own.get(i).copied();
             self.loads
                 .push(rule.map_or(own, |r| host_load(r, own, &sample, then)));
