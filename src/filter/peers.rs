@@ -49,7 +49,8 @@
 //!   per replica in `x-prefix-router-queued`; the puller keeps each peer's
 //!   last table (and its own at the start of the round) in `peers/queues`,
 //!   and the routing path adds the fresh ones, extrapolated, to its own
-//!   counts ([`with_peer_queues`]: one shared-data get per routed request).
+//!   counts ([`with_peer_queues`]: one shared-data get per worker at most
+//!   every `pull_ms / 4`, a VM-local copy between).
 //!
 //! Stats (`prefix_router.peers.*`): counters `pull_ok`, `pull_fail`
 //! (= `pull_refused` + `pull_timeout`), `pull_refused`, `pull_timeout`,
