@@ -85,7 +85,7 @@
 //! 1k–8k tokens on a replica whose queue was as long as the holder's
 //! (`docs/benchmarks.md`, "Seventh session"). The cap never raises a price:
 //! a learned price below the configured one is used as is (raising it
-//! towards the queue spilled more and cost 0.6–1.6 points of hit on the
+//! towards the queue spilled more and cost 0.3–1.1 points of hit on the
 //! same traces at 16 and 32 replicas).
 //!
 //! **Light load** (`light_slack`, 8 requests): a holder is over the load
