@@ -247,27 +247,18 @@ impl RouterHttp {
         if let Some((uncached, _)) = self.pending_cost {
             joined.queued_tokens = uncached.clamp(0.0, f64::from(u32::MAX)) as u32;
         }
-        let taken = super::local::LOCAL.with(|local| {
-            self.slot.take(
-                &HostShared,
-                &p.keys,
-                &primary,
-                pic.snapshot,
-                &local.releases,
-                joined,
-            )
+        // Counted in this VM's waiting changes (no host call); written with
+        // the picture's read once the oldest change is `PUBLISH_MS` old (else
+        // by the tick, or at the end if the VM goes idle: a request that ends
+        // first is never written, `cluster::request::Releases`).
+        let due = super::local::LOCAL.with(|local| {
+            self.slot
+                .take_later(&primary, &local.releases, joined, self.routed_at_ms);
+            local.releases.due(self.routed_at_ms)
         });
-        match taken {
-            Ok(gauges) => {
-                self.queued.joined(&primary, joined.queued_tokens);
-                for (addr, n) in gauges {
-                    p.stats.in_flight_now(&addr, n);
-                }
-            }
-            Err(e) => {
-                log::warn!("#{} cannot count in-flight request: {e:?}", self.context_id);
-                p.stats.failure(HostFailure::SharedData);
-            }
+        self.queued.joined(&primary, joined.queued_tokens);
+        if due {
+            super::local::flush_releases_seen(&p, pic.snapshot);
         }
         self.delivery
             .routed(decision.branch.as_str(), decision.primary);
@@ -393,15 +384,12 @@ impl RouterHttp {
         d
     }
 
-    /// Take this request's tokens off the queued-prefill count (once): at
-    /// once, or (`later`) with the VM's next in-flight update
-    /// ([`Queued::finish_later`]).
-    fn finish_queued(&mut self, p: &Plugin, later: bool) {
-        if later {
-            super::local::LOCAL.with(|local| self.queued.finish_later(&local.releases));
-        } else if self.queued.finish(&HostShared, &p.keys).is_err() {
-            p.stats.failure(HostFailure::SharedData);
-        }
+    /// Take this request's tokens off the queued-prefill count (once), in
+    /// the VM's waiting changes ([`Queued::finish_later`]): written with the
+    /// next in-flight write (≤ `Releases::PUBLISH_MS` under load; never,
+    /// if the request's own take was not written yet: they net to 0).
+    fn finish_queued(&mut self) {
+        super::local::LOCAL.with(|local| self.queued.finish_later(&local.releases));
     }
 
     fn set_headers(&self, p: &Plugin, view: &View, d: Decision) {
@@ -696,14 +684,7 @@ impl RouterHttp {
         super::health::check_primary(&p, &self.slot, upstream.as_deref(), status);
         // A retry or the fallback used another host: count the request there.
         if let Some(actual) = upstream {
-            match self.slot.moved(&HostShared, &p.keys, &actual) {
-                Ok(gauges) => {
-                    for (addr, n) in gauges {
-                        p.stats.in_flight_now(&addr, n);
-                    }
-                }
-                Err(_) => p.stats.failure(HostFailure::SharedData),
-            }
+            super::local::LOCAL.with(|local| self.slot.moved_later(&actual, &local.releases));
         }
         // One read of the content type serves the usage scanner and the cost model.
         let ct = header(b"content-type");
@@ -721,11 +702,8 @@ impl RouterHttp {
             // The first response byte (a stream's first token; a streaming
             // server may send its headers before any token): the prefill
             // is done.
-            // While other requests of the VM are live, the take-off rides on
-            // the VM's next take (or tick); at the response's last chunk, on
-            // this request's release in `on_log`, a moment later.
             if size > 0 || end_of_stream {
-                self.finish_queued(&p, end_of_stream || super::batch::others_live());
+                self.finish_queued();
             }
             self.load_upstream();
             self.delivery.on_chunk(
@@ -758,7 +736,7 @@ impl RouterHttp {
     fn log_end(&mut self) {
         let Some(p) = self.plugin.clone() else { return };
         // No body byte came (an error, a reset): written with the release.
-        self.finish_queued(&p, true);
+        self.finish_queued();
         self.load_upstream();
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());
