@@ -287,6 +287,12 @@ GROUP = {"context_create": "routing", "request_headers": "routing", "request_bod
 PHASES = ["context_create", "request_headers", "request_body", "response_headers",
           "response_body", "log", "done_delete"]
 fuel = {p: 0 for p in PHASES}
+# A `--features alloccount` build exports its allocation count (src/filter/alloc.rs).
+try:
+    ALLOCS = ex["prefix_router_allocs"]
+except KeyError:
+    ALLOCS = None
+allocs = {p: 0 for p in PHASES}
 
 
 def run(i, ctx, measure):
@@ -312,10 +318,13 @@ def run(i, ctx, measure):
             if target:
                 state["upstream"] = target.split(b",")[0]
         PHASE[0] = GROUP.get(name, name)
+        a0 = ALLOCS(store) if ALLOCS else 0
         f0 = store.get_fuel()
         step()
         if measure:
             fuel[name] += f0 - store.get_fuel()
+            if ALLOCS:
+                allocs[name] += ALLOCS(store) - a0
 
 
 ctx = 100
@@ -339,6 +348,9 @@ for g in ("routing", "response", "log"):
     kinds = sorted((k, v) for (p, k), v in by_phase.items() if p == g)
     tot = sum(v for _, v in kinds) / REQUESTS
     print(f"  {g:<8} {tot:5.2f}: " + " ".join(f"{k}={v / REQUESTS:.2f}" for k, v in kinds))
+if ALLOCS:
+    print(f"allocations per request: {sum(allocs.values()) / REQUESTS:.2f} (" +
+          ", ".join(f"{p} {allocs[p] / REQUESTS:.2f}" for p in PHASES) + ")")
 if CLOCKS:
     print("fuel between consecutive clock reads (last request): " +
           " ".join(f"{a - b:,}" for a, b in zip(CLOCKS, CLOCKS[1:])))
