@@ -51,7 +51,12 @@ use std::rc::Rc;
 thread_local! {
     /// Per-VM rotating ticket for least-request tie-breaks.
     static TICKET: Cell<u64> = const { Cell::new(0) };
+    /// The target header's value, rebuilt per request (kept capacity).
+    static TARGET: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
 }
+
+/// The `upstream.address` property path (segments NUL-separated).
+const UPSTREAM_ADDRESS: &str = "upstream\0address";
 
 /// A record to write after a 2xx: the block keys, what the lookup knew, and
 /// (characters hashed, characters beyond the known depth) for the peers' news.
@@ -241,7 +246,7 @@ impl RouterHttp {
         };
         probe::end(Phase::Select, t);
         let t = probe::start();
-        let primary = view.addr(decision.primary).unwrap_or_default().to_string();
+        let primary = view.addr(decision.primary).unwrap_or_default();
         // Its expected prefill joins the primary's queue until the first
         // byte: in the take's update, as is the request-share count.
         if let Some((uncached, _)) = self.pending_cost {
@@ -253,10 +258,10 @@ impl RouterHttp {
         // first is never written, `cluster::request::Releases`).
         let due = super::local::LOCAL.with(|local| {
             self.slot
-                .take_later(&primary, &local.releases, joined, self.routed_at_ms);
+                .take_later(primary, &local.releases, joined, self.routed_at_ms);
             local.releases.due(self.routed_at_ms)
         });
-        self.queued.joined(&primary, joined.queued_tokens);
+        self.queued.joined(primary, joined.queued_tokens);
         if due {
             super::local::flush_releases_seen(&p, pic.snapshot);
         }
@@ -268,7 +273,7 @@ impl RouterHttp {
         probe::end(Phase::SetHeaders, t);
         let t = probe::start();
         self.view = Some(view.clone());
-        p.stats.decision(decision.branch, key.source, &primary);
+        p.stats.decision(decision.branch, key.source, primary);
         if key.routing_id == RoutingId::Rejected {
             p.stats.routing_id_rejected();
         }
@@ -289,7 +294,15 @@ impl RouterHttp {
         );
         if cfg.strategy == Strategy::Affinity && self.api_path {
             // Confirmed depths are written for API paths only, like the record.
-            self.delivery.keep_blocks(key.blocks, key.ends);
+            match self.pending_record.as_mut() {
+                // The record holds the blocks until it is written, then
+                // hands them to the delivery (no copy).
+                Some(r) => {
+                    r.0 = key.blocks;
+                    self.delivery.keep_blocks(Vec::new(), key.ends);
+                }
+                None => self.delivery.keep_blocks(key.blocks, key.ends),
+            }
         }
         probe::end(Phase::RouteRest, t);
     }
@@ -377,7 +390,8 @@ impl RouterHttp {
         }
         if self.api_path && choice.reason != crate::affinity::Reason::NoKey {
             let new_chars = key.units.saturating_sub(key.units_at(depth));
-            self.pending_record = Some((key.blocks.clone(), known, (key.units, new_chars)));
+            // The blocks join it in `route` (moved, not copied).
+            self.pending_record = Some((Vec::new(), known, (key.units, new_chars)));
         }
         let in_flight = loads.of(d.primary);
         self.pending_cost = Some((choice.expected_uncached_tokens(), f64::from(in_flight)));
@@ -393,8 +407,18 @@ impl RouterHttp {
     }
 
     fn set_headers(&self, p: &Plugin, view: &View, d: Decision) {
+        TARGET.with(|t| match t.try_borrow_mut() {
+            Ok(mut target) => self.set_headers_with(p, view, d, &mut target),
+            Err(_) => self.set_headers_with(p, view, d, &mut String::new()),
+        });
+    }
+
+    /// [`RouterHttp::set_headers`] writing the target value into `target`
+    /// (a per-VM buffer: no allocation in steady state).
+    fn set_headers_with(&self, p: &Plugin, view: &View, d: Decision, target: &mut String) {
         let cfg = p.config();
-        let mut target = view.addr(d.primary).unwrap_or_default().to_string();
+        target.clear();
+        target.push_str(view.addr(d.primary).unwrap_or_default());
         if let Some(s) = d.secondary.and_then(|s| view.addr(s)) {
             target.push(',');
             target.push_str(s);
@@ -451,6 +475,21 @@ impl RouterHttp {
         let Some((blocks, known, chars)) = self.pending_record.take() else {
             return;
         };
+        self.record_blocks(p, served, status, &blocks, known, chars);
+        self.delivery.hand_blocks(blocks);
+    }
+
+    /// [`RouterHttp::record_if_accepted`] of `blocks` (what the lookup
+    /// knew: `known`; characters hashed and new: `chars`).
+    fn record_blocks(
+        &mut self,
+        p: &Plugin,
+        served: Option<&str>,
+        status: Option<&[u8]>,
+        blocks: &[u64],
+        known: Option<Known>,
+        chars: (usize, usize),
+    ) {
         let ok = status.is_some_and(|s| s.first() == Some(&b'2'));
         let Some(view) = self.view.clone().filter(|_| ok) else {
             return;
@@ -468,7 +507,7 @@ impl RouterHttp {
         let publish_ms = publish_ms.map(|c| u64::from(c.refresh_publish_s) * 1000);
         let fresh_ms = refresh_skip_ms(view.router.affinity_config().max_age_ms, publish_ms);
         let index = view.router.index();
-        if index.record_unneeded(&blocks, known.as_ref(), served, (now_ms, fresh_ms)) {
+        if index.record_unneeded(blocks, known.as_ref(), served, (now_ms, fresh_ms)) {
             return;
         }
         let mut slots = SharedSlots::new(&p.keys.prefix);
@@ -479,7 +518,7 @@ impl RouterHttp {
             {
                 let mut by_addr = AddrSlots::new(&mut publishing, &view, &[]);
                 view.router
-                    .record_affinity(&mut by_addr, &blocks, known.as_ref(), served, now_ms);
+                    .record_affinity(&mut by_addr, blocks, known.as_ref(), served, now_ms);
             }
             let moved = known
                 .as_ref()
@@ -497,10 +536,13 @@ impl RouterHttp {
     /// callbacks (every response chunk, `on_log`) borrow `self.upstream`.
     fn load_upstream(&mut self) {
         if self.upstream.is_none() {
-            self.upstream = host::property(&["upstream", "address"])
+            self.upstream = host::property_path(UPSTREAM_ADDRESS)
                 .ok()
                 .flatten()
-                .map(|a| String::from_utf8_lossy(&a).into_owned());
+                .map(|a| {
+                    String::from_utf8(a)
+                        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+                });
         }
     }
 }
@@ -656,7 +698,8 @@ impl RouterHttp {
             return;
         };
         self.load_upstream();
-        let upstream = self.upstream.clone();
+        // Taken out for the calls below (which borrow `self`), put back at the end.
+        let upstream = self.upstream.take();
         if upstream.is_some() && upstream != self.slot.primary {
             // Another host's time to first token says nothing about the primary.
             self.pending_cost = None;
@@ -683,9 +726,10 @@ impl RouterHttp {
         // worker until a poll shows it recovered.
         super::health::check_primary(&p, &self.slot, upstream.as_deref(), status);
         // A retry or the fallback used another host: count the request there.
-        if let Some(actual) = upstream {
-            super::local::LOCAL.with(|local| self.slot.moved_later(&actual, &local.releases));
+        if let Some(actual) = upstream.as_deref() {
+            super::local::LOCAL.with(|local| self.slot.moved_later(actual, &local.releases));
         }
+        self.upstream = upstream;
         // One read of the content type serves the usage scanner and the cost model.
         let ct = header(b"content-type");
         self.delivery.on_headers(&p, ct);
