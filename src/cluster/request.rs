@@ -352,6 +352,9 @@ pub struct VmLocal {
     pub downs: DownCache,
     /// See [`Releases`].
     pub releases: Releases,
+    /// The last request's picture, whose vectors the next one reuses
+    /// ([`picture_into`]).
+    pub spare: RefCell<Picture>,
 }
 
 /// What one request is routed on.
@@ -378,8 +381,9 @@ pub struct Picture {
 }
 
 /// Read the picture for `view` at `now_ms`; `model` is the request's `model`;
-/// `local`: this VM's down-mark cache and waiting releases (subtracted from
-/// the loads; the snapshot is kept as read, for the take's CAS).
+/// `local`: this VM's down-mark cache and waiting changes (added to the
+/// loads, queued tokens and shares; the snapshot is kept as read, for a
+/// write with its CAS token).
 pub fn picture<S: SharedData + ?Sized>(
     s: &S,
     k: &Keys,
@@ -389,39 +393,64 @@ pub fn picture<S: SharedData + ?Sized>(
     now_ms: u64,
     local: &VmLocal,
 ) -> Picture {
+    let mut out = Picture::default();
+    picture_into(s, k, view, cfg, model, now_ms, local, &mut out);
+    out
+}
+
+/// [`picture`] into `out`, reusing its vectors (the filter keeps one
+/// picture per VM: no allocation for them in steady state).
+#[allow(clippy::too_many_arguments)]
+pub fn picture_into<S: SharedData + ?Sized>(
+    s: &S,
+    k: &Keys,
+    view: &View,
+    cfg: &Config,
+    model: Option<&str>,
+    now_ms: u64,
+    local: &VmLocal,
+    out: &mut Picture,
+) {
     let mut failures = 0;
     let snapshot = InFlight::read(s, &k.inflight)
         .map_err(|_| failures += 1)
         .ok();
     let affinity = cfg.strategy == Strategy::Affinity;
     let share = affinity && cfg.affinity.share_factor > 0.0;
-    let per_member = |t: &InFlight| {
-        (
-            view.loads(t),
-            affinity.then(|| view.queued(t)),
-            share.then(|| view.shares(t)),
-        )
-    };
-    let (mut loads, mut queued, mut shares) = match &snapshot {
-        Some((t, _)) => per_member(t),
-        None => (view.loads(&InFlight::default()), None, None),
-    };
+    let empty = InFlight::default();
+    let t = snapshot.as_ref().map_or(&empty, |(t, _)| t);
+    view.fill(&mut out.loads, |h| t.get(h));
+    // Queued and share counts only from a read that succeeded.
+    let (mut queued, mut shares) = (out.queued.take(), out.shares.take());
+    if snapshot.is_some() {
+        if affinity {
+            let q = queued.get_or_insert_with(Vec::new);
+            view.fill(q, |h| t.load(h).queued);
+            out.queued = queued;
+        }
+        if share {
+            let v = shares.get_or_insert_with(Vec::new);
+            view.fill(v, |h| t.load(h).share);
+            out.shares = shares;
+        }
+    }
     // This VM's own changes not written yet (its takes, releases, take-offs):
     // its picture is exact even when the shared value lags.
     local.releases.overlay(
         view,
-        &mut loads,
-        queued.as_deref_mut(),
-        shares.as_deref_mut(),
+        &mut out.loads,
+        out.queued.as_deref_mut(),
+        out.shares.as_deref_mut(),
     );
-    if snapshot.as_ref().is_some_and(|(t, _)| t.corrupt) {
+    if t.corrupt {
         failures += 1;
     }
-    let (mut usable, failed) = local
+    let usable = &mut out.usable;
+    let ((), failed) = local
         .downs
-        .with(s, k, now_ms, |down| view.usable(down, now_ms));
+        .with(s, k, now_ms, |down| view.usable_into(down, now_ms, usable));
     failures += u32::from(failed);
-    let engine = cfg
+    out.engine = cfg
         .engine
         .as_ref()
         .and_then(|e| match EngineTable::read(s, k) {
@@ -431,23 +460,16 @@ pub fn picture<S: SharedData + ?Sized>(
                 e,
                 model,
                 now_ms,
-                &mut loads,
-                &mut usable,
+                &mut out.loads,
+                &mut out.usable,
             )),
             Err(_) => {
                 failures += 1;
                 None
             }
         });
-    Picture {
-        loads,
-        queued,
-        shares,
-        usable,
-        snapshot,
-        failures,
-        engine,
-    }
+    out.snapshot = snapshot;
+    out.failures = failures;
 }
 
 /// The in-flight slot of one request, by address.

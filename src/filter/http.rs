@@ -32,7 +32,7 @@ use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::HostFailure;
 use crate::cluster::queued::Queued;
-use crate::cluster::request::{picture, Joined, Picture, Slot};
+use crate::cluster::request::{picture_into, Joined, Picture, Slot};
 use crate::cluster::shared::MAX_CAS_ATTEMPTS;
 use crate::cluster::view::{AddrSlots, View};
 use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
@@ -191,8 +191,10 @@ impl RouterHttp {
         probe::end(Phase::Key, t);
         let t = probe::start();
         self.routed_at_ms = host::now_nanos() / 1_000_000;
-        let pic = super::local::LOCAL.with(|local| {
-            picture(
+        // The VM's spare picture (its vectors reused), given back at the end.
+        let mut pic = super::local::LOCAL.with(|local| {
+            let mut pic = local.spare.take();
+            picture_into(
                 &HostShared,
                 &p.keys,
                 &view,
@@ -200,7 +202,9 @@ impl RouterHttp {
                 model.as_deref(),
                 self.routed_at_ms,
                 local,
-            )
+                &mut pic,
+            );
+            pic
         });
         if pic.failures > 0 {
             p.stats.failure(HostFailure::SharedData);
@@ -263,8 +267,9 @@ impl RouterHttp {
         });
         self.queued.joined(primary, joined.queued_tokens);
         if due {
-            super::local::flush_releases_seen(&p, pic.snapshot);
+            super::local::flush_releases_seen(&p, pic.snapshot.take());
         }
+        super::local::LOCAL.with(|local| local.spare.replace(pic));
         self.delivery
             .routed(decision.branch.as_str(), decision.primary);
         probe::end(Phase::Take, t);
