@@ -789,11 +789,12 @@ impl RouterHttp {
         self.load_upstream();
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());
-        // The release waits for this VM's next take (or tick) while other
-        // requests of the VM are live; a request that leaves the VM idle
-        // writes it, and any waiting ones, at once (`local.rs`): left
-        // waiting, the other workers would route on it for up to a tick
-        // (e2e `safety::huge_body_is_routed_on_its_raw_prefix` saw a cold
+        // The release waits in the VM's changes while other requests of the
+        // VM are live (written within `PUBLISH_MS`); a request that leaves
+        // the VM idle writes the net of every waiting change at once
+        // (`local.rs`), which is nothing when its own take was never
+        // written: at rest other workers see exact counts (left waiting,
+        // e2e `safety::huge_body_is_routed_on_its_raw_prefix` saw a cold
         // placement move off its ring owner).
         if !super::local::LOCAL.with(|local| self.slot.release_later(&local.releases)) {
             return;
