@@ -477,8 +477,18 @@ pub fn picture_into<S: SharedData + ?Sized>(
 pub struct Slot {
     /// The primary chosen at routing.
     pub primary: Option<String>,
-    /// The host whose count this request holds.
-    pub holding: Option<String>,
+    /// Where the count is held ([`Slot::holding`]).
+    held: Held,
+}
+
+/// Where a [`Slot`]'s count is held: the primary needs no second copy of
+/// its address (one allocation less per request).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+enum Held {
+    #[default]
+    Nowhere,
+    Primary,
+    Other(String),
 }
 
 /// A gauge update: (address, count now).
@@ -524,7 +534,7 @@ impl Slot {
             self.primary = Some(primary.to_string());
         }
         releases.take(primary, joined, now_ms);
-        self.holding.clone_from(&self.primary);
+        self.held = Held::Primary;
     }
 
     /// Did the primary fail this request? (`upstream`: the host that answered,
@@ -550,7 +560,7 @@ impl Slot {
         k: &Keys,
         actual: &str,
     ) -> Result<Vec<Gauge>, ShareError> {
-        let Some(held) = self.holding.clone() else {
+        let Some(held) = self.holding().map(str::to_string) else {
             return Ok(vec![]);
         };
         if held == actual {
@@ -560,11 +570,11 @@ impl Slot {
         let taken = InFlight::add(s, k, addr_hash(actual), 1, None);
         match (released, taken) {
             (Ok(a), Ok(b)) => {
-                self.holding = Some(actual.to_string());
+                self.hold(actual);
                 Ok(vec![(held, a), (actual.to_string(), b)])
             }
             (Ok(_), Err(e)) => {
-                self.holding = None;
+                self.held = Held::Nowhere;
                 Err(e)
             }
             (Err(e), Ok(_)) => {
@@ -578,7 +588,7 @@ impl Slot {
 
     /// [`Slot::moved`] in this VM's waiting changes (no host call).
     pub fn moved_later(&mut self, actual: &str, releases: &Releases) {
-        let Some(held) = self.holding.as_deref() else {
+        let Some(held) = self.holding() else {
             return;
         };
         if held == actual {
@@ -586,15 +596,34 @@ impl Slot {
         }
         releases.push(held);
         releases.take(actual, Joined::default(), releases.clock_ms.get());
-        self.holding = Some(actual.to_string());
+        self.hold(actual);
+    }
+
+    /// The host whose count this request holds.
+    pub fn holding(&self) -> Option<&str> {
+        match &self.held {
+            Held::Nowhere => None,
+            Held::Primary => self.primary.as_deref(),
+            Held::Other(a) => Some(a),
+        }
+    }
+
+    /// The count is now held on `addr`.
+    fn hold(&mut self, addr: &str) {
+        self.held = if self.primary.as_deref() == Some(addr) {
+            Held::Primary
+        } else {
+            Held::Other(addr.to_string())
+        };
     }
 
     /// Release the count later (once; see [`Releases`]): no host call.
     /// Returns whether a count was held.
     pub fn release_later(&mut self, releases: &Releases) -> bool {
-        match self.holding.take() {
+        match self.holding() {
             Some(held) => {
-                releases.push(&held);
+                releases.push(held);
+                self.held = Held::Nowhere;
                 true
             }
             None => false,
@@ -611,7 +640,8 @@ impl Slot {
         s: &S,
         k: &Keys,
     ) -> Option<Result<Gauge, ShareError>> {
-        let held = self.holding.take()?;
+        let held = self.holding()?.to_string();
+        self.held = Held::Nowhere;
         Some(InFlight::add(s, k, addr_hash(&held), -1, None).map(|n| (held, n)))
     }
 }
@@ -806,7 +836,7 @@ mod tests {
             (2, vec![0, 0], vec![true, true])
         );
         let (mut a, _) = w.route("{\"prompt\":\"x\"}", 10);
-        let held = a.holding.clone().unwrap();
+        let held = a.holding().unwrap().to_string();
         let other = if held.ends_with(":1") {
             "10.0.0.1:2"
         } else {
@@ -818,7 +848,7 @@ mod tests {
         let s2 = MockShared::new(); // a store where every call fails
         s2.fail_next.set(100);
         assert!(a.moved(&s2, &w.k, other).is_err());
-        assert_eq!(a.holding.as_deref(), Some(held.as_str()));
+        assert_eq!(a.holding(), Some(held.as_str()));
         assert_eq!(w.count(&held), 1);
         a.moved(&w.s, &w.k, other).unwrap();
         a.release(&w.s, &w.k).unwrap().unwrap();
@@ -1174,7 +1204,7 @@ mod tests {
             vec![(h2.to_string(), 1)]
         );
         assert_eq!((w.count(h1), w.count(h2)), (0, 1));
-        assert_eq!(s.holding.as_deref(), Some(h2));
+        assert_eq!(s.holding(), Some(h2));
         assert!(s.release_later(&local.releases));
         local.releases.flush(&w.s, &w.k).unwrap();
         assert_eq!((w.count(h1), w.count(h2)), (0, 0));
