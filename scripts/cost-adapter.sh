@@ -10,6 +10,9 @@
 #   COST_ADAPTER_CLOCKS=1            with a `--features selfprof` build: the instructions between
 #                                    consecutive clock reads, i.e. per timed phase
 #   COST_ADAPTER_RESPONSE='{...}'    another upstream answer (default: the bench upstream's JSON)
+#   COST_ADAPTER_OVERLAP=K           K requests at a time (all routed, then all answered and ended)
+#   COST_ADAPTER_VCLOCK_US=N         a virtual clock, N µs per request, and the root's tick every
+#                                    10 ms of it (counts repeat exactly; default: real clock, no tick)
 #   COST_ADAPTER_ALLOCS=1            count allocations per request by callback too: builds the
 #                                    filter with `--features alloccount` (src/filter/alloc.rs) in
 #                                    its own target dir (target/alloccount), never the shipped .wasm
