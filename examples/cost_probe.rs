@@ -33,15 +33,14 @@
 #[path = "common/responses.rs"]
 mod responses;
 
+use prefix_router::alloc_count::{allocations, Counting};
 use prefix_router::cost::CostModel;
 use prefix_router::hash::{PrefixHasher, BLOCK_UNITS};
 use prefix_router::index::{SlotStore, SlotValue, VecStore};
 use prefix_router::json::{Scanner, ELEMENT_END};
 use prefix_router::usage::UsageScanner;
 use prefix_router::{Body, Config, Loads, Router, RoutingKey};
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Requests per measured region: 10, or `COST_PROBE_ITERS` (the wasm fuel
 /// count, `scripts/cost-wasm.sh --fuel`, runs each case with 0 and with N
@@ -53,26 +52,7 @@ fn iters() -> u64 {
         .unwrap_or(10)
 }
 
-/// System allocator that counts allocations (and reallocations).
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        System.realloc(ptr, layout, new_size)
-    }
-}
-
+/// Allocations counted per routing ([`prefix_router::alloc_count`]).
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
@@ -191,9 +171,9 @@ fn case(name: &str, mut f: impl FnMut() -> u64) {
         return;
     }
     black_box(f());
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = allocations();
     black_box(measured_region(iters(), &mut f));
-    let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+    let allocs = allocations() - before;
     match timing_rounds() {
         Some(rounds) => println!("{name} {:.0}", best_ns(rounds, &mut f)),
         None => println!(

@@ -130,11 +130,25 @@ def h_log(c, level, p, n):
 CLOCKS = []  # fuel left at each clock read (COST_ADAPTER_CLOCKS: phase split of a selfprof build)
 
 
+# COST_ADAPTER_VCLOCK_US=N: a virtual clock that advances N µs per request started (counts then
+# repeat exactly; the root's tick runs every TICK_MS of it). Default: the real clock, no ticks.
+VCLOCK_US = int(os.environ.get("COST_ADAPTER_VCLOCK_US", "0") or 0)
+VNOW = [time.time_ns()]
+# COST_ADAPTER_OVERLAP=K: K requests at a time (all routed, then all answered and ended in turn),
+# so the VM is idle only after the K-th: what concurrency changes (writes batched, idle ends).
+OVERLAP = max(1, int(os.environ.get("COST_ADAPTER_OVERLAP", "1") or 1))
+TICK_MS = 10
+
+
+def now_ns():
+    return VNOW[0] if VCLOCK_US else time.time_ns()
+
+
 def h_time(c, p):
     count("clock")
     if os.environ.get("COST_ADAPTER_CLOCKS"):
         CLOCKS.append(store.get_fuel())
-    mem[0].write(c, (time.time_ns()).to_bytes(8, "little"), p)
+    mem[0].write(c, now_ns().to_bytes(8, "little"), p)
     return 0
 
 
@@ -287,58 +301,109 @@ GROUP = {"context_create": "routing", "request_headers": "routing", "request_bod
 PHASES = ["context_create", "request_headers", "request_body", "response_headers",
           "response_body", "log", "done_delete"]
 fuel = {p: 0 for p in PHASES}
+# A `--features alloccount` build exports its allocation count (src/filter/alloc.rs).
+try:
+    ALLOCS = ex["prefix_router_allocs"]
+except KeyError:
+    ALLOCS = None
+allocs = {p: 0 for p in PHASES}
 
 
-def run(i, ctx, measure):
-    state["body"] = BODIES[i % KINDS]
-    state["req_headers"] = [(b":method", b"POST"), (b":path", b"/v1/chat/completions"),
-                            (b":authority", b"127.0.0.1"), (b"content-type", b"application/json"),
-                            (b"content-length", str(len(state["body"])).encode()),
-                            (b"user-agent", b"wrk"), (b"x-request-id", f"r{ctx}".encode())]
-    state["resp_headers"] = [(b":status", b"200"), (b"content-type", b"application/json"),
-                             (b"content-length", str(len(RESPONSE)).encode())]
+def request(i, ctx):
+    """One request's steps, with its own header and upstream state."""
+    body = BODIES[i % KINDS]
+    own = {"body": body,
+           "req_headers": [(b":method", b"POST"), (b":path", b"/v1/chat/completions"),
+                           (b":authority", b"127.0.0.1"), (b"content-type", b"application/json"),
+                           (b"content-length", str(len(body)).encode()),
+                           (b"user-agent", b"wrk"), (b"x-request-id", f"r{ctx}".encode())],
+           "resp_headers": [(b":status", b"200"), (b"content-type", b"application/json"),
+                            (b"content-length", str(len(RESPONSE)).encode())],
+           "upstream": b"127.0.0.1:19604"}
     steps = [
         ("context_create", lambda: ex["proxy_on_context_create"](store, ctx, ROOT)),
         ("request_headers", lambda: ex["proxy_on_request_headers"](store, ctx, 7, 0)),
-        ("request_body", lambda: ex["proxy_on_request_body"](store, ctx, len(state["body"]), 1)),
+        ("request_body", lambda: ex["proxy_on_request_body"](store, ctx, len(body), 1)),
         ("response_headers", lambda: ex["proxy_on_response_headers"](store, ctx, 3, 0)),
         ("response_body", lambda: ex["proxy_on_response_body"](store, ctx, len(RESPONSE), 1)),
         ("log", lambda: ex["proxy_on_log"](store, ctx)),
         ("done_delete", lambda: (ex["proxy_on_done"](store, ctx), ex["proxy_on_delete"](store, ctx))),
     ]
-    for name, step in steps:
-        if name == "response_headers":
-            target = dict(state["req_headers"]).get(b"x-gateway-destination-endpoint")
-            if target:
-                state["upstream"] = target.split(b",")[0]
-        PHASE[0] = GROUP.get(name, name)
-        f0 = store.get_fuel()
-        step()
-        if measure:
-            fuel[name] += f0 - store.get_fuel()
+    return own, steps
+
+
+last_tick = [None]
+
+
+def tick(measure):
+    """The root's tick, every TICK_MS of the virtual clock (none on the real clock)."""
+    if not VCLOCK_US:
+        return
+    if last_tick[0] is None:
+        last_tick[0] = VNOW[0]
+    while VNOW[0] - last_tick[0] >= TICK_MS * 1_000_000:
+        last_tick[0] += TICK_MS * 1_000_000
+        PHASE[0] = "tick" if measure else "setup"
+        ex["proxy_on_tick"](store, ROOT)
+
+
+def step(own, name, fn, measure):
+    state.update(own)
+    if name == "response_headers":
+        target = dict(state["req_headers"]).get(b"x-gateway-destination-endpoint")
+        if target:
+            state["upstream"] = target.split(b",")[0]
+    PHASE[0] = GROUP.get(name, name) if measure else "setup"
+    a0 = ALLOCS(store) if ALLOCS else 0
+    f0 = store.get_fuel()
+    fn()
+    if measure:
+        fuel[name] += f0 - store.get_fuel()
+        if ALLOCS:
+            allocs[name] += ALLOCS(store) - a0
+    for k in own:
+        own[k] = state[k]
+
+
+def run_group(first, ctx, n, measure):
+    """Requests first..first+n-1 (contexts ctx..): all routed, then all answered and ended."""
+    reqs = [request(first + j, ctx + j) for j in range(n)]
+    for own, steps in reqs:
+        VNOW[0] += VCLOCK_US * 1000
+        tick(measure)
+        for name, fn in steps[:3]:
+            step(own, name, fn, measure)
+    for own, steps in reqs:
+        for name, fn in steps[3:]:
+            step(own, name, fn, measure)
 
 
 ctx = 100
-for i in range(WARM):
-    run(i, ctx, False)
-    ctx += 1
+for i in range(0, WARM, OVERLAP):
+    run_group(i, ctx, min(OVERLAP, WARM - i), False)
+    ctx += OVERLAP
 calls.clear()
 by_phase.clear()
-for i in range(REQUESTS):
+for i in range(0, REQUESTS, OVERLAP):
     CLOCKS.clear()
-    run(i, ctx, True)
-    ctx += 1
+    run_group(i, ctx, min(OVERLAP, REQUESTS - i), True)
+    ctx += OVERLAP
 total = sum(fuel.values())
 print(f"{BODY_BYTES} B chat bodies, {REQUESTS} requests after {WARM} of warm-up "
-      f"(`affinity`, 7 static endpoints, one request at a time):")
+      f"(`affinity`, 7 static endpoints, " +
+      (f"{OVERLAP} at a time" if OVERLAP > 1 else "one request at a time") +
+      (f", virtual clock {VCLOCK_US} µs per request, tick every {TICK_MS} ms):" if VCLOCK_US else "):"))
 print(f"wasm instructions per request: {total / REQUESTS:,.0f}")
 print("by callback: " + ", ".join(f"{p} {fuel[p] / REQUESTS:,.0f}" for p in PHASES))
 print("host calls per request: " + " ".join(f"{k}={v / REQUESTS:.2f}" for k, v in sorted(calls.items())))
 print(f"host calls per request: {sum(calls.values()) / REQUESTS:.2f}, by part:")
-for g in ("routing", "response", "log"):
+for g in ("routing", "response", "log", "tick"):
     kinds = sorted((k, v) for (p, k), v in by_phase.items() if p == g)
     tot = sum(v for _, v in kinds) / REQUESTS
     print(f"  {g:<8} {tot:5.2f}: " + " ".join(f"{k}={v / REQUESTS:.2f}" for k, v in kinds))
+if ALLOCS:
+    print(f"allocations per request: {sum(allocs.values()) / REQUESTS:.2f} (" +
+          ", ".join(f"{p} {allocs[p] / REQUESTS:.2f}" for p in PHASES) + ")")
 if CLOCKS:
     print("fuel between consecutive clock reads (last request): " +
           " ".join(f"{a - b:,}" for a, b in zip(CLOCKS, CLOCKS[1:])))

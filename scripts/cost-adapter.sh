@@ -10,6 +10,12 @@
 #   COST_ADAPTER_CLOCKS=1            with a `--features selfprof` build: the instructions between
 #                                    consecutive clock reads, i.e. per timed phase
 #   COST_ADAPTER_RESPONSE='{...}'    another upstream answer (default: the bench upstream's JSON)
+#   COST_ADAPTER_OVERLAP=K           K requests at a time (all routed, then all answered and ended)
+#   COST_ADAPTER_VCLOCK_US=N         a virtual clock, N µs per request, and the root's tick every
+#                                    10 ms of it (counts repeat exactly; default: real clock, no tick)
+#   COST_ADAPTER_ALLOCS=1            count allocations per request by callback too: builds the
+#                                    filter with `--features alloccount` (src/filter/alloc.rs) in
+#                                    its own target dir (target/alloccount), never the shipped .wasm
 #   bash scripts/cost-adapter.sh --check   1 KiB and 16 KiB against scripts/cost-adapter-baseline.txt:
 #                                    FAILS above COST_TOLERANCE (default 1.20) x the baseline
 #                                    (UPDATE_COST_BASELINE=1 rewrites it). Not wired into
@@ -19,6 +25,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
 FILTER="${COST_ADAPTER_WASM:-}"
+if [ -z "$FILTER" ] && [ "${COST_ADAPTER_ALLOCS:-0}" = 1 ]; then
+  ensure_target wasm32-wasip1
+  log "cargo build --release --target wasm32-wasip1 -p prefix-router --lib --features alloccount"
+  CARGO_TARGET_DIR="$ROOT/target/alloccount" cargo build --release --target wasm32-wasip1 \
+    -p prefix-router --lib --features alloccount >&2
+  FILTER="$ROOT/target/alloccount/wasm32-wasip1/release/prefix_router.wasm"
+fi
 if [ -z "$FILTER" ]; then
   build_wasm >/dev/null 2>&1 || build_wasm
   FILTER="$WASM"

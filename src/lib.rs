@@ -43,6 +43,7 @@
 #![warn(missing_docs)]
 
 pub mod affinity;
+pub mod alloc_count;
 pub mod blockhash;
 pub mod bytescan;
 pub mod cluster;

@@ -8,15 +8,16 @@
 //! idempotent). The simulator's `--ours queue=1` counts exactly this.
 //!
 //! Layout: the `queued` field of each host's entry in the in-flight value
-//! ([`InFlight`], `<namespace>inflight`), so the routing-time read and the
-//! start are the picture's get and the take's CAS set
-//! ([`super::request::Slot::take`] with [`Queued::joined`]): no host call of
-//! their own. The finish is one CAS update of that value, or none when it
-//! waits in the VM's [`super::request::Releases`] for the VM's next take or
-//! flush ([`Queued::finish_later`], while other requests of the VM are
-//! live and at the response's last chunk: the host then looks busier than it is for at most a tick, never less
-//! busy). [`read`], [`Queued::start`] and [`Queued::finish`] are the
-//! stand-alone forms (one get each, one get + one CAS set each).
+//! ([`InFlight`], `<namespace>inflight`), so the routing-time read is the
+//! picture's get and the start rides on the take
+//! ([`super::request::Slot::take_later`] with [`Queued::joined`]): no host
+//! call of their own. The filter's finish waits in the VM's
+//! [`super::request::Releases`] with the take ([`Queued::finish_later`]):
+//! both are written netted, so a request whose take was not written yet
+//! costs nothing, and other workers see a take or a take-off at most one
+//! publish period (10 ms) late. [`read`], [`Queued::start`] and
+//! [`Queued::finish`] are the stand-alone forms (one get each, one get +
+//! one CAS set each).
 //!
 //! Invariants: a request adds at most once and takes off exactly what it
 //! added, at most once; counts saturate at 0 (a take-off after a reset never
@@ -124,7 +125,8 @@ impl Queued {
     }
 
     /// [`Queued::finish`] without a host call: the take-off waits in
-    /// `releases` (written by the VM's next take or flush). Idempotent.
+    /// `releases` (written, netted with the take, by the VM's next flush).
+    /// Idempotent.
     pub fn finish_later(&mut self, releases: &Releases) {
         if let Some((h, tokens)) = self.held.take() {
             releases.push_queued(h, tokens);

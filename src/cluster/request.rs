@@ -6,16 +6,17 @@
 //!    the first three: one get; down marks, engine samples: ≤ 3 gets in all;
 //!    the down marks come from a per-VM [`DownCache`], read at most every
 //!    100 ms);
-//! 2. [`Slot::take`]: count the request on its primary, with its queued
-//!    tokens and share count ([`Joined`]) and this VM's waiting releases, in
-//!    one CAS update of `inflight` (one set when the picture's read is still
-//!    current);
-//! 3. [`Slot::moved`]: at response headers, a retry or the fallback used
-//!    another host: move the count there; [`Slot::primary_failed`] tells the
-//!    caller to mark the primary down ([`super::sync::mark_failed`]);
+//! 2. [`Slot::take_later`]: count the request on its primary, with its
+//!    queued tokens and share count ([`Joined`]), in this VM's waiting
+//!    changes ([`Releases`]: no host call; written in one CAS update of
+//!    `inflight` when due, on the tick, or when the VM goes idle — not at
+//!    all if the request ended before); [`Slot::take`] writes at once;
+//! 3. [`Slot::moved_later`] / [`Slot::moved`]: at response headers, a retry
+//!    or the fallback used another host: move the count there;
+//!    [`Slot::primary_failed`] tells the caller to mark the primary down
+//!    ([`super::sync::mark_failed`]);
 //! 4. [`Slot::release`]: exactly once at the end, whatever happened; or
-//!    [`Slot::release_later`]: the release joins this VM's [`Releases`],
-//!    written by the VM's next take (same CAS update) or flush.
+//!    [`Slot::release_later`]: the release joins this VM's [`Releases`].
 //!
 //! Counts are keyed by address, so a membership change or a configuration
 //! push between 2 and 4 releases the right host.
@@ -93,124 +94,251 @@ impl DownCache {
     }
 }
 
-/// Releases of in-flight counts this VM has not written yet.
+/// This VM's changes to the in-flight value not written yet, netted per
+/// host: in-flight takes (+1) and releases (−1), queued-prefill tokens
+/// added and taken off, request-share bumps.
 ///
-/// A request that ends while others of its VM are live does not pay a get +
-/// CAS set of its own: its release waits here and is written by the VM's next
-/// [`Slot::take`] (in the same CAS update as the take, the picture it is
-/// routed on already subtracting them) or by [`Releases::flush`] (the
-/// filter flushes on every tick, 100 ms, before its poller reconciles
-/// with Envoy's `rq_active`, and at a request end that leaves the VM idle,
-/// so at rest the counts and gauges are exact; this VM's own pictures are
-/// exact at once in any case).
+/// A take ([`Slot::take_later`]), a move ([`Slot::moved_later`]), a
+/// release ([`Slot::release_later`]) and a queued take-off
+/// ([`super::queued::Queued::finish_later`]) make no host call: they change
+/// the host's net entry here. [`Releases::flush`] writes every non-zero net
+/// change in one CAS update (one get + one set; none if every net is 0).
+/// The filter flushes:
+/// - at a request end that leaves the VM idle (then the VM holds no
+///   request, so its contribution must be 0: a request that started and
+///   ended between two flushes nets to 0 and costs **no** shared-data write
+///   at all; one that was published writes its release at once);
+/// - at routing, when the oldest unwritten change is [`Releases::PUBLISH_MS`]
+///   old (with the picture's read: one CAS set, [`Releases::due`]);
+/// - on every tick ([`Releases::PUBLISH_MS`]), and before the poller
+///   reconciles with Envoy's `rq_active`.
 ///
-/// Invariants: this VM's own decisions always see its ended requests as
-/// ended; another worker sees them at most one tick late (the host looks
-/// busier than it is, never less busy: the error only spills early); a
-/// failed write keeps them for the next one; at most [`Releases::MAX`]
-/// wait (beyond, the oldest are dropped and the poller's reconcile with
+/// Invariants: this VM's own pictures are exact at once (they add the net
+/// changes, [`Releases::overlay`]). Another worker sees this VM's requests
+/// with a delay of at most one publish period (10 ms, plus timer jitter): a
+/// request younger than that is not counted there (the host looks less busy
+/// than it is, by the requests other workers routed in the last 10 ms), and
+/// a release is seen up to 10 ms late (busier). A request that ends before it
+/// was written is never seen by another worker. At rest every count is exact
+/// (the idle flush). A failed write keeps the changes for the next one; at
+/// most [`Releases::MAX`] hosts are tracked (beyond, zero entries are
+/// reused, then the oldest is dropped and the poller's reconcile with
 /// Envoy's `rq_active` repairs the count, as for a VM that died).
 ///
-/// It also holds queued-prefill take-offs ([`super::queued::Queued::finish_later`]):
-/// the same rule, the same update.
+/// Steady state allocates nothing: an entry whose net returns to 0 is kept
+/// (its address string too) for the host's next request.
 #[derive(Debug, Default)]
 pub struct Releases {
-    held: RefCell<Vec<(u64, String)>>,
-    /// (host hash, tokens) to take off the queued-prefill counts.
-    tokens: RefCell<Vec<(u64, u32)>>,
+    changes: RefCell<Vec<Change>>,
+    /// Host time (ms) of the first change since the last write, while any
+    /// net change is non-zero.
+    since_ms: std::cell::Cell<Option<u64>>,
+    /// The latest host time (ms) this VM gave (routing): the time of a
+    /// change made without a clock read (a release, a take-off).
+    clock_ms: std::cell::Cell<u64>,
+}
+
+/// One host's net change not written yet.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Change {
+    hash: u64,
+    /// The host's address (for its gauge); empty when only its hash is known.
+    addr: String,
+    inflight: i32,
+    queued: i64,
+    shares: u32,
+}
+
+impl Change {
+    fn is_zero(&self) -> bool {
+        self.inflight == 0 && self.queued == 0 && self.shares == 0
+    }
 }
 
 impl Releases {
-    /// Most releases kept waiting.
+    /// Most hosts with changes kept.
     pub const MAX: usize = 1024;
+    /// Longest time a change waits while the VM is busy (the tick period).
+    pub const PUBLISH_MS: u64 = 10;
 
-    /// Nothing waits.
+    /// Nothing waits (every net change is 0).
     pub fn is_empty(&self) -> bool {
-        self.held.try_borrow().map_or(true, |h| h.is_empty())
-            && self.tokens.try_borrow().map_or(true, |t| t.is_empty())
+        self.changes
+            .try_borrow()
+            .map_or(true, |c| c.iter().all(Change::is_zero))
     }
 
-    fn push(&self, addr: String) {
-        if let Ok(mut h) = self.held.try_borrow_mut() {
-            if h.len() >= Self::MAX {
-                h.remove(0);
+    /// Is a write due at `now_ms` (a change waits for [`Releases::PUBLISH_MS`])?
+    pub fn due(&self, now_ms: u64) -> bool {
+        self.clock_ms.set(now_ms);
+        self.since_ms
+            .get()
+            .is_some_and(|t| now_ms.saturating_sub(t) >= Self::PUBLISH_MS)
+            && !self.is_empty()
+    }
+
+    /// `f` on host `hash`'s entry (created or reused); `addr` names it if known.
+    fn change(
+        &self,
+        hash: u64,
+        addr: Option<&str>,
+        now_ms: Option<u64>,
+        f: impl FnOnce(&mut Change),
+    ) {
+        let Ok(mut c) = self.changes.try_borrow_mut() else {
+            return;
+        };
+        let i = match c.iter().position(|x| x.hash == hash) {
+            Some(i) => i,
+            None => {
+                if c.len() >= Self::MAX {
+                    match c.iter().position(Change::is_zero) {
+                        Some(z) => {
+                            c.swap_remove(z);
+                        }
+                        None => {
+                            c.remove(0);
+                        }
+                    }
+                }
+                c.push(Change {
+                    hash,
+                    ..Change::default()
+                });
+                c.len() - 1
             }
-            h.push((addr_hash(&addr), addr));
+        };
+        if let Some(x) = c.get_mut(i) {
+            if let Some(a) = addr.filter(|a| x.addr != *a) {
+                a.clone_into(&mut x.addr);
+            }
+            f(x);
         }
+        if let Some(t) = now_ms {
+            self.clock_ms.set(t);
+        }
+        if self.since_ms.get().is_none() {
+            self.since_ms.set(Some(self.clock_ms.get()));
+        }
+    }
+
+    /// A take of `joined` on `addr` at `now_ms` waits here.
+    fn take(&self, addr: &str, joined: Joined, now_ms: u64) {
+        self.change(addr_hash(addr), Some(addr), Some(now_ms), |x| {
+            x.inflight = x.inflight.saturating_add(1);
+            x.queued = x.queued.saturating_add(i64::from(joined.queued_tokens));
+            x.shares = x.shares.saturating_add(u32::from(joined.share));
+        });
+    }
+
+    /// A release of `addr` waits here.
+    fn push(&self, addr: &str) {
+        self.change(addr_hash(addr), Some(addr), None, |x| {
+            x.inflight = x.inflight.saturating_sub(1);
+        });
     }
 
     /// A queued-prefill take-off of `tokens` on host `hash` waits here.
     pub fn push_queued(&self, hash: u64, tokens: u32) {
-        if let Ok(mut t) = self.tokens.try_borrow_mut() {
-            if t.len() >= Self::MAX {
-                t.remove(0);
-            }
-            t.push((hash, tokens));
-        }
+        self.change(hash, None, None, |x| {
+            x.queued = x.queued.saturating_sub(i64::from(tokens));
+        });
     }
 
-    /// Subtract the waiting releases and take-offs from `t` (saturating at 0).
+    /// Apply the net changes to `t` (counts saturate at 0).
     fn apply(&self, t: &mut InFlight) {
-        if let Ok(h) = self.held.try_borrow() {
-            for (hash, _) in h.iter() {
-                t.set(*hash, t.get(*hash).saturating_sub(1));
-            }
-        }
-        if let Ok(q) = self.tokens.try_borrow() {
-            for &(hash, n) in q.iter() {
-                t.add_queued(hash, -i64::from(n));
+        if let Ok(c) = self.changes.try_borrow() {
+            for x in c.iter().filter(|x| !x.is_zero()) {
+                let mut v = t.load(x.hash);
+                v.inflight = v.inflight.saturating_add_signed(x.inflight);
+                t.put(x.hash, v);
+                if x.queued != 0 {
+                    t.add_queued(x.hash, x.queued);
+                }
+                for _ in 0..x.shares.min(512) {
+                    t.bump_share(x.hash);
+                }
             }
         }
     }
 
     /// [`Releases::apply`] on the per-member values of `view` (`loads`,
-    /// `queued`: as [`View::loads`] and [`View::queued`] give them), without
-    /// a copy of the table: the same saturating subtraction, host by host.
-    /// O(waiting × members).
-    fn subtract(&self, view: &View, loads: &mut [u32], queued: Option<&mut [u32]>) {
+    /// `queued`, `shares`: as [`View::loads`], [`View::queued`] and
+    /// [`View::shares`] give them), without a copy of the table: the same
+    /// saturating arithmetic, host by host (a share count saturates at 255
+    /// instead of halving every host: the picture of a moment).
+    /// O(changes × members).
+    fn overlay(
+        &self,
+        view: &View,
+        loads: &mut [u32],
+        mut queued: Option<&mut [u32]>,
+        mut shares: Option<&mut [u8]>,
+    ) {
+        let Ok(c) = self.changes.try_borrow() else {
+            return;
+        };
         let n = loads.len();
-        let at = |hash: u64| (0..n).find(|&i| view.hash(i) == Some(hash));
-        if let Ok(h) = self.held.try_borrow() {
-            for (hash, _) in h.iter() {
-                if let Some(l) = at(*hash).and_then(|i| loads.get_mut(i)) {
-                    *l = l.saturating_sub(1);
-                }
+        for x in c.iter().filter(|x| !x.is_zero()) {
+            let Some(i) = (0..n).find(|&i| view.hash(i) == Some(x.hash)) else {
+                continue;
+            };
+            if let Some(l) = loads.get_mut(i) {
+                *l = l.saturating_add_signed(x.inflight);
             }
-        }
-        if let (Ok(t), Some(q)) = (self.tokens.try_borrow(), queued) {
-            for &(hash, n) in t.iter() {
-                if let Some(x) = at(hash).and_then(|i| q.get_mut(i)) {
-                    *x = x.saturating_sub(n);
-                }
+            if let Some(q) = queued.as_deref_mut().and_then(|q| q.get_mut(i)) {
+                let v = (i64::from(*q) + x.queued).clamp(0, i64::from(u32::MAX));
+                *q = u32::try_from(v).unwrap_or(0);
+            }
+            if let Some(s) = shares.as_deref_mut().and_then(|s| s.get_mut(i)) {
+                let v = u32::from(*s).saturating_add(x.shares).min(255);
+                *s = u8::try_from(v).unwrap_or(u8::MAX);
             }
         }
     }
 
-    /// The gauges of the released hosts in `t` (each once), and forget them.
+    /// The gauges of the hosts whose in-flight count changed, as in `t`
+    /// (each once), and zero every change (entries are kept for reuse).
     fn written(&self, t: &InFlight, out: &mut Vec<Gauge>) {
-        if let Ok(mut q) = self.tokens.try_borrow_mut() {
-            q.clear();
-        }
-        if let Ok(mut h) = self.held.try_borrow_mut() {
-            for (hash, addr) in h.drain(..) {
-                if !out.iter().any(|(a, _)| *a == addr) {
-                    out.push((addr, t.get(hash)));
+        if let Ok(mut c) = self.changes.try_borrow_mut() {
+            for x in c.iter_mut() {
+                if x.inflight != 0 && !x.addr.is_empty() && !out.iter().any(|(a, _)| *a == x.addr) {
+                    out.push((x.addr.clone(), t.get(x.hash)));
                 }
+                x.inflight = 0;
+                x.queued = 0;
+                x.shares = 0;
             }
         }
+        self.since_ms.set(None);
     }
 
-    /// Write the waiting releases (one get + one CAS set; none if nothing
-    /// waits). Returns the released hosts' counts now.
+    /// Write the net changes (one get + one CAS set; none if every net is
+    /// 0). Returns the changed hosts' counts now.
     ///
     /// # Errors
-    /// Shared data failed: the releases keep waiting.
+    /// Shared data failed: the changes keep waiting.
     pub fn flush<S: SharedData + ?Sized>(&self, s: &S, k: &Keys) -> Result<Vec<Gauge>, ShareError> {
+        self.flush_seen(s, k, None)
+    }
+
+    /// [`Releases::flush`] trying `seen` (a recent read with its CAS token)
+    /// first: one set when it is still current.
+    ///
+    /// # Errors
+    /// Shared data failed: the changes keep waiting.
+    pub fn flush_seen<S: SharedData + ?Sized>(
+        &self,
+        s: &S,
+        k: &Keys,
+        seen: Option<(InFlight, u32)>,
+    ) -> Result<Vec<Gauge>, ShareError> {
         let mut out = Vec::new();
         if self.is_empty() {
+            self.since_ms.set(None);
             return Ok(out);
         }
-        let t = InFlight::modify(s, &k.inflight, None, |t| self.apply(t))?;
+        let t = InFlight::modify(s, &k.inflight, seen, |t| self.apply(t))?;
         self.written(&t, &mut out);
         Ok(out)
     }
@@ -224,6 +352,9 @@ pub struct VmLocal {
     pub downs: DownCache,
     /// See [`Releases`].
     pub releases: Releases,
+    /// The last request's picture, whose vectors the next one reuses
+    /// ([`picture_into`]).
+    pub spare: RefCell<Picture>,
 }
 
 /// What one request is routed on.
@@ -250,8 +381,9 @@ pub struct Picture {
 }
 
 /// Read the picture for `view` at `now_ms`; `model` is the request's `model`;
-/// `local`: this VM's down-mark cache and waiting releases (subtracted from
-/// the loads; the snapshot is kept as read, for the take's CAS).
+/// `local`: this VM's down-mark cache and waiting changes (added to the
+/// loads, queued tokens and shares; the snapshot is kept as read, for a
+/// write with its CAS token).
 pub fn picture<S: SharedData + ?Sized>(
     s: &S,
     k: &Keys,
@@ -261,36 +393,64 @@ pub fn picture<S: SharedData + ?Sized>(
     now_ms: u64,
     local: &VmLocal,
 ) -> Picture {
+    let mut out = Picture::default();
+    picture_into(s, k, view, cfg, model, now_ms, local, &mut out);
+    out
+}
+
+/// [`picture`] into `out`, reusing its vectors (the filter keeps one
+/// picture per VM: no allocation for them in steady state).
+#[allow(clippy::too_many_arguments)]
+pub fn picture_into<S: SharedData + ?Sized>(
+    s: &S,
+    k: &Keys,
+    view: &View,
+    cfg: &Config,
+    model: Option<&str>,
+    now_ms: u64,
+    local: &VmLocal,
+    out: &mut Picture,
+) {
     let mut failures = 0;
     let snapshot = InFlight::read(s, &k.inflight)
         .map_err(|_| failures += 1)
         .ok();
     let affinity = cfg.strategy == Strategy::Affinity;
     let share = affinity && cfg.affinity.share_factor > 0.0;
-    let per_member = |t: &InFlight| {
-        (
-            view.loads(t),
-            affinity.then(|| view.queued(t)),
-            share.then(|| view.shares(t)),
-        )
-    };
-    let (mut loads, mut queued, shares) = match &snapshot {
-        Some((t, _)) => per_member(t),
-        None => (view.loads(&InFlight::default()), None, None),
-    };
+    let empty = InFlight::default();
+    let t = snapshot.as_ref().map_or(&empty, |(t, _)| t);
+    view.fill(&mut out.loads, |h| t.get(h));
+    // Queued and share counts only from a read that succeeded.
+    let (mut queued, mut shares) = (out.queued.take(), out.shares.take());
     if snapshot.is_some() {
-        local
-            .releases
-            .subtract(view, &mut loads, queued.as_deref_mut());
+        if affinity {
+            let q = queued.get_or_insert_with(Vec::new);
+            view.fill(q, |h| t.load(h).queued);
+            out.queued = queued;
+        }
+        if share {
+            let v = shares.get_or_insert_with(Vec::new);
+            view.fill(v, |h| t.load(h).share);
+            out.shares = shares;
+        }
     }
-    if snapshot.as_ref().is_some_and(|(t, _)| t.corrupt) {
+    // This VM's own changes not written yet (its takes, releases, take-offs):
+    // its picture is exact even when the shared value lags.
+    local.releases.overlay(
+        view,
+        &mut out.loads,
+        out.queued.as_deref_mut(),
+        out.shares.as_deref_mut(),
+    );
+    if t.corrupt {
         failures += 1;
     }
-    let (mut usable, failed) = local
+    let usable = &mut out.usable;
+    let ((), failed) = local
         .downs
-        .with(s, k, now_ms, |down| view.usable(down, now_ms));
+        .with(s, k, now_ms, |down| view.usable_into(down, now_ms, usable));
     failures += u32::from(failed);
-    let engine = cfg
+    out.engine = cfg
         .engine
         .as_ref()
         .and_then(|e| match EngineTable::read(s, k) {
@@ -300,23 +460,16 @@ pub fn picture<S: SharedData + ?Sized>(
                 e,
                 model,
                 now_ms,
-                &mut loads,
-                &mut usable,
+                &mut out.loads,
+                &mut out.usable,
             )),
             Err(_) => {
                 failures += 1;
                 None
             }
         });
-    Picture {
-        loads,
-        queued,
-        shares,
-        usable,
-        snapshot,
-        failures,
-        engine,
-    }
+    out.snapshot = snapshot;
+    out.failures = failures;
 }
 
 /// The in-flight slot of one request, by address.
@@ -324,8 +477,18 @@ pub fn picture<S: SharedData + ?Sized>(
 pub struct Slot {
     /// The primary chosen at routing.
     pub primary: Option<String>,
-    /// The host whose count this request holds.
-    pub holding: Option<String>,
+    /// Where the count is held ([`Slot::holding`]).
+    held: Held,
+}
+
+/// Where a [`Slot`]'s count is held: the primary needs no second copy of
+/// its address (one allocation less per request).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+enum Held {
+    #[default]
+    Nowhere,
+    Primary,
+    Other(String),
 }
 
 /// A gauge update: (address, count now).
@@ -342,15 +505,14 @@ pub struct Joined {
 }
 
 impl Slot {
-    /// Count the request on `primary` (routing). `seen` is the picture's read;
-    /// `releases`: this VM's waiting releases, written in the same CAS update,
-    /// as is `joined` (queued tokens, share count). One CAS set when `seen`
-    /// is still current, else one get + one set per retry.
-    /// Returns the gauges: the primary's count first, then the released hosts'.
+    /// Count the request on `primary` (routing) at once: [`Slot::take_later`]
+    /// then [`Releases::flush_seen`] with `seen` (the picture's read): one
+    /// CAS set when `seen` is still current, else one get + one set per
+    /// retry. Returns the gauges of the hosts written.
     ///
     /// # Errors
-    /// Shared data failed: the request is routed but not counted, nor its
-    /// `joined` (the releases keep waiting).
+    /// Shared data failed: the request is counted in the VM's waiting
+    /// changes (written by the next flush).
     pub fn take<S: SharedData + ?Sized>(
         &mut self,
         s: &S,
@@ -360,22 +522,19 @@ impl Slot {
         releases: &Releases,
         joined: Joined,
     ) -> Result<Vec<Gauge>, ShareError> {
-        self.primary = Some(primary.to_string());
-        let h = addr_hash(primary);
-        let t = InFlight::modify(s, &k.inflight, seen, |t: &mut InFlight| {
-            releases.apply(t);
-            t.set(h, t.get(h).saturating_add(1));
-            if joined.queued_tokens > 0 {
-                t.add_queued(h, i64::from(joined.queued_tokens));
-            }
-            if joined.share {
-                t.bump_share(h);
-            }
-        })?;
-        self.holding = Some(primary.to_string());
-        let mut gauges = vec![(primary.to_string(), t.get(h))];
-        releases.written(&t, &mut gauges);
-        Ok(gauges)
+        self.take_later(primary, releases, joined, releases.clock_ms.get());
+        releases.flush_seen(s, k, seen)
+    }
+
+    /// Count the request on `primary` (routing, at `now_ms`) in this VM's
+    /// waiting changes, with its `joined` queued tokens and share count: no
+    /// host call ([`Releases`] says when it is written).
+    pub fn take_later(&mut self, primary: &str, releases: &Releases, joined: Joined, now_ms: u64) {
+        if self.primary.as_deref() != Some(primary) {
+            self.primary = Some(primary.to_string());
+        }
+        releases.take(primary, joined, now_ms);
+        self.held = Held::Primary;
     }
 
     /// Did the primary fail this request? (`upstream`: the host that answered,
@@ -401,7 +560,7 @@ impl Slot {
         k: &Keys,
         actual: &str,
     ) -> Result<Vec<Gauge>, ShareError> {
-        let Some(held) = self.holding.clone() else {
+        let Some(held) = self.holding().map(str::to_string) else {
             return Ok(vec![]);
         };
         if held == actual {
@@ -411,11 +570,11 @@ impl Slot {
         let taken = InFlight::add(s, k, addr_hash(actual), 1, None);
         match (released, taken) {
             (Ok(a), Ok(b)) => {
-                self.holding = Some(actual.to_string());
+                self.hold(actual);
                 Ok(vec![(held, a), (actual.to_string(), b)])
             }
             (Ok(_), Err(e)) => {
-                self.holding = None;
+                self.held = Held::Nowhere;
                 Err(e)
             }
             (Err(e), Ok(_)) => {
@@ -427,12 +586,44 @@ impl Slot {
         }
     }
 
+    /// [`Slot::moved`] in this VM's waiting changes (no host call).
+    pub fn moved_later(&mut self, actual: &str, releases: &Releases) {
+        let Some(held) = self.holding() else {
+            return;
+        };
+        if held == actual {
+            return;
+        }
+        releases.push(held);
+        releases.take(actual, Joined::default(), releases.clock_ms.get());
+        self.hold(actual);
+    }
+
+    /// The host whose count this request holds.
+    pub fn holding(&self) -> Option<&str> {
+        match &self.held {
+            Held::Nowhere => None,
+            Held::Primary => self.primary.as_deref(),
+            Held::Other(a) => Some(a),
+        }
+    }
+
+    /// The count is now held on `addr`.
+    fn hold(&mut self, addr: &str) {
+        self.held = if self.primary.as_deref() == Some(addr) {
+            Held::Primary
+        } else {
+            Held::Other(addr.to_string())
+        };
+    }
+
     /// Release the count later (once; see [`Releases`]): no host call.
     /// Returns whether a count was held.
     pub fn release_later(&mut self, releases: &Releases) -> bool {
-        match self.holding.take() {
+        match self.holding() {
             Some(held) => {
                 releases.push(held);
+                self.held = Held::Nowhere;
                 true
             }
             None => false,
@@ -449,7 +640,8 @@ impl Slot {
         s: &S,
         k: &Keys,
     ) -> Option<Result<Gauge, ShareError>> {
-        let held = self.holding.take()?;
+        let held = self.holding()?.to_string();
+        self.held = Held::Nowhere;
         Some(InFlight::add(s, k, addr_hash(&held), -1, None).map(|n| (held, n)))
     }
 }
@@ -644,7 +836,7 @@ mod tests {
             (2, vec![0, 0], vec![true, true])
         );
         let (mut a, _) = w.route("{\"prompt\":\"x\"}", 10);
-        let held = a.holding.clone().unwrap();
+        let held = a.holding().unwrap().to_string();
         let other = if held.ends_with(":1") {
             "10.0.0.1:2"
         } else {
@@ -656,7 +848,7 @@ mod tests {
         let s2 = MockShared::new(); // a store where every call fails
         s2.fail_next.set(100);
         assert!(a.moved(&s2, &w.k, other).is_err());
-        assert_eq!(a.holding.as_deref(), Some(held.as_str()));
+        assert_eq!(a.holding(), Some(held.as_str()));
         assert_eq!(w.count(&held), 1);
         a.moved(&w.s, &w.k, other).unwrap();
         a.release(&w.s, &w.k).unwrap().unwrap();
@@ -838,10 +1030,11 @@ mod tests {
         assert_eq!(w.s.calls.get(), calls, "no host call at the release");
         assert_eq!(w.count(a1), 2, "other workers see it one flush late");
         let calls = w.s.calls.get();
-        let (loads, gauges) = take(&mut z, a2);
+        let (loads, mut gauges) = take(&mut z, a2);
         assert_eq!(loads[view.position(a1.as_bytes()).unwrap()], 1);
         assert_eq!(w.s.calls.get() - calls, 2, "one get + one CAS set");
-        assert_eq!(gauges, vec![(a2.to_string(), 1), (a1.to_string(), 1)]);
+        gauges.sort();
+        assert_eq!(gauges, vec![(a1.to_string(), 1), (a2.to_string(), 1)]);
         assert!(local.releases.is_empty());
         assert_eq!((w.count(a1), w.count(a2)), (1, 1));
         // A failed take keeps them; a flush writes them.
@@ -902,6 +1095,121 @@ mod tests {
         assert_eq!((view.loads(&t), view.queued(&t)), (vec![0, 0], vec![0, 0]));
     }
 
+    /// Two workers (two `VmLocal`s on one store) routing with the takes
+    /// left waiting (`Slot::take_later`, as the filter does): a request that
+    /// starts and ends between writes costs no shared-data write and is
+    /// never seen by the other worker; a request still live when a write is
+    /// due (`PUBLISH_MS`, the tick) is seen by the other worker from then
+    /// on, and its release at the end that leaves its VM idle is seen at
+    /// once. Each VM's own picture is exact all along.
+    #[test]
+    fn takes_left_waiting_are_seen_by_other_workers_within_a_publish_period() {
+        let w = World::with_two_hosts();
+        let view = w.f.current(&w.s, &w.k);
+        let (a, b) = (VmLocal::default(), VmLocal::default());
+        let (h1, h2) = ("10.0.0.1:1", "10.0.0.1:2");
+        let p1 = view.position(h1.as_bytes()).unwrap();
+        let loads = |l: &VmLocal, now| picture(&w.s, &w.k, &view, w.f.config(), None, now, l).loads;
+        let joined = Joined {
+            queued_tokens: 40,
+            share: false,
+        };
+        // Short requests one at a time on A: one get per picture, no write.
+        loads(&a, 0); // the down-mark caches' first reads
+        loads(&b, 0);
+        for i in 0..50u64 {
+            let now = 1 + i;
+            let calls = w.s.calls.get();
+            assert_eq!(loads(&a, now)[p1], 0, "request {i}");
+            let mut slot = Slot::default();
+            slot.take_later(h1, &a.releases, joined, now);
+            assert!(!a.releases.due(now), "a fresh take is not due");
+            assert_eq!(loads(&a, now)[p1], 1, "A's own picture counts it");
+            assert_eq!(loads(&b, now)[p1], 0, "B does not see it yet");
+            let mut q = crate::cluster::queued::Queued::default();
+            q.joined(h1, 40);
+            q.finish_later(&a.releases);
+            assert!(slot.release_later(&a.releases));
+            // The end leaves A idle: its flush has nothing to write.
+            assert!(a.releases.is_empty(), "request {i}: nets to 0");
+            assert!(a.releases.flush(&w.s, &w.k).unwrap().is_empty());
+            let (t, _) = InFlight::read(&w.s, &w.k.inflight).unwrap();
+            assert!(t.entries.is_empty(), "request {i}: nothing written");
+            assert_eq!(
+                w.s.calls.get() - calls,
+                3 + 1,
+                "pictures and the read above only"
+            );
+        }
+        // A long request on A, then a second one 10 ms later: the second
+        // routing finds the first take due and writes it with its picture.
+        let mut long = Slot::default();
+        long.take_later(h1, &a.releases, Joined::default(), 100);
+        assert_eq!(loads(&b, 105)[p1], 0, "not written yet");
+        let snapshot = picture(&w.s, &w.k, &view, w.f.config(), None, 110, &a).snapshot;
+        let mut second = Slot::default();
+        second.take_later(h2, &a.releases, Joined::default(), 110);
+        assert!(a.releases.due(110), "the first take is PUBLISH_MS old");
+        let calls = w.s.calls.get();
+        let mut g = a.releases.flush_seen(&w.s, &w.k, snapshot).unwrap();
+        assert_eq!(
+            w.s.calls.get() - calls,
+            1,
+            "one CAS set with the picture's read"
+        );
+        g.sort();
+        assert_eq!(g, vec![(h1.to_string(), 1), (h2.to_string(), 1)]);
+        assert_eq!(loads(&b, 111), vec![1, 1], "B sees both");
+        // B routes on h1 too (its own take waits), A's second request ends
+        // while the long one lives: B still sees it (busier) until A writes.
+        let mut on_b = Slot::default();
+        on_b.take_later(h1, &b.releases, Joined::default(), 112);
+        assert_eq!(loads(&b, 112), vec![2, 1]);
+        assert!(second.release_later(&a.releases));
+        assert_eq!(loads(&a, 113), vec![1, 0], "A's own picture is exact");
+        assert_eq!(loads(&b, 113), vec![2, 1], "B: one publish period late");
+        a.releases.flush(&w.s, &w.k).unwrap(); // the tick
+        assert_eq!(loads(&b, 120), vec![2, 0]);
+        // The long request ends and leaves A idle: written at once.
+        assert!(long.release_later(&a.releases));
+        assert_eq!(
+            a.releases.flush(&w.s, &w.k).unwrap(),
+            vec![(h1.to_string(), 0)]
+        );
+        assert_eq!(loads(&b, 121), vec![1, 0], "B's own waiting take");
+        assert!(on_b.release_later(&b.releases));
+        assert!(
+            b.releases.flush(&w.s, &w.k).unwrap().is_empty(),
+            "never written"
+        );
+        let (t, _) = InFlight::read(&w.s, &w.k.inflight).unwrap();
+        assert!(t.entries.is_empty(), "at rest every count is 0: {t:?}");
+    }
+
+    /// A move (a retry served elsewhere) left waiting moves the count, and
+    /// a failed write keeps every change for the next one.
+    #[test]
+    fn moves_and_failed_writes_keep_the_counts_right() {
+        let w = World::with_two_hosts();
+        let local = VmLocal::default();
+        let (h1, h2) = ("10.0.0.1:1", "10.0.0.1:2");
+        let mut s = Slot::default();
+        s.take_later(h1, &local.releases, Joined::default(), 5);
+        s.moved_later(h2, &local.releases);
+        s.moved_later(h2, &local.releases); // again: nothing
+        w.s.fail_next.set(1);
+        assert!(local.releases.flush(&w.s, &w.k).is_err());
+        assert_eq!(
+            local.releases.flush(&w.s, &w.k).unwrap(),
+            vec![(h2.to_string(), 1)]
+        );
+        assert_eq!((w.count(h1), w.count(h2)), (0, 1));
+        assert_eq!(s.holding(), Some(h2));
+        assert!(s.release_later(&local.releases));
+        local.releases.flush(&w.s, &w.k).unwrap();
+        assert_eq!((w.count(h1), w.count(h2)), (0, 0));
+    }
+
     /// The picture subtracts waiting releases and take-offs per member
     /// exactly as applying them to a copy of the table would (saturating,
     /// a host outside the view ignored).
@@ -923,13 +1231,13 @@ mod tests {
             }
             let r = Releases::default();
             for _ in 0..rand(6) {
-                r.push(hosts[rand(3) as usize].to_string());
+                r.push(hosts[rand(3) as usize]);
             }
             for _ in 0..rand(4) {
                 r.push_queued(addr_hash(hosts[rand(3) as usize]), rand(200) as u32);
             }
             let (mut loads, mut queued) = (view.loads(&t), view.queued(&t));
-            r.subtract(&view, &mut loads, Some(&mut queued));
+            r.overlay(&view, &mut loads, Some(&mut queued), None);
             let mut applied = t.clone();
             r.apply(&mut applied);
             assert_eq!(

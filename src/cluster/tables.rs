@@ -9,7 +9,7 @@
 //! | --- | --- | --- | --- |
 //! | `members` | [`Snapshot`]: generation ‖ (flags, address)… | the polling VM | 1 get |
 //! | `lease` | owner u64 ‖ expiry ms u64 | every root context (CAS) | 0 |
-//! | `inflight` | [`InFlight`]: (addr hash u64, in-flight u32, queued tokens u32, share u8)… sorted | requests (CAS), reconcile | 1 get + 1 CAS set at routing (take, queued tokens, share bump, waiting releases in one update), 1 get + 1 CAS set at release (or none: [`super::request::Releases`]) |
+//! | `inflight` | [`InFlight`]: (addr hash u64, in-flight u32, queued tokens u32, share u8)… sorted | requests (CAS), reconcile | 1 get at routing (the picture); takes, releases, queued tokens and share bumps wait in the VM ([`super::request::Releases`]) and are written netted per host in one CAS update when 10 ms old, on the tick, or at an idle end with a non-zero net (none for a request that started and ended in between) |
 //! | `down` | (addr hash u64, until ms u64)… | requests (CAS), poller clears | 1 get |
 //! | `engine` | (addr hash, time, sample)… ([`super::engines`]) | the polling VM | 1 get (with `engine`) |
 //!

@@ -108,11 +108,27 @@ impl View {
 
     /// Usable members: not flagged by the admin poll, not marked down.
     pub fn usable(&self, down: &Down, now_ms: u64) -> Vec<bool> {
-        self.hashes
-            .iter()
-            .zip(&self.unavailable)
-            .map(|(&h, &u)| !u && !down.is_down(h, now_ms))
-            .collect()
+        let mut out = Vec::new();
+        self.usable_into(down, now_ms, &mut out);
+        out
+    }
+
+    /// [`View::usable`] into `out` (cleared first; its capacity is kept).
+    pub fn usable_into(&self, down: &Down, now_ms: u64, out: &mut Vec<bool>) {
+        out.clear();
+        out.extend(
+            self.hashes
+                .iter()
+                .zip(&self.unavailable)
+                .map(|(&h, &u)| !u && !down.is_down(h, now_ms)),
+        );
+    }
+
+    /// `out` = `f(hash)` of every member, in member order (cleared first;
+    /// its capacity is kept).
+    pub fn fill<T>(&self, out: &mut Vec<T>, f: impl Fn(u64) -> T) {
+        out.clear();
+        out.extend(self.hashes.iter().map(|&h| f(h)));
     }
 
     /// In-flight counts in member order.
@@ -134,16 +150,24 @@ impl View {
     /// takes over `i`'s prefixes if `i` is dead (its [`View::successor`] with
     /// `i` excluded), so a retried request and the requests after it meet on
     /// one replica.
+    /// No allocation: [`View::successor`]'s walk with `i` excluded in place.
     pub fn takeover(&self, i: usize, usable: &[bool]) -> Option<usize> {
-        let mut u = if usable.iter().any(|&x| x) {
-            usable.to_vec()
-        } else {
-            vec![true; self.hashes.len()]
-        };
-        if let Some(x) = u.get_mut(i) {
-            *x = false;
+        let any = usable.iter().any(|&x| x);
+        let n = self.hashes.len();
+        if !any && n == 0 {
+            return Some(i); // no members: "all usable" (as `successor` with an empty slice)
         }
-        self.successor(i, &u)
+        // None usable: every member but `i` counts as usable (fail open).
+        let ok = |c: usize| {
+            c != i
+                && if any {
+                    usable.get(c).copied().unwrap_or(false)
+                } else {
+                    c < n
+                }
+        };
+        let h = self.hash(i)?;
+        self.router.ring().candidates(h).find(|&c| ok(c))
     }
 
     /// The usable host that takes over member `i`'s prefixes.
@@ -394,5 +418,29 @@ mod tests {
         let t = v.takeover(1, &[true, true, true]).unwrap();
         assert_ne!(t, 1);
         assert_eq!(v.successor(1, &[t == 0, false, t == 2]), Some(t));
+    }
+
+    /// `takeover` (no allocation) equals `successor` over a copy of
+    /// `usable` with the member excluded (the former code), for every
+    /// usable pattern of 5 members and every member, in and out of range.
+    #[test]
+    fn takeover_equals_successor_without_the_member() {
+        let v = snap(4, hosts(&[1, 2, 3, 4, 5]));
+        for bits in 0..32u32 {
+            let usable: Vec<bool> = (0..5).map(|b| bits >> b & 1 == 1).collect();
+            for i in 0..6 {
+                let mut u = if usable.iter().any(|&x| x) {
+                    usable.clone()
+                } else {
+                    vec![true; 5]
+                };
+                if let Some(x) = u.get_mut(i) {
+                    *x = false;
+                }
+                assert_eq!(v.takeover(i, &usable), v.successor(i, &u), "{usable:?} {i}");
+            }
+        }
+        let none = snap(4, hosts(&[]));
+        assert_eq!(none.takeover(0, &[]), none.successor(0, &[]));
     }
 }

@@ -11,8 +11,9 @@
 //! the response) if no other request of this VM is live or [`FLUSH_MS`]
 //! passed ([`flush_at_request_end`]). So a counter appears in `/stats` when
 //! its request ends at rest and within [`FLUSH_MS`] under load. The
-//! in-flight gauges are not batched ([`gauge_now`] at take, move and
-//! release): each value is the count right after one VM's update, and a
+//! in-flight gauges are not batched ([`gauge_now`] at each write of the
+//! VM's in-flight changes, `local.rs`): each value is the count right
+//! after one VM's update, and a
 //! value published at a later flush could overwrite a newer one from
 //! another worker (the e2e spill test saw a gauge stuck at 1 of 2).
 //! Histograms are not batched (each sample is a host call, as before).

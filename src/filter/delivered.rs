@@ -363,6 +363,14 @@ impl Delivery {
         self.known = known.copied();
     }
 
+    /// The record (written at response headers) hands back the block keys
+    /// it held (kept only if [`Delivery::keep_blocks`] was given none).
+    pub fn hand_blocks(&mut self, blocks: Vec<u64>) {
+        if self.blocks.is_empty() && !self.ends.is_empty() {
+            self.blocks = blocks;
+        }
+    }
+
     /// A Responses API request (its response id is remembered).
     pub fn responses_api(&mut self) {
         self.responses_api = true;

@@ -304,9 +304,14 @@ pub fn remove_request_header(name: &str) -> Result<(), HostError> {
 
 /// A property (`["upstream", "address"]` …); path segments are NUL-separated.
 pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, HostError> {
+    property_path(&path.join("\0"))
+}
+
+/// A property by its NUL-separated path (`"upstream\0address"`): no
+/// allocation of its own.
+pub fn property_path(joined: &str) -> Result<Option<Vec<u8>>, HostError> {
     count(HostCall::PropertyGet);
-    let joined = path.join("\0");
-    // SAFETY: pointer and length of a live String; valid out pointers.
+    // SAFETY: pointer and length of a live str; valid out pointers.
     fetch(|d, s| unsafe { proxy_get_property(joined.as_ptr(), joined.len(), d, s) })
 }
 

@@ -32,7 +32,7 @@ use super::root::Plugin;
 use super::slots::SharedSlots;
 use super::stats::HostFailure;
 use crate::cluster::queued::Queued;
-use crate::cluster::request::{picture, Joined, Picture, Slot};
+use crate::cluster::request::{picture_into, Joined, Picture, Slot};
 use crate::cluster::shared::MAX_CAS_ATTEMPTS;
 use crate::cluster::view::{AddrSlots, View};
 use crate::config::{Strategy, DEFAULT_TARGET_HEADER};
@@ -51,7 +51,12 @@ use std::rc::Rc;
 thread_local! {
     /// Per-VM rotating ticket for least-request tie-breaks.
     static TICKET: Cell<u64> = const { Cell::new(0) };
+    /// The target header's value, rebuilt per request (kept capacity).
+    static TARGET: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
 }
+
+/// The `upstream.address` property path (segments NUL-separated).
+const UPSTREAM_ADDRESS: &str = "upstream\0address";
 
 /// A record to write after a 2xx: the block keys, what the lookup knew, and
 /// (characters hashed, characters beyond the known depth) for the peers' news.
@@ -186,8 +191,10 @@ impl RouterHttp {
         probe::end(Phase::Key, t);
         let t = probe::start();
         self.routed_at_ms = host::now_nanos() / 1_000_000;
-        let pic = super::local::LOCAL.with(|local| {
-            picture(
+        // The VM's spare picture (its vectors reused), given back at the end.
+        let mut pic = super::local::LOCAL.with(|local| {
+            let mut pic = local.spare.take();
+            picture_into(
                 &HostShared,
                 &p.keys,
                 &view,
@@ -195,7 +202,9 @@ impl RouterHttp {
                 model.as_deref(),
                 self.routed_at_ms,
                 local,
-            )
+                &mut pic,
+            );
+            pic
         });
         if pic.failures > 0 {
             p.stats.failure(HostFailure::SharedData);
@@ -241,34 +250,26 @@ impl RouterHttp {
         };
         probe::end(Phase::Select, t);
         let t = probe::start();
-        let primary = view.addr(decision.primary).unwrap_or_default().to_string();
+        let primary = view.addr(decision.primary).unwrap_or_default();
         // Its expected prefill joins the primary's queue until the first
         // byte: in the take's update, as is the request-share count.
         if let Some((uncached, _)) = self.pending_cost {
             joined.queued_tokens = uncached.clamp(0.0, f64::from(u32::MAX)) as u32;
         }
-        let taken = super::local::LOCAL.with(|local| {
-            self.slot.take(
-                &HostShared,
-                &p.keys,
-                &primary,
-                pic.snapshot,
-                &local.releases,
-                joined,
-            )
+        // Counted in this VM's waiting changes (no host call); written with
+        // the picture's read once the oldest change is `PUBLISH_MS` old (else
+        // by the tick, or at the end if the VM goes idle: a request that ends
+        // first is never written, `cluster::request::Releases`).
+        let due = super::local::LOCAL.with(|local| {
+            self.slot
+                .take_later(primary, &local.releases, joined, self.routed_at_ms);
+            local.releases.due(self.routed_at_ms)
         });
-        match taken {
-            Ok(gauges) => {
-                self.queued.joined(&primary, joined.queued_tokens);
-                for (addr, n) in gauges {
-                    p.stats.in_flight_now(&addr, n);
-                }
-            }
-            Err(e) => {
-                log::warn!("#{} cannot count in-flight request: {e:?}", self.context_id);
-                p.stats.failure(HostFailure::SharedData);
-            }
+        self.queued.joined(primary, joined.queued_tokens);
+        if due {
+            super::local::flush_releases_seen(&p, pic.snapshot.take());
         }
+        super::local::LOCAL.with(|local| local.spare.replace(pic));
         self.delivery
             .routed(decision.branch.as_str(), decision.primary);
         probe::end(Phase::Take, t);
@@ -277,7 +278,7 @@ impl RouterHttp {
         probe::end(Phase::SetHeaders, t);
         let t = probe::start();
         self.view = Some(view.clone());
-        p.stats.decision(decision.branch, key.source, &primary);
+        p.stats.decision(decision.branch, key.source, primary);
         if key.routing_id == RoutingId::Rejected {
             p.stats.routing_id_rejected();
         }
@@ -298,7 +299,15 @@ impl RouterHttp {
         );
         if cfg.strategy == Strategy::Affinity && self.api_path {
             // Confirmed depths are written for API paths only, like the record.
-            self.delivery.keep_blocks(key.blocks, key.ends);
+            match self.pending_record.as_mut() {
+                // The record holds the blocks until it is written, then
+                // hands them to the delivery (no copy).
+                Some(r) => {
+                    r.0 = key.blocks;
+                    self.delivery.keep_blocks(Vec::new(), key.ends);
+                }
+                None => self.delivery.keep_blocks(key.blocks, key.ends),
+            }
         }
         probe::end(Phase::RouteRest, t);
     }
@@ -386,27 +395,35 @@ impl RouterHttp {
         }
         if self.api_path && choice.reason != crate::affinity::Reason::NoKey {
             let new_chars = key.units.saturating_sub(key.units_at(depth));
-            self.pending_record = Some((key.blocks.clone(), known, (key.units, new_chars)));
+            // The blocks join it in `route` (moved, not copied).
+            self.pending_record = Some((Vec::new(), known, (key.units, new_chars)));
         }
         let in_flight = loads.of(d.primary);
         self.pending_cost = Some((choice.expected_uncached_tokens(), f64::from(in_flight)));
         d
     }
 
-    /// Take this request's tokens off the queued-prefill count (once): at
-    /// once, or (`later`) with the VM's next in-flight update
-    /// ([`Queued::finish_later`]).
-    fn finish_queued(&mut self, p: &Plugin, later: bool) {
-        if later {
-            super::local::LOCAL.with(|local| self.queued.finish_later(&local.releases));
-        } else if self.queued.finish(&HostShared, &p.keys).is_err() {
-            p.stats.failure(HostFailure::SharedData);
-        }
+    /// Take this request's tokens off the queued-prefill count (once), in
+    /// the VM's waiting changes ([`Queued::finish_later`]): written with the
+    /// next in-flight write (≤ `Releases::PUBLISH_MS` under load; never,
+    /// if the request's own take was not written yet: they net to 0).
+    fn finish_queued(&mut self) {
+        super::local::LOCAL.with(|local| self.queued.finish_later(&local.releases));
     }
 
     fn set_headers(&self, p: &Plugin, view: &View, d: Decision) {
+        TARGET.with(|t| match t.try_borrow_mut() {
+            Ok(mut target) => self.set_headers_with(p, view, d, &mut target),
+            Err(_) => self.set_headers_with(p, view, d, &mut String::new()),
+        });
+    }
+
+    /// [`RouterHttp::set_headers`] writing the target value into `target`
+    /// (a per-VM buffer: no allocation in steady state).
+    fn set_headers_with(&self, p: &Plugin, view: &View, d: Decision, target: &mut String) {
         let cfg = p.config();
-        let mut target = view.addr(d.primary).unwrap_or_default().to_string();
+        target.clear();
+        target.push_str(view.addr(d.primary).unwrap_or_default());
         if let Some(s) = d.secondary.and_then(|s| view.addr(s)) {
             target.push(',');
             target.push_str(s);
@@ -463,6 +480,21 @@ impl RouterHttp {
         let Some((blocks, known, chars)) = self.pending_record.take() else {
             return;
         };
+        self.record_blocks(p, served, status, &blocks, known, chars);
+        self.delivery.hand_blocks(blocks);
+    }
+
+    /// [`RouterHttp::record_if_accepted`] of `blocks` (what the lookup
+    /// knew: `known`; characters hashed and new: `chars`).
+    fn record_blocks(
+        &mut self,
+        p: &Plugin,
+        served: Option<&str>,
+        status: Option<&[u8]>,
+        blocks: &[u64],
+        known: Option<Known>,
+        chars: (usize, usize),
+    ) {
         let ok = status.is_some_and(|s| s.first() == Some(&b'2'));
         let Some(view) = self.view.clone().filter(|_| ok) else {
             return;
@@ -480,7 +512,7 @@ impl RouterHttp {
         let publish_ms = publish_ms.map(|c| u64::from(c.refresh_publish_s) * 1000);
         let fresh_ms = refresh_skip_ms(view.router.affinity_config().max_age_ms, publish_ms);
         let index = view.router.index();
-        if index.record_unneeded(&blocks, known.as_ref(), served, (now_ms, fresh_ms)) {
+        if index.record_unneeded(blocks, known.as_ref(), served, (now_ms, fresh_ms)) {
             return;
         }
         let mut slots = SharedSlots::new(&p.keys.prefix);
@@ -491,7 +523,7 @@ impl RouterHttp {
             {
                 let mut by_addr = AddrSlots::new(&mut publishing, &view, &[]);
                 view.router
-                    .record_affinity(&mut by_addr, &blocks, known.as_ref(), served, now_ms);
+                    .record_affinity(&mut by_addr, blocks, known.as_ref(), served, now_ms);
             }
             let moved = known
                 .as_ref()
@@ -509,10 +541,13 @@ impl RouterHttp {
     /// callbacks (every response chunk, `on_log`) borrow `self.upstream`.
     fn load_upstream(&mut self) {
         if self.upstream.is_none() {
-            self.upstream = host::property(&["upstream", "address"])
+            self.upstream = host::property_path(UPSTREAM_ADDRESS)
                 .ok()
                 .flatten()
-                .map(|a| String::from_utf8_lossy(&a).into_owned());
+                .map(|a| {
+                    String::from_utf8(a)
+                        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+                });
         }
     }
 }
@@ -668,7 +703,8 @@ impl RouterHttp {
             return;
         };
         self.load_upstream();
-        let upstream = self.upstream.clone();
+        // Taken out for the calls below (which borrow `self`), put back at the end.
+        let upstream = self.upstream.take();
         if upstream.is_some() && upstream != self.slot.primary {
             // Another host's time to first token says nothing about the primary.
             self.pending_cost = None;
@@ -695,16 +731,10 @@ impl RouterHttp {
         // worker until a poll shows it recovered.
         super::health::check_primary(&p, &self.slot, upstream.as_deref(), status);
         // A retry or the fallback used another host: count the request there.
-        if let Some(actual) = upstream {
-            match self.slot.moved(&HostShared, &p.keys, &actual) {
-                Ok(gauges) => {
-                    for (addr, n) in gauges {
-                        p.stats.in_flight_now(&addr, n);
-                    }
-                }
-                Err(_) => p.stats.failure(HostFailure::SharedData),
-            }
+        if let Some(actual) = upstream.as_deref() {
+            super::local::LOCAL.with(|local| self.slot.moved_later(actual, &local.releases));
         }
+        self.upstream = upstream;
         // One read of the content type serves the usage scanner and the cost model.
         let ct = header(b"content-type");
         self.delivery.on_headers(&p, ct);
@@ -721,11 +751,8 @@ impl RouterHttp {
             // The first response byte (a stream's first token; a streaming
             // server may send its headers before any token): the prefill
             // is done.
-            // While other requests of the VM are live, the take-off rides on
-            // the VM's next take (or tick); at the response's last chunk, on
-            // this request's release in `on_log`, a moment later.
             if size > 0 || end_of_stream {
-                self.finish_queued(&p, end_of_stream || super::batch::others_live());
+                self.finish_queued();
             }
             self.load_upstream();
             self.delivery.on_chunk(
@@ -758,15 +785,16 @@ impl RouterHttp {
     fn log_end(&mut self) {
         let Some(p) = self.plugin.clone() else { return };
         // No body byte came (an error, a reset): written with the release.
-        self.finish_queued(&p, true);
+        self.finish_queued();
         self.load_upstream();
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());
-        // The release waits for this VM's next take (or tick) while other
-        // requests of the VM are live; a request that leaves the VM idle
-        // writes it, and any waiting ones, at once (`local.rs`): left
-        // waiting, the other workers would route on it for up to a tick
-        // (e2e `safety::huge_body_is_routed_on_its_raw_prefix` saw a cold
+        // The release waits in the VM's changes while other requests of the
+        // VM are live (written within `PUBLISH_MS`); a request that leaves
+        // the VM idle writes the net of every waiting change at once
+        // (`local.rs`), which is nothing when its own take was never
+        // written: at rest other workers see exact counts (left waiting,
+        // e2e `safety::huge_body_is_routed_on_its_raw_prefix` saw a cold
         // placement move off its ring owner).
         if !super::local::LOCAL.with(|local| self.slot.release_later(&local.releases)) {
             return;

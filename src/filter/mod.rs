@@ -16,10 +16,13 @@
 //! - [`stats`]: Envoy stats;
 //! - [`batch`]: counter and gauge updates batched in the VM, published in bursts;
 //! - [`tally`]: host calls per request by kind (debug log, a measuring instrument);
+//! - `alloc` (feature `alloccount`): allocations counted for the cost adapter;
 //! - [`probe`]: build-time ablations (`PR_ABLATE`) and the `selfprof` phase timer;
 //! - [`delivered`]: predicted vs delivered cached tokens, read from the
 //!   response as it passes, and the index feedback.
 
+#[cfg(feature = "alloccount")]
+mod alloc;
 mod batch;
 mod delivered;
 mod health;

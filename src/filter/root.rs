@@ -5,6 +5,7 @@ use super::host::{self, HostShared, BUFFER_PLUGIN_CONFIGURATION};
 use super::http::RouterHttp;
 use super::poll::Poller;
 use super::stats::Stats;
+use crate::cluster::request::Releases;
 use crate::cluster::sync::Follower;
 use crate::cluster::tables::{Down, InFlight, Keys};
 use crate::config::{Config, Strategy};
@@ -58,6 +59,9 @@ pub struct RouterRoot {
     poller: Poller,
     puller: super::peers::Puller,
     context_id: u32,
+    /// Ticks seen, and every how many ticks the stats are flushed.
+    ticks: u32,
+    flush_every: u32,
 }
 
 impl RouterRoot {
@@ -167,8 +171,10 @@ impl RootContext for RouterRoot {
             None => None,
         };
         let cost = RefCell::new(CostModel::new(Router::new(config.clone()).cost_config()));
-        // Ticks publish batched stats (every FLUSH_MS) and, with `cluster` or
-        // `peers`, poll and pull (each keeps its own period).
+        // Ticks write the VM's waiting in-flight changes (every
+        // `Releases::PUBLISH_MS`), publish batched stats (every FLUSH_MS)
+        // and, with `cluster` or `peers`, poll and pull (each keeps its own
+        // period).
         let poll_tick = config.discovery.as_ref().map(|d| {
             config
                 .engine
@@ -177,10 +183,12 @@ impl RootContext for RouterRoot {
         });
         let pull_tick = config.peers.as_ref().map(|pc| pc.pull_ms);
         let flush_ms = u32::try_from(super::batch::FLUSH_MS).unwrap_or(u32::MAX);
-        let tick = [poll_tick, pull_tick]
+        let publish_ms = u32::try_from(Releases::PUBLISH_MS).unwrap_or(u32::MAX);
+        let tick = [poll_tick, pull_tick, Some(publish_ms)]
             .into_iter()
             .flatten()
             .fold(flush_ms, u32::min);
+        self.flush_every = (flush_ms / tick.max(1)).max(1);
         if let Err(e) = host::set_tick_period_ms(tick) {
             log::error!("cannot set the tick period: {e}");
             return false;
@@ -217,7 +225,11 @@ impl RootContext for RouterRoot {
             self.puller.tick(&p);
             super::local::flush_releases(&p);
         }
-        super::batch::flush();
+        // Stats every FLUSH_MS (the tick may be faster).
+        self.ticks = self.ticks.wrapping_add(1);
+        if self.ticks % self.flush_every.max(1) == 0 {
+            super::batch::flush();
+        }
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
