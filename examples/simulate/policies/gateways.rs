@@ -112,6 +112,10 @@ pub struct Knobs {
     pub publish_reused: bool,
     /// See `publish_reused`.
     pub held_s: f64,
+    /// Ring candidates compared by placement at N ≥ 2 (`choices`; 0: the
+    /// `ours` value): power of d choices against the herd of a stale
+    /// queue picture.
+    pub choices: usize,
 }
 
 impl Default for Knobs {
@@ -136,6 +140,7 @@ impl Default for Knobs {
             share_part: 2,
             publish_reused: false,
             held_s: 0.0,
+            choices: 0,
         }
     }
 }
@@ -172,6 +177,7 @@ impl Knobs {
             "share_part" => self.share_part = u().filter(|&x| x <= 2).ok_or_else(bad)? as u8,
             "publish_reused" => self.publish_reused = v == "1" || v == "true",
             "held_s" => self.held_s = f().ok_or_else(bad)?,
+            "choices" => self.choices = u().ok_or_else(bad)?,
             "share_load_ms" => {
                 self.share_load_ms = if v == "off" {
                     None
@@ -200,7 +206,7 @@ fn shipped_peers() -> (usize, u32, u32, Option<f64>) {
             p.min_publish_chars as usize,
             p.refresh_publish_s,
             p.sync_budget_bp,
-            p.share_queued.then_some(f64::from(p.pull_ms)),
+            p.queue_period_ms().map(f64::from),
         )
     })
 }
@@ -491,6 +497,9 @@ impl Gateways {
             cfg.anchor_cold = false;
             cfg.cold_choices = knobs.det_choices;
         }
+        if spec.n > 1 && knobs.choices > 0 {
+            cfg.cold_choices = knobs.choices;
+        }
         let gws = (0..spec.n.max(1))
             .map(|_| Gateway {
                 store: VecStore::new(p.index.slots),
@@ -602,6 +611,7 @@ impl Gateways {
             }
         }
         let g = &self.gws[k];
+
         let own = (g.in_flight.clone(), g.queued.clone().unwrap_or_default());
         let mut sum = (vec![0i64; own.0.len()], vec![0i64; own.1.len()]);
         let others = self.peer_loads.len().saturating_sub(1) as i64;
@@ -1043,7 +1053,15 @@ impl Policy for Gateways {
         let peers = self.gws.len().saturating_sub(1) as f64;
         let bytes = self.c.wire_bytes as f64 / n * peers;
         let body = self.c.body_chars as f64 / n;
-        let pulls_per_req = 2.0 * peers * (1000.0 / PULL_PERIOD_MS) / 1000.0;
+        // Queue-only pulls between the index pulls (`peers.queue_ms`, the
+        // `share_load_ms` knob when shorter than a pull period) cost a
+        // request and a response head each too (no batch: an upper bound).
+        let queue_rounds = self
+            .knobs
+            .share_load_ms
+            .filter(|&q| q > 0.0 && q < PULL_PERIOD_MS)
+            .map_or(0.0, |q| 1000.0 / q - 1000.0 / PULL_PERIOD_MS);
+        let pulls_per_req = 2.0 * peers * (1000.0 / PULL_PERIOD_MS + queue_rounds) / 1000.0;
         let total = 2.0 * bytes + pulls_per_req * PULL_BYTES;
         let news = |i: usize| self.c.news[i] as f64 / n;
         vec![
@@ -1109,8 +1127,9 @@ mod tests {
         // (A refused configuration would silently give the fallbacks.)
         let (min_publish, refresh, budget, share) = shipped_peers();
         assert_eq!((min_publish, refresh, budget), (512, 120, 0));
-        assert_eq!(share, Some(100.0));
-        assert_eq!(Knobs::default().share_load_ms, Some(100.0));
+        assert_eq!(share, Some(25.0));
+        // The queue exchange's period: `peers.queue_ms` (25 ms).
+        assert_eq!(Knobs::default().share_load_ms, Some(25.0));
     }
 
     #[test]
