@@ -149,7 +149,8 @@ impl PeersParams {
     /// Tick period the pulls need, ms: the shorter of `pull_ms` and the
     /// queue exchange's period.
     pub fn tick_ms(&self) -> u32 {
-        self.queue_period_ms().map_or(self.pull_ms, |q| q.min(self.pull_ms))
+        self.queue_period_ms()
+            .map_or(self.pull_ms, |q| q.min(self.pull_ms))
     }
 
     /// The batch layout id: slots and a fingerprint of the derived index key
@@ -314,7 +315,10 @@ mod tests {
         );
         assert!(!format!("{p:?}").contains("0123456789abcdef"));
         assert!(p.share_queued);
-        assert_eq!((p.queue_ms, p.queue_period_ms(), p.tick_ms()), (25, Some(25), 25));
+        assert_eq!(
+            (p.queue_ms, p.queue_period_ms(), p.tick_ms()),
+            (25, Some(25), 25)
+        );
         for (extra, period, tick) in [
             (r#""queue_ms":0"#, Some(100), 100),
             (r#""queue_ms":500"#, Some(100), 100),
@@ -327,7 +331,11 @@ mod tests {
             .unwrap()
             .peers
             .unwrap();
-            assert_eq!((q.queue_period_ms(), q.tick_ms()), (period, tick), "{extra}");
+            assert_eq!(
+                (q.queue_period_ms(), q.tick_ms()),
+                (period, tick),
+                "{extra}"
+            );
         }
         let off = r#"{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdef","share_queued":false}"#;
         assert!(!parse(off).unwrap().peers.unwrap().share_queued);
