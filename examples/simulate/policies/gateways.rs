@@ -116,11 +116,6 @@ pub struct Knobs {
     /// `ours` value): power of d choices against the herd of a stale
     /// queue picture.
     pub choices: usize,
-    /// Self-correcting estimate (`resid`, EWMA weight; 0 off): at N ≥ 2
-    /// each gateway learns per replica the part of its requests' TTFT its
-    /// queue picture did not explain and adds it (as prefill tokens) to
-    /// the picture.
-    pub resid: f64,
 }
 
 impl Default for Knobs {
@@ -146,7 +141,6 @@ impl Default for Knobs {
             publish_reused: false,
             held_s: 0.0,
             choices: 0,
-            resid: 0.0,
         }
     }
 }
@@ -184,7 +178,6 @@ impl Knobs {
             "publish_reused" => self.publish_reused = v == "1" || v == "true",
             "held_s" => self.held_s = f().ok_or_else(bad)?,
             "choices" => self.choices = u().ok_or_else(bad)?,
-            "resid" => self.resid = f().filter(|&x| x <= 1.0).ok_or_else(bad)?,
             "share_load_ms" => {
                 self.share_load_ms = if v == "off" {
                     None
@@ -405,8 +398,6 @@ struct Gateway {
     /// placements not published yet, in holding order.
     held: std::collections::HashMap<u32, u64>,
     held_order: VecDeque<(u32, u64)>,
-    /// `resid`: unexplained TTFT per replica, ms (EWMA).
-    resid: Vec<f64>,
 }
 
 /// Per routed request, until its first token.
@@ -423,8 +414,6 @@ struct Pending {
     /// Queued prefill tokens added to the primary at routing.
     queued_tokens: u32,
     primary: u16,
-    /// `resid`: the TTFT the picture predicted, ms.
-    expected_ms: f32,
 }
 
 /// Counters for the report.
@@ -527,7 +516,6 @@ impl Gateways {
                 snap_own: Vec::new(),
                 held: std::collections::HashMap::new(),
                 held_order: VecDeque::new(),
-                resid: vec![0.0; n],
             })
             .collect();
         Gateways {
@@ -757,15 +745,7 @@ impl Gateways {
         let n_peers = self.gws.len() - 1;
         let queued_all = match self.knobs.share_load_ms.filter(|_| mode.peer) {
             Some(_) if self.gws[k].queued.is_some() && self.knobs.share_part != 1 => {
-                let mut q = self.shared_loads(k, view.now).1;
-                if self.knobs.resid > 0.0 && n_peers > 0 {
-                    let g = &self.gws[k];
-                    let per_tok = g.cost.prefill_ms(1000.0).max(1e-3) / 1000.0;
-                    for (x, r) in q.iter_mut().zip(&g.resid) {
-                        *x = x.saturating_add((r.max(0.0) / per_tok) as u32);
-                    }
-                }
-                Some(q)
+                Some(self.shared_loads(k, view.now).1)
             }
             None if self.knobs.scale_load => self.gws[k].queued.as_ref().map(|q| {
                 q.iter()
@@ -801,16 +781,6 @@ impl Gateways {
             queued_prefill: queued_all.as_deref().or(g.queued.as_deref()),
         };
         let c = affinity::choose(self.router.ring(), &request, &g.cost, &self.cfg);
-        let expected_ms = {
-            let q = request
-                .queued_prefill
-                .and_then(|q| q.get(c.primary))
-                .copied();
-            g.cost
-                .wait_ms(f64::from(loads.get(c.primary).copied().unwrap_or(0)))
-                + g.cost
-                    .prefill_ms(f64::from(q.unwrap_or(0)) + c.expected_uncached_tokens())
-        } as f32;
         Share::note(&mut g.store, n, c.primary, &self.cfg);
         // The filter's `Queued::start`: this gateway's own count.
         let queued_tokens = c.expected_uncached_tokens().round() as u32;
@@ -868,7 +838,6 @@ impl Gateways {
             record,
             queued_tokens,
             primary: c.primary as u16,
-            expected_ms,
         };
         self.c.reasons[match c.reason {
             Reason::Warm => 0,
@@ -1032,12 +1001,6 @@ impl Policy for Gateways {
         let Some(g) = self.gws.get_mut(k) else {
             return;
         };
-        if self.knobs.resid > 0.0 {
-            if let Some(r) = g.resid.get_mut(replica) {
-                let miss = ttft * 1000.0 - f64::from(p.expected_ms);
-                *r += self.knobs.resid * (miss - *r);
-            }
-        }
         if !self.spec.mode.truth {
             g.cost.observe(
                 f64::from(p.expected_uncached),
