@@ -1247,6 +1247,40 @@ mod tests {
         assert_eq!(x.shared_loads(0, 0.97).1[r.replica], 2 * added);
     }
 
+    #[test]
+    fn queue_only_pulls_are_counted_in_the_sync_total() {
+        let (book, reqs) = sagemaker(0.01);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let total = |ms: Option<f64>| {
+            let knobs = Knobs {
+                share_load_ms: ms,
+                ..Knobs::default()
+            };
+            let mut g = gateways(&book, "peer/4/0", knobs);
+            for (i, r) in reqs.iter().take(20).enumerate() {
+                g.route_on(i % 4, i as u32, r, &view(1.0 + i as f64, &reps, &m));
+            }
+            let body = g.c.body_chars as f64 / g.c.routed as f64;
+            let x = g.extra();
+            let t = x
+                .iter()
+                .find(|e| e.0 == "sync_share_total_at_1000")
+                .unwrap()
+                .1;
+            (t, body)
+        };
+        // Same decisions (no record before a first token): only the pulls
+        // differ. 25 ms: 30 queue-only pulls a second besides the 10 index
+        // pulls, to and from each of 3 peers, a head each.
+        let (t100, body) = total(Some(100.0));
+        let (t25, _) = total(Some(25.0));
+        let (off, _) = total(None);
+        assert_eq!(t100, off);
+        let extra = 2.0 * 3.0 * 30.0 / 1000.0 * PULL_BYTES / body;
+        assert!((t25 - t100 - extra).abs() < 1e-12, "{t25} {t100} {extra}");
+    }
+
     fn view<'a>(now: f64, reps: &'a [crate::replica::Replica], m: &'a ModelParams) -> View<'a> {
         View {
             now,
