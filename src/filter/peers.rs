@@ -378,18 +378,7 @@ pub fn intercept(p: &Plugin, headers: &[u8]) -> bool {
         Some(Query::Slots(start)) => Ok((snapshot(p, start, s.slots), S_SNAPSHOT_BYTES)),
         Some(Query::Queued) => {
             // The queue exchange between index pulls: the table only.
-            let table = if params.share_queued {
-                peers_queue::encode(own_queues(p))
-            } else {
-                String::new()
-            };
-            let mut headers = vec![("content-type", "application/octet-stream")];
-            if !table.is_empty() {
-                headers.push((peers_queue::HEADER, table.as_str()));
-            }
-            if let Err(e) = send_local(200, &headers, b"") {
-                log::warn!("peers: cannot answer a queue pull: {e}");
-            }
+            answer(p, params.share_queued, b"");
             return true;
         }
         None => {
@@ -406,18 +395,7 @@ pub fn intercept(p: &Plugin, headers: &[u8]) -> bool {
             let body = encode(from, items.iter(), s.layout, s.epoch, s.slots);
             s.add(S_SERVED, 1);
             s.add(stat, body.len() as u64);
-            let table = if params.share_queued && stat == S_SERVED_BYTES {
-                peers_queue::encode(own_queues(p))
-            } else {
-                String::new()
-            };
-            let mut headers = vec![("content-type", "application/octet-stream")];
-            if !table.is_empty() {
-                headers.push((peers_queue::HEADER, table.as_str()));
-            }
-            if let Err(e) = send_local(200, &headers, &body) {
-                log::warn!("peers: cannot answer a pull: {e}");
-            }
+            answer(p, params.share_queued && stat == S_SERVED_BYTES, &body);
         }
         Err(_) => {
             p.stats.failure(super::stats::HostFailure::SharedData);
@@ -425,6 +403,23 @@ pub fn intercept(p: &Plugin, headers: &[u8]) -> bool {
         }
     }
     true
+}
+
+/// Answer a sync request 200 with `body`, and with `queues` this gateway's
+/// queue table in [`peers_queue::HEADER`] (left out when empty).
+fn answer(p: &Plugin, queues: bool, body: &[u8]) {
+    let table = if queues {
+        peers_queue::encode(own_queues(p))
+    } else {
+        String::new()
+    };
+    let mut headers = vec![("content-type", "application/octet-stream")];
+    if !table.is_empty() {
+        headers.push((peers_queue::HEADER, table.as_str()));
+    }
+    if let Err(e) = send_local(200, &headers, body) {
+        log::warn!("peers: cannot answer a sync request: {e}");
+    }
 }
 
 /// This gateway's queued-prefill tokens by holder id (the
