@@ -116,6 +116,12 @@ pub struct Knobs {
     /// `ours` value): power of d choices against the herd of a stale
     /// queue picture.
     pub choices: usize,
+    /// Push (`push_tokens`; 0 off; not in the filter): a gateway that
+    /// routes a request with at least this many uncached tokens sends its
+    /// queue table to every peer at once (they see it live; its
+    /// extrapolation base moves with it). Each push costs a request and a
+    /// response head (`PULL_BYTES`) per peer, counted in the sync total.
+    pub push_tokens: u32,
 }
 
 impl Default for Knobs {
@@ -141,6 +147,7 @@ impl Default for Knobs {
             publish_reused: false,
             held_s: 0.0,
             choices: 0,
+            push_tokens: 0,
         }
     }
 }
@@ -178,6 +185,7 @@ impl Knobs {
             "publish_reused" => self.publish_reused = v == "1" || v == "true",
             "held_s" => self.held_s = f().ok_or_else(bad)?,
             "choices" => self.choices = u().ok_or_else(bad)?,
+            "push_tokens" => self.push_tokens = u().ok_or_else(bad)? as u32,
             "share_load_ms" => {
                 self.share_load_ms = if v == "off" {
                     None
@@ -419,6 +427,8 @@ struct Pending {
 /// Counters for the report.
 #[derive(Debug, Clone, Copy, Default)]
 struct Counts {
+    /// `push_tokens`: queue tables pushed.
+    pushes: u64,
     routed: u64,
     reasons: [u64; 4],
     records: u64,
@@ -787,6 +797,13 @@ impl Gateways {
         if let Some(x) = g.queued.as_mut().and_then(|q| q.get_mut(c.primary)) {
             *x = x.saturating_add(queued_tokens);
         }
+        let push = self.knobs.push_tokens;
+        if push > 0 && queued_tokens >= push && n_peers > 0 {
+            if let (Some(q), Some(snap)) = (g.queued.as_ref(), self.peer_loads.get_mut(k)) {
+                snap.1.clone_from(q);
+                self.c.pushes += 1;
+            }
+        }
         let first_choice = rkey
             .key
             .and_then(|rk| self.router.ring().candidates(rk).next());
@@ -1062,7 +1079,10 @@ impl Policy for Gateways {
             .filter(|&q| q > 0.0 && q < PULL_PERIOD_MS)
             .map_or(0.0, |q| 1000.0 / q - 1000.0 / PULL_PERIOD_MS);
         let pulls_per_req = 2.0 * peers * (1000.0 / PULL_PERIOD_MS + queue_rounds) / 1000.0;
-        let total = 2.0 * bytes + pulls_per_req * PULL_BYTES;
+        // `push_tokens`: each push goes to N − 1 peers; every gateway also
+        // serves as many from its peers.
+        let pushes = 2.0 * peers * self.c.pushes as f64 / n;
+        let total = 2.0 * bytes + (pulls_per_req + pushes) * PULL_BYTES;
         let news = |i: usize| self.c.news[i] as f64 / n;
         vec![
             ("news_block_per_req".into(), news(0)),
@@ -1070,6 +1090,7 @@ impl Policy for Gateways {
             ("news_placement_per_req".into(), news(2)),
             ("news_reorder_per_req".into(), news(3)),
             ("published_per_req".into(), self.c.published as f64 / n),
+            ("pushes_per_req".into(), self.c.pushes as f64 / n),
             ("budget_refused_per_req".into(), self.c.refused as f64 / n),
             ("sync_share_total_at_1000".into(), total / body.max(1.0)),
             ("warm".into(), self.c.reasons[0] as f64 / n),
