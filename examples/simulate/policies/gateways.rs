@@ -1269,6 +1269,31 @@ mod tests {
     }
 
     #[test]
+    fn a_pushed_queue_is_seen_before_the_next_exchange() {
+        let (book, reqs) = sagemaker(0.01);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let seen = |push_tokens: u32| {
+            let knobs = Knobs {
+                share_load_ms: Some(100.0),
+                extrapolate: false,
+                push_tokens,
+                ..Knobs::default()
+            };
+            let mut g = gateways(&book, "peer/2/0", knobs);
+            g.shared_loads(1, 0.95);
+            let r = g.route_on(0, 0, &reqs[0], &view(0.96, &reps, &m));
+            let added = g.pending[0].queued_tokens;
+            (g.shared_loads(1, 0.99).1[r.replica], added, g.c.pushes)
+        };
+        let (pushed, added, n) = seen(1);
+        assert!(added > 0);
+        assert_eq!((pushed, n), (added, 1));
+        // Over the threshold: no push, seen only at the next exchange.
+        assert_eq!(seen(added + 1), (0, added, 0));
+    }
+
+    #[test]
     fn queue_only_pulls_are_counted_in_the_sync_total() {
         let (book, reqs) = sagemaker(0.01);
         let m = ModelParams::default();
