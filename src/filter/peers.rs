@@ -460,7 +460,9 @@ pub fn with_peer_queues(p: &Plugin, view: &View, own: &[u32], now_ms: u64) -> Op
         return None;
     };
     let period = u64::from(params.queue_period_ms()?);
-    let max_age = 3 * period;
+    // Fresh: ≤ 3 index pull periods (a peer of an older version, which
+    // answers `?queued` 400, still sends its table with every index pull).
+    let max_age = 3 * u64::from(params.pull_ms);
     let reread_ms = period / 4;
     let mut q = own.to_vec();
     let position = |id| view.position_of_id(id);
