@@ -520,10 +520,14 @@ pub enum Query {
     Since(u64),
     /// `slots=<u32>`: the non-empty slots of `[start, start + SNAPSHOT_SPAN)`.
     Slots(u32),
+    /// `queued`: only the serving gateway's queued-prefill table (a header
+    /// of [`crate::peers_queue`], empty body): the queue exchange between
+    /// index pulls (`peers.queue_ms`).
+    Queued,
 }
 
-/// Parse the query of a sync request: exactly `since=<u64>` or
-/// `slots=<u32>`; anything else is `None` (answered 400).
+/// Parse the query of a sync request: exactly `since=<u64>`,
+/// `slots=<u32>` or `queued`; anything else is `None` (answered 400).
 pub fn parse_query(query: &[u8]) -> Option<Query> {
     let digits = |v: &[u8], max: usize| -> Option<u64> {
         if v.is_empty() || v.len() > max || !v.iter().all(u8::is_ascii_digit) {
@@ -531,6 +535,9 @@ pub fn parse_query(query: &[u8]) -> Option<Query> {
         }
         std::str::from_utf8(v).ok()?.parse().ok()
     };
+    if query == b"queued" {
+        return Some(Query::Queued);
+    }
     if let Some(v) = query.strip_prefix(b"since=") {
         return digits(v, 20).map(Query::Since);
     }
@@ -853,8 +860,12 @@ mod tests {
         assert!(!ct_eq(b"", b"a"));
         assert_eq!(parse_query(b"since=42"), Some(Query::Since(42)));
         assert_eq!(parse_query(b"slots=4096"), Some(Query::Slots(4096)));
+        assert_eq!(parse_query(b"queued"), Some(Query::Queued));
         for bad in [
-            &b""[..],
+            &b"queued=1"[..],
+            b"queued&since=1",
+            b"Queued",
+            b"",
             b"since=",
             b"since=-1",
             b"since=1&x=2",

@@ -7,7 +7,7 @@
 //!           "pull_ms": 100, "timeout_ms": 250, "hosts_refresh_ms": 1000,
 //!           "max_batch": 2048, "log_capacity": 16384,
 //!           "min_publish_chars": 512, "refresh_publish_s": 120,
-//!           "sync_budget_bp": 0, "share_queued": true}
+//!           "sync_budget_bp": 0, "share_queued": true, "queue_ms": 25}
 //! ```
 //!
 //! `cluster` and `secret` are required; `admin_cluster` defaults to the
@@ -59,6 +59,8 @@ pub struct RawPeers {
     pub sync_budget_bp: Option<i64>,
     /// See [`PeersParams::share_queued`].
     pub share_queued: Option<bool>,
+    /// See [`PeersParams::queue_ms`].
+    pub queue_ms: Option<i64>,
 }
 
 /// Default path of the sync endpoint.
@@ -106,6 +108,14 @@ pub struct PeersParams {
     /// ([`crate::peers_queue`]): the Queue rule then sees the other
     /// gateways' queues too (default true).
     pub share_queued: bool,
+    /// With `share_queued`: period of a queue-only pull of every peer, ms
+    /// (`?queued`: an empty answer whose header carries the table), between
+    /// the index pulls; 0: the tables travel with the index pulls only
+    /// (every `pull_ms`). Default 25: the simulator's p90 at N = 2 / 4
+    /// needs a fresher picture than a pull period (`docs/multi-gateway.md`,
+    /// seventh session). Cost: one request and response head per peer and
+    /// period, each way.
+    pub queue_ms: u32,
     /// Seed of the index slot hash, derived from `secret`.
     pub index_secret: u64,
 }
@@ -126,6 +136,23 @@ impl std::fmt::Debug for PeersParams {
 }
 
 impl PeersParams {
+    /// Period of the queue exchange, ms: `queue_ms` when it is set and
+    /// shorter than `pull_ms`, else `pull_ms` (the tables ride on the
+    /// index pulls); `None` without `share_queued`.
+    pub fn queue_period_ms(&self) -> Option<u32> {
+        self.share_queued.then_some(match self.queue_ms {
+            0 => self.pull_ms,
+            q => q.min(self.pull_ms),
+        })
+    }
+
+    /// Tick period the pulls need, ms: the shorter of `pull_ms` and the
+    /// queue exchange's period.
+    pub fn tick_ms(&self) -> u32 {
+        self.queue_period_ms()
+            .map_or(self.pull_ms, |q| q.min(self.pull_ms))
+    }
+
     /// The batch layout id: slots and a fingerprint of the derived index key
     /// (see the module docs).
     pub fn layout(&self, slots: u32) -> u32 {
@@ -233,6 +260,10 @@ pub fn validate(
         120,
     )?;
     let sync_budget_bp = int_in_range("peers.sync_budget_bp", r.sync_budget_bp, (0u32, 10_000), 0)?;
+    let queue_ms = int_in_range("peers.queue_ms", r.queue_ms, (0u32, 60_000), 25)?;
+    if (1..10).contains(&queue_ms) {
+        return Err(err("peers.queue_ms", "must be 0 (off) or at least 10"));
+    }
     Ok(Some(PeersParams {
         index_secret: derive_index_secret(&secret),
         cluster,
@@ -248,6 +279,7 @@ pub fn validate(
         refresh_publish_s,
         sync_budget_bp,
         share_queued: r.share_queued.unwrap_or(true),
+        queue_ms,
     }))
 }
 
@@ -283,6 +315,28 @@ mod tests {
         );
         assert!(!format!("{p:?}").contains("0123456789abcdef"));
         assert!(p.share_queued);
+        assert_eq!(
+            (p.queue_ms, p.queue_period_ms(), p.tick_ms()),
+            (25, Some(25), 25)
+        );
+        for (extra, period, tick) in [
+            (r#""queue_ms":0"#, Some(100), 100),
+            (r#""queue_ms":500"#, Some(100), 100),
+            (r#""queue_ms":40,"share_queued":false"#, None, 100),
+            (r#""queue_ms":10,"pull_ms":20"#, Some(10), 10),
+        ] {
+            let q = parse(&format!(
+                r#"{{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdef",{extra}}}"#
+            ))
+            .unwrap()
+            .peers
+            .unwrap();
+            assert_eq!(
+                (q.queue_period_ms(), q.tick_ms()),
+                (period, tick),
+                "{extra}"
+            );
+        }
         let off = r#"{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdef","share_queued":false}"#;
         assert!(!parse(off).unwrap().peers.unwrap().share_queued);
         // Same secret → same layout; another secret → another layout.
@@ -345,6 +399,14 @@ mod tests {
             (
                 format!(r#"{{"cluster":"p","admin_cluster":"a","sync_budget_bp":10001,{s}}}"#),
                 "peers.sync_budget_bp",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","queue_ms":5,{s}}}"#),
+                "peers.queue_ms",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","queue_ms":-1,{s}}}"#),
+                "peers.queue_ms",
             ),
             (
                 format!(r#"{{"cluster":"p","admin_cluster":"a","bogus":1,{s}}}"#),

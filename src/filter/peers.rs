@@ -50,7 +50,12 @@
 //!   last table (and its own at the start of the round) in `peers/queues`,
 //!   and the routing path adds the fresh ones, extrapolated, to its own
 //!   counts ([`with_peer_queues`]: one shared-data get per worker at most
-//!   every `pull_ms / 4`, a VM-local copy between).
+//!   every queue period / 4, a VM-local copy between). Between index pulls,
+//!   every `queue_ms` (default 25), the lease holder also pulls each known
+//!   peer's table alone (`?queued`: an empty 200 whose header is the table;
+//!   [`Puller::queue_round`]), since a pull period is too stale a picture
+//!   for the p90 at N ≥ 2 (simulator, `docs/multi-gateway.md`, seventh
+//!   session).
 //!
 //! Stats (`prefix_router.peers.*`): counters `pull_ok`, `pull_fail`
 //! (= `pull_refused` + `pull_timeout`), `pull_refused`, `pull_timeout`,
@@ -58,7 +63,8 @@
 //! (records whose new blocks the sync budget kept local), `writes_applied`, `writes_lost`, `writes_published`,
 //! `served`, `served_bytes`, `pulled_bytes`, `unauthorized`, `bad_request`,
 //! `snapshot_bytes` (served), `snapshot_applied`, `queues_received` (pulls
-//! that carried a non-empty queue table); gauge `hosts`.
+//! that carried a non-empty queue table), `queue_pulls` (queue-only pulls
+//! answered); gauge `hosts`.
 
 use super::host::{self, MetricKind, BUFFER_HTTP_CALL_RESPONSE_BODY};
 use super::root::Plugin;
@@ -143,7 +149,7 @@ pub struct Shared {
     pub epoch: u32,
     layout: u32,
     slots: u32,
-    ids: [Option<u32>; 19],
+    ids: [Option<u32>; 20],
     /// This VM's sync budget ([`crate::peers_budget`]).
     budget: Cell<Budget>,
     /// Peers (hosts of the peers cluster but this one) and when read, ms.
@@ -173,7 +179,8 @@ const S_PULL_REFUSED: usize = 15;
 const S_PULL_BACKOFF: usize = 16;
 const S_BUDGET_REFUSED: usize = 17;
 const S_QUEUES: usize = 18;
-const NAMES: [&str; 19] = [
+const S_QUEUE_PULLS: usize = 19;
+const NAMES: [&str; 20] = [
     "pull_ok",
     "pull_fail",
     "bad_batch",
@@ -193,6 +200,7 @@ const NAMES: [&str; 19] = [
     "pull_backoff",
     "budget_refused",
     "queues_received",
+    "queue_pulls",
 ];
 
 impl Shared {
@@ -368,11 +376,16 @@ pub fn intercept(p: &Plugin, headers: &[u8]) -> bool {
         )
         .map(|r| (r, S_SERVED_BYTES)),
         Some(Query::Slots(start)) => Ok((snapshot(p, start, s.slots), S_SNAPSHOT_BYTES)),
+        Some(Query::Queued) => {
+            // The queue exchange between index pulls: the table only.
+            answer(p, params.share_queued, b"");
+            return true;
+        }
         None => {
             deny(
                 400,
                 S_BAD_REQUEST,
-                "expected GET ?since=<sequence> or ?slots=<start>\n",
+                "expected GET ?since=<sequence>, ?slots=<start> or ?queued\n",
             );
             return true;
         }
@@ -382,18 +395,7 @@ pub fn intercept(p: &Plugin, headers: &[u8]) -> bool {
             let body = encode(from, items.iter(), s.layout, s.epoch, s.slots);
             s.add(S_SERVED, 1);
             s.add(stat, body.len() as u64);
-            let table = if params.share_queued && stat == S_SERVED_BYTES {
-                peers_queue::encode(own_queues(p))
-            } else {
-                String::new()
-            };
-            let mut headers = vec![("content-type", "application/octet-stream")];
-            if !table.is_empty() {
-                headers.push((peers_queue::HEADER, table.as_str()));
-            }
-            if let Err(e) = send_local(200, &headers, &body) {
-                log::warn!("peers: cannot answer a pull: {e}");
-            }
+            answer(p, params.share_queued && stat == S_SERVED_BYTES, &body);
         }
         Err(_) => {
             p.stats.failure(super::stats::HostFailure::SharedData);
@@ -401,6 +403,23 @@ pub fn intercept(p: &Plugin, headers: &[u8]) -> bool {
         }
     }
     true
+}
+
+/// Answer a sync request 200 with `body`, and with `queues` this gateway's
+/// queue table in [`peers_queue::HEADER`] (left out when empty).
+fn answer(p: &Plugin, queues: bool, body: &[u8]) {
+    let table = if queues {
+        peers_queue::encode(own_queues(p))
+    } else {
+        String::new()
+    };
+    let mut headers = vec![("content-type", "application/octet-stream")];
+    if !table.is_empty() {
+        headers.push((peers_queue::HEADER, table.as_str()));
+    }
+    if let Err(e) = send_local(200, &headers, body) {
+        log::warn!("peers: cannot answer a sync request: {e}");
+    }
 }
 
 /// This gateway's queued-prefill tokens by holder id (the
@@ -440,11 +459,11 @@ pub fn with_peer_queues(p: &Plugin, view: &View, own: &[u32], now_ms: u64) -> Op
     let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
         return None;
     };
-    if !params.share_queued {
-        return None;
-    }
+    let period = u64::from(params.queue_period_ms()?);
+    // Fresh: ≤ 3 index pull periods (a peer of an older version, which
+    // answers `?queued` 400, still sends its table with every index pull).
     let max_age = 3 * u64::from(params.pull_ms);
-    let reread_ms = u64::from(params.pull_ms / 4);
+    let reread_ms = period / 4;
     let mut q = own.to_vec();
     let position = |id| view.position_of_id(id);
     let fresh = match s.exchange.try_borrow_mut() {
@@ -545,6 +564,8 @@ enum Call {
     Pull(String),
     /// A snapshot chunk starting at this slot.
     Snapshot(u32),
+    /// A queue-only pull of this peer (`?queued`).
+    Queue(String),
 }
 
 /// Pull state of one VM (the lease holder pulls).
@@ -554,6 +575,8 @@ pub struct Puller {
     hosts: RefCell<Vec<String>>,
     hosts_at: Cell<u64>,
     last_tick: Cell<u64>,
+    /// Start of the last queue round (index pulls carry the tables too).
+    last_queue: Cell<u64>,
     calls: RefCell<HashMap<u32, (Call, u64)>>,
     /// Failing peers (down, slow or answering garbage).
     backoff: RefCell<Backoff>,
@@ -577,9 +600,11 @@ impl Puller {
         let now = host::now_nanos() / 1_000_000;
         let period = u64::from(params.pull_ms);
         if now.saturating_sub(self.last_tick.get()) < period {
+            self.queue_round(p, params, s, now);
             return;
         }
         self.last_tick.set(now);
+        self.last_queue.set(now);
         let mut lease_keys = p.keys.clone();
         lease_keys.lease.clone_from(&s.keys.lease);
         if !matches!(
@@ -667,6 +692,75 @@ impl Puller {
         }
     }
 
+    /// Between index pulls, every `queue_ms` (`peers.queue_ms`, shorter
+    /// than `pull_ms`): if this VM holds the lease, take the own table as
+    /// the extrapolation's base and pull every known peer's queue table
+    /// (`?queued`; peers whose epoch is known and not ours, not backing
+    /// off, without an outstanding queue pull). A failed queue pull costs
+    /// nothing but its staleness (the index pull counts and backs off).
+    fn queue_round(&self, p: &Plugin, params: &PeersParams, s: &Shared, now: u64) {
+        let Some(q) = params.queue_period_ms().filter(|&q| q < params.pull_ms) else {
+            return;
+        };
+        if now.saturating_sub(self.last_queue.get()) < u64::from(q) {
+            return;
+        }
+        self.last_queue.set(now);
+        let mut lease_keys = p.keys.clone();
+        lease_keys.lease.clone_from(&s.keys.lease);
+        let lease_ms = 3 * u64::from(params.pull_ms);
+        if !matches!(
+            try_lease(&host::HostShared, &lease_keys, self.owner, now, lease_ms),
+            Ok(true)
+        ) {
+            return;
+        }
+        let mut ex = read_exchange(s);
+        ex.own_at_round = own_queues(p);
+        write_exchange(p, s, &ex);
+        let (Ok(mut calls), Ok(hosts), Ok(backoff)) = (
+            self.calls.try_borrow_mut(),
+            self.hosts.try_borrow(),
+            self.backoff.try_borrow(),
+        ) else {
+            return;
+        };
+        let target = p.config().target_header.as_str();
+        let timeout = u64::from(params.timeout_ms.min(params.pull_ms));
+        let path = format!("{}?queued", params.path);
+        for addr in hosts.iter() {
+            let cursor = peers_log::cursor(&host::HostShared, &s.keys, addr);
+            let peer = cursor.epoch.is_some_and(|e| e != s.epoch);
+            let busy = calls
+                .values()
+                .any(|(c, _)| matches!(c, Call::Queue(a) if a == addr));
+            if !peer || busy || backoff.failing(addr) {
+                continue;
+            }
+            if let Some(token) = dispatch(params, target, addr, &path, timeout) {
+                calls.insert(token, (Call::Queue(addr.clone()), now));
+            }
+        }
+    }
+
+    /// Keep `addr`'s queue table from the last call's response header
+    /// ([`peers_queue::decode`]; a missing header is an empty table,
+    /// garbage is ignored).
+    fn store_queues(&self, p: &Plugin, s: &Shared, addr: &str) {
+        let table = match host::http_call_response_header(peers_queue::HEADER) {
+            Ok(Some(v)) => peers_queue::decode(&v),
+            _ => Some(Vec::new()),
+        };
+        if let Some(t) = table {
+            if !t.is_empty() {
+                s.add(S_QUEUES, 1);
+            }
+            let mut ex = read_exchange(s);
+            ex.set_peer(addr_hash(addr), host::now_nanos() / 1_000_000, t);
+            write_exchange(p, s, &ex);
+        }
+    }
+
     /// A `dispatch_http_call` response; true if it was this puller's.
     pub fn response(&self, p: &Plugin, token: u32, body_size: usize) -> bool {
         let Some((call, sent)) = self
@@ -713,6 +807,12 @@ impl Puller {
             },
             Call::Pull(addr) => self.apply(p, params, s, &addr, &body),
             Call::Snapshot(start) => snapshot_apply(p, s, start, &body),
+            Call::Queue(addr) => {
+                s.add(S_QUEUE_PULLS, 1);
+                if params.share_queued {
+                    self.store_queues(p, s, &addr);
+                }
+            }
         }
         true
     }
@@ -769,19 +869,7 @@ impl Puller {
         }
         s.add(S_PULL_OK, 1);
         if params.share_queued {
-            let header = host::http_call_response_header(peers_queue::HEADER);
-            let table = match header {
-                Ok(Some(v)) => peers_queue::decode(&v),
-                _ => Some(Vec::new()),
-            };
-            if let Some(t) = table {
-                if !t.is_empty() {
-                    s.add(S_QUEUES, 1);
-                }
-                let mut ex = read_exchange(s);
-                ex.set_peer(addr_hash(addr), host::now_nanos() / 1_000_000, t);
-                write_exchange(p, s, &ex);
-            }
+            self.store_queues(p, s, addr);
         }
         let lost = cursor.advance(&batch);
         s.add(S_LOST, lost);

@@ -181,7 +181,7 @@ impl RootContext for RouterRoot {
                 .as_ref()
                 .map_or(d.refresh_ms, |e| e.refresh_ms.min(d.refresh_ms))
         });
-        let pull_tick = config.peers.as_ref().map(|pc| pc.pull_ms);
+        let pull_tick = config.peers.as_ref().map(|pc| pc.tick_ms());
         let flush_ms = u32::try_from(super::batch::FLUSH_MS).unwrap_or(u32::MAX);
         let publish_ms = u32::try_from(Releases::PUBLISH_MS).unwrap_or(u32::MAX);
         let tick = [poll_tick, pull_tick, Some(publish_ms)]

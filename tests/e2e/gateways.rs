@@ -637,11 +637,14 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
             .get("cluster.prefix_router_peers.upstream_rq_total")
             .max(1);
         let per_pull = (tx + rx).saturating_sub(received_entries) as f64 / wire_pulls as f64;
-        // Pulls served per second, at the default 100 ms period (the test pulls every 50).
-        let pulls_per_s = pulls as f64 / elapsed.max(1.0) * (PULL_MS as f64 / 100.0);
+        // Pulls served per second at the defaults: per peer one index pull
+        // every 100 ms and a queue-only pull every 25 ms between them
+        // (`queue_ms`), 40 a second, each costing a head each way (an upper
+        // bound: a queue pull has no batch); the test pulls every 50 ms.
+        let pulls_per_s = pulls as f64 / elapsed.max(1.0) * (PULL_MS as f64 / 25.0);
         let fixed_at_1000 = 100.0 * pulls_per_s * per_pull / (1000.0 * own_bytes / routed);
         eprintln!(
-            "gateways: gw{i}: routed {routed} ({own_bytes} request bytes), published {published} writes ({:.2}/request); served {pulls} pulls, {served} B, {entries} B of entries; pulls on the wire ({}): {wire_pulls}, sent {tx} B, received {rx} B, {per_pull:.0} B per pull besides entries; share of its request bytes: entries sent {sent:.2} % + received {received:.2} %, pulls at 1000 req/s (100 ms) {fixed_at_1000:.2} % each way; snapshot served {} B; pull_ok {} pull_fail {} bad_batch {} lost {}; queue tables received {}",
+            "gateways: gw{i}: routed {routed} ({own_bytes} request bytes), published {published} writes ({:.2}/request); served {pulls} pulls, {served} B, {entries} B of entries; pulls on the wire ({}): {wire_pulls}, sent {tx} B, received {rx} B, {per_pull:.0} B per pull besides entries; share of its request bytes: entries sent {sent:.2} % + received {received:.2} %, pulls at 1000 req/s (100 ms, queue pulls every 25) {fixed_at_1000:.2} % each way; snapshot served {} B; pull_ok {} pull_fail {} bad_batch {} lost {}; queue tables received {}, queue-only pulls {}",
             published / routed,
             if peers_h2() { "HTTP/2" } else { "HTTP/1.1" },
             s.get("prefix_router.peers.snapshot_bytes"),
@@ -650,12 +653,19 @@ fn three_gateways_agree_survive_a_kill_and_a_cold_start() {
             s.get("prefix_router.peers.bad_batch"),
             s.get("prefix_router.peers.writes_lost"),
             s.get("prefix_router.peers.queues_received"),
+            s.get("prefix_router.peers.queue_pulls"),
         );
         // The peers' queued-prefill tables travel with the pulls (a table
         // is sent only while the serving gateway has tokens queued).
         assert!(
             s.get("prefix_router.peers.queues_received") > 0,
             "gw{i} received no queue table"
+        );
+        // Between index pulls the tables come by queue-only pulls
+        // (`queue_ms`, default 25 ms < the test's 50 ms pull period).
+        assert!(
+            s.get("prefix_router.peers.queue_pulls") > 0,
+            "gw{i} made no queue-only pull"
         );
         assert!(
             sent + fixed_at_1000 < 1.0,
@@ -827,8 +837,19 @@ fn hostile_peers_cost_only_staleness() {
         raw(port, "GET", &format!("{PEERS_PATH}?slots=x"), &auth).0,
         400
     );
+    // The queue-only pull: the secret is required; the answer has no body.
+    assert_eq!(
+        raw(port, "GET", &format!("{PEERS_PATH}?queued"), &wrong).0,
+        403
+    );
+    let (status, body) = raw(port, "GET", &format!("{PEERS_PATH}?queued"), &auth);
+    assert_eq!((status, body.len()), (200, 0));
+    assert_eq!(
+        raw(port, "GET", &format!("{PEERS_PATH}?queued=1"), &auth).0,
+        400
+    );
     let a = gws[0].stats();
-    assert!(stat(&a, "bad_request") >= 2 && stat(&a, "unauthorized") >= 1);
+    assert!(stat(&a, "bad_request") >= 3 && stat(&a, "unauthorized") >= 2);
     for r in &fleet.replicas {
         assert!(r
             .requests()

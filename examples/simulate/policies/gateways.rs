@@ -112,6 +112,16 @@ pub struct Knobs {
     pub publish_reused: bool,
     /// See `publish_reused`.
     pub held_s: f64,
+    /// Ring candidates compared by placement at N ≥ 2 (`choices`; 0: the
+    /// `ours` value): power of d choices against the herd of a stale
+    /// queue picture.
+    pub choices: usize,
+    /// Push (`push_tokens`; 0 off; not in the filter): a gateway that
+    /// routes a request with at least this many uncached tokens sends its
+    /// queue table to every peer at once (they see it live; its
+    /// extrapolation base moves with it). Each push costs a request and a
+    /// response head (`PULL_BYTES`) per peer, counted in the sync total.
+    pub push_tokens: u32,
 }
 
 impl Default for Knobs {
@@ -136,6 +146,8 @@ impl Default for Knobs {
             share_part: 2,
             publish_reused: false,
             held_s: 0.0,
+            choices: 0,
+            push_tokens: 0,
         }
     }
 }
@@ -172,6 +184,8 @@ impl Knobs {
             "share_part" => self.share_part = u().filter(|&x| x <= 2).ok_or_else(bad)? as u8,
             "publish_reused" => self.publish_reused = v == "1" || v == "true",
             "held_s" => self.held_s = f().ok_or_else(bad)?,
+            "choices" => self.choices = u().ok_or_else(bad)?,
+            "push_tokens" => self.push_tokens = u().ok_or_else(bad)? as u32,
             "share_load_ms" => {
                 self.share_load_ms = if v == "off" {
                     None
@@ -200,7 +214,7 @@ fn shipped_peers() -> (usize, u32, u32, Option<f64>) {
             p.min_publish_chars as usize,
             p.refresh_publish_s,
             p.sync_budget_bp,
-            p.share_queued.then_some(f64::from(p.pull_ms)),
+            p.queue_period_ms().map(f64::from),
         )
     })
 }
@@ -413,6 +427,8 @@ struct Pending {
 /// Counters for the report.
 #[derive(Debug, Clone, Copy, Default)]
 struct Counts {
+    /// `push_tokens`: queue tables pushed.
+    pushes: u64,
     routed: u64,
     reasons: [u64; 4],
     records: u64,
@@ -490,6 +506,9 @@ impl Gateways {
         if spec.mode.anchor {
             cfg.anchor_cold = false;
             cfg.cold_choices = knobs.det_choices;
+        }
+        if spec.n > 1 && knobs.choices > 0 {
+            cfg.cold_choices = knobs.choices;
         }
         let gws = (0..spec.n.max(1))
             .map(|_| Gateway {
@@ -602,6 +621,7 @@ impl Gateways {
             }
         }
         let g = &self.gws[k];
+
         let own = (g.in_flight.clone(), g.queued.clone().unwrap_or_default());
         let mut sum = (vec![0i64; own.0.len()], vec![0i64; own.1.len()]);
         let others = self.peer_loads.len().saturating_sub(1) as i64;
@@ -776,6 +796,13 @@ impl Gateways {
         let queued_tokens = c.expected_uncached_tokens().round() as u32;
         if let Some(x) = g.queued.as_mut().and_then(|q| q.get_mut(c.primary)) {
             *x = x.saturating_add(queued_tokens);
+        }
+        let push = self.knobs.push_tokens;
+        if push > 0 && queued_tokens >= push && n_peers > 0 {
+            if let (Some(q), Some(snap)) = (g.queued.as_ref(), self.peer_loads.get_mut(k)) {
+                snap.1.clone_from(q);
+                self.c.pushes += 1;
+            }
         }
         let first_choice = rkey
             .key
@@ -1043,8 +1070,19 @@ impl Policy for Gateways {
         let peers = self.gws.len().saturating_sub(1) as f64;
         let bytes = self.c.wire_bytes as f64 / n * peers;
         let body = self.c.body_chars as f64 / n;
-        let pulls_per_req = 2.0 * peers * (1000.0 / PULL_PERIOD_MS) / 1000.0;
-        let total = 2.0 * bytes + pulls_per_req * PULL_BYTES;
+        // Queue-only pulls between the index pulls (`peers.queue_ms`, the
+        // `share_load_ms` knob when shorter than a pull period) cost a
+        // request and a response head each too (no batch: an upper bound).
+        let queue_rounds = self
+            .knobs
+            .share_load_ms
+            .filter(|&q| q > 0.0 && q < PULL_PERIOD_MS)
+            .map_or(0.0, |q| 1000.0 / q - 1000.0 / PULL_PERIOD_MS);
+        let pulls_per_req = 2.0 * peers * (1000.0 / PULL_PERIOD_MS + queue_rounds) / 1000.0;
+        // `push_tokens`: each push goes to N − 1 peers; every gateway also
+        // serves as many from its peers.
+        let pushes = 2.0 * peers * self.c.pushes as f64 / n;
+        let total = 2.0 * bytes + (pulls_per_req + pushes) * PULL_BYTES;
         let news = |i: usize| self.c.news[i] as f64 / n;
         vec![
             ("news_block_per_req".into(), news(0)),
@@ -1052,6 +1090,7 @@ impl Policy for Gateways {
             ("news_placement_per_req".into(), news(2)),
             ("news_reorder_per_req".into(), news(3)),
             ("published_per_req".into(), self.c.published as f64 / n),
+            ("pushes_per_req".into(), self.c.pushes as f64 / n),
             ("budget_refused_per_req".into(), self.c.refused as f64 / n),
             ("sync_share_total_at_1000".into(), total / body.max(1.0)),
             ("warm".into(), self.c.reasons[0] as f64 / n),
@@ -1109,8 +1148,9 @@ mod tests {
         // (A refused configuration would silently give the fallbacks.)
         let (min_publish, refresh, budget, share) = shipped_peers();
         assert_eq!((min_publish, refresh, budget), (512, 120, 0));
-        assert_eq!(share, Some(100.0));
-        assert_eq!(Knobs::default().share_load_ms, Some(100.0));
+        assert_eq!(share, Some(25.0));
+        // The queue exchange's period: `peers.queue_ms` (25 ms).
+        assert_eq!(Knobs::default().share_load_ms, Some(25.0));
     }
 
     #[test]
@@ -1226,6 +1266,65 @@ mod tests {
         let r = x.route_on(0, 0, &reqs[0], &view(0.96, &reps, &m));
         let added = x.pending[0].queued_tokens;
         assert_eq!(x.shared_loads(0, 0.97).1[r.replica], 2 * added);
+    }
+
+    #[test]
+    fn a_pushed_queue_is_seen_before_the_next_exchange() {
+        let (book, reqs) = sagemaker(0.01);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let seen = |push_tokens: u32| {
+            let knobs = Knobs {
+                share_load_ms: Some(100.0),
+                extrapolate: false,
+                push_tokens,
+                ..Knobs::default()
+            };
+            let mut g = gateways(&book, "peer/2/0", knobs);
+            g.shared_loads(1, 0.95);
+            let r = g.route_on(0, 0, &reqs[0], &view(0.96, &reps, &m));
+            let added = g.pending[0].queued_tokens;
+            (g.shared_loads(1, 0.99).1[r.replica], added, g.c.pushes)
+        };
+        let (pushed, added, n) = seen(1);
+        assert!(added > 0);
+        assert_eq!((pushed, n), (added, 1));
+        // Over the threshold: no push, seen only at the next exchange.
+        assert_eq!(seen(added + 1), (0, added, 0));
+    }
+
+    #[test]
+    fn queue_only_pulls_are_counted_in_the_sync_total() {
+        let (book, reqs) = sagemaker(0.01);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let total = |ms: Option<f64>| {
+            let knobs = Knobs {
+                share_load_ms: ms,
+                ..Knobs::default()
+            };
+            let mut g = gateways(&book, "peer/4/0", knobs);
+            for (i, r) in reqs.iter().take(20).enumerate() {
+                g.route_on(i % 4, i as u32, r, &view(1.0 + i as f64, &reps, &m));
+            }
+            let body = g.c.body_chars as f64 / g.c.routed as f64;
+            let x = g.extra();
+            let t = x
+                .iter()
+                .find(|e| e.0 == "sync_share_total_at_1000")
+                .unwrap()
+                .1;
+            (t, body)
+        };
+        // Same decisions (no record before a first token): only the pulls
+        // differ. 25 ms: 30 queue-only pulls a second besides the 10 index
+        // pulls, to and from each of 3 peers, a head each.
+        let (t100, body) = total(Some(100.0));
+        let (t25, _) = total(Some(25.0));
+        let (off, _) = total(None);
+        assert_eq!(t100, off);
+        let extra = 2.0 * 3.0 * 30.0 / 1000.0 * PULL_BYTES / body;
+        assert!((t25 - t100 - extra).abs() < 1e-12, "{t25} {t100} {extra}");
     }
 
     fn view<'a>(now: f64, reps: &'a [crate::replica::Replica], m: &'a ModelParams) -> View<'a> {
