@@ -428,7 +428,7 @@ pub fn choose(
     let (share_limit, share_hard) = share.map_or((f64::INFINITY, f64::INFINITY), |s| {
         s.limits(cfg.share_factor, n, |i| all || loads.is_available(i))
     });
-    let v = View {
+    let mut v = View {
         loads,
         pressure: req.pressure,
         share,
@@ -443,6 +443,16 @@ pub fn choose(
             (all || loads.is_available(i)).then(|| loads.of(i))
         }),
     };
+    // The share floor (`crate::share`, "Floor"): while a replica that has
+    // room is under it, the hard bound is the soft one.
+    let floor = share.is_some_and(|s| {
+        s.floor_open(cfg.share_factor, req.pressure, n, |i| {
+            (v.available(i), v.acceptable(i))
+        })
+    });
+    if floor {
+        v.share_hard = v.share_limit;
+    }
     let cpt = cfg.chars_per_token.max(0.1);
     let prompt_tokens = (prompt_chars.max(key.units) as f64 / cpt).max(1.0);
     let secondary_of = |k: u64, p: usize| ring.candidates(k).find(|&c| c != p && v.available(c));
