@@ -958,14 +958,13 @@ mod tests {
         let mut counts = [50u8; 7];
         counts[3] = 51;
         counts[6] = 40;
-        let sh = Share::from_counts(&counts);
         let holder = known(64, &[3], 0);
         let cfg = AffinityConfig {
             share_factor: 1.0,
             ..AffinityConfig::default()
         };
-        let pick_p = |pressure: &[u8], loads: &[u32]| {
-            let p = Pressure::from_counts(pressure);
+        let pick_p = |counts: &[u8], pressure: &[u8], loads: &[u32]| {
+            let (sh, p) = (Share::from_counts(counts), Pressure::from_counts(pressure));
             let req = Request {
                 share: Some(&sh),
                 pressure: Some(&p),
@@ -977,7 +976,7 @@ mod tests {
         // Settled (21 new prefixes for 341 requests) and replica 6 has as
         // few prefixes as any: the floor is open, the hard bound is the
         // soft one, and the split goes to replica 6.
-        assert_eq!(pick_p(&[3; 7], &idle), (6, Reason::Spill));
+        assert_eq!(pick_p(&counts, &[3; 7], &idle), (6, Reason::Spill));
         // Without the floor (no pressure counters: it stays closed) the
         // holder keeps its prefix, as before.
         let c = pick_shared(&k, Some(&holder), &idle, &counts);
@@ -986,25 +985,16 @@ mod tests {
         // room): closed, warm.
         let mut p = [3u8; 7];
         p[6] = 4;
-        assert_eq!(pick_p(&p, &idle), (3, Reason::Warm));
+        assert_eq!(pick_p(&counts, &p, &idle), (3, Reason::Warm));
         // Not settled (35 new prefixes ≥ 0.1 × 341): closed, warm.
-        assert_eq!(pick_p(&[5; 7], &idle), (3, Reason::Warm));
+        assert_eq!(pick_p(&counts, &[5; 7], &idle), (3, Reason::Warm));
         // Replica 6 over the load bound: not acceptable, closed, warm.
         let mut loads = [0u32; 7];
         loads[6] = 6;
-        assert_eq!(pick_p(&[3; 7], &loads), (3, Reason::Warm));
+        assert_eq!(pick_p(&counts, &[3; 7], &loads), (3, Reason::Warm));
         // A holder under the soft bound is never moved by the floor.
-        let mut counts = counts;
         counts[3] = 49;
-        let sh2 = Share::from_counts(&counts);
-        let p = Pressure::from_counts(&[3; 7]);
-        let req = Request {
-            share: Some(&sh2),
-            pressure: Some(&p),
-            ..request(&k, Some(&holder), Loads::new(&idle))
-        };
-        let c = choose(&ring(7), &req, &cost(), &cfg);
-        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        assert_eq!(pick_p(&counts, &[3; 7], &idle), (3, Reason::Warm));
     }
 
     #[test]
