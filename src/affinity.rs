@@ -73,6 +73,21 @@
 //! holders and cut the hit rate from 65.7 to 54 % on the same trace (each
 //! spill re-prefills elsewhere, which lengthens the queues it fled).
 //!
+//! **Spill price** (`queue_wait_cap`, on; with a queue picture): the extra
+//! wait of step 3 is `wait_ms(in_flight[h] − in_flight[a])` at the learned
+//! price, but the part of the learned price above the configured one
+//! (`cost.wait_ms_per_request`) counts only as far as the queued prefill
+//! difference backs it: `min(learned, max(configured, prefill_ms(queued[h]
+//! − queued[a])))` ([`spill_extra`]). In a burst the learner follows the
+//! queue (48–209 ms per request against 10 configured) while the in-flight
+//! gap between two replicas says nothing about their queues: on the
+//! `bursty` traces every spill so priced was in the p90 tail, re-prefilling
+//! 1k–8k tokens on a replica whose queue was as long as the holder's
+//! (`docs/benchmarks.md`, "Seventh session"). The cap never raises a price:
+//! a learned price below the configured one is used as is (raising it
+//! towards the queue spilled more and cost 0.3–1.1 points of hit on the
+//! same traces at 16 and 32 replicas).
+//!
 //! **Light load** (`light_slack`, 8 requests): a holder is over the load
 //! bound of step 3 only when it is also more than `light_slack × min(1, 2 ×
 //! coverage)` requests above the mean. At a light load the relative bound
@@ -147,6 +162,10 @@ pub struct AffinityConfig {
     /// bound only when it is also more than this many requests above the
     /// mean (module docs, "Light load"). 0: the relative bound alone.
     pub light_slack: f64,
+    /// The learned wait price of the spill rule counts above the configured
+    /// one only as far as the queued prefill difference backs it (module
+    /// docs, "Spill price"; [`spill_extra`]).
+    pub queue_wait_cap: bool,
 }
 
 impl Default for AffinityConfig {
@@ -167,6 +186,7 @@ impl Default for AffinityConfig {
             share_light_load: crate::share::LIGHT_LOAD,
             share_settled: crate::share::SETTLED,
             light_slack: DEFAULT_LIGHT_SLACK,
+            queue_wait_cap: true,
         }
     }
 }
@@ -358,6 +378,24 @@ fn saturated_threshold(threshold: u32, n: usize, load_of: impl Fn(usize) -> Opti
     } else {
         u32::MAX
     }
+}
+
+/// The extra wait the spill rule charges for keeping holder `h` instead
+/// of moving to `a` (module docs, "Spill price"): `wait_ms(in_flight[h] −
+/// in_flight[a])` at the learned price, but what the learned price adds
+/// above the configured one only as far as the queued prefill difference
+/// `prefill_ms(queued[h] − queued[a])` backs it. Without a queue picture,
+/// or with `queue_wait_cap` off, the learned price alone. Cost: O(1).
+fn spill_extra(cost: &CostModel, v: &View<'_>, h: usize, a: usize, cfg: &AffinityConfig) -> f64 {
+    let more = f64::from(v.load(h).saturating_sub(v.load(a)));
+    let learned = cost.wait_ms(more);
+    let Some(q) = v.queued.filter(|_| cfg.queue_wait_cap) else {
+        return learned;
+    };
+    let tokens = |i: usize| f64::from(q.get(i).copied().unwrap_or(0));
+    let queue = cost.prefill_ms((tokens(h) - tokens(a)).max(0.0));
+    let prior = cost.config().wait_ms_per_request * more;
+    learned.min(prior.max(queue))
 }
 
 /// What is known about one request at decision time.
@@ -553,7 +591,7 @@ pub fn choose(
             },
             (Some(h), None) => (h, Reason::Warm),
             (Some(h), Some(a)) => {
-                let mut extra = cost.wait_ms(f64::from(v.load(h).saturating_sub(v.load(a))));
+                let mut extra = spill_extra(cost, &v, h, a, cfg);
                 if !in_bound(h) {
                     // Kept over the relative bound by the light-load slack
                     // only: its queued prefill counts too.
@@ -872,6 +910,65 @@ mod tests {
         let c = pick(&k, Some(&kn), &loads);
         assert_eq!(c.reason, Reason::Spill);
         assert_ne!(c.primary, 3);
+    }
+
+    #[test]
+    fn a_learned_wait_above_the_prior_needs_the_queue_to_spill() {
+        // A model that learned 100 ms per in-flight request (configured 10):
+        // TTFT = 20 + 30 ms per 1000 tokens + 100 ms per request.
+        let mut learned = CostModel::new(CostConfig {
+            learn: true,
+            forget: 0.999,
+            ..cost().config()
+        });
+        for i in 0..4000u32 {
+            let (u, l) = (f64::from(i * 7919 % 9000), f64::from(i * 31 % 40));
+            learned.observe(u, l, 20.0 + 0.03 * u + 100.0 * l);
+        }
+        assert!(
+            (learned.wait_ms(1.0) - 100.0).abs() < 5.0,
+            "{}",
+            learned.wait_ms(1.0)
+        );
+        // 8192 tokens known (penalty 245 ms); the holder 10 requests above
+        // the others (within the load bound): 1 000 ms at the learned
+        // price, 100 at the configured one.
+        let k = key(7, 128);
+        let kn = known(128, &[3], 0);
+        let mut loads = [40u32; 7];
+        loads[3] = 50;
+        let mut queued = [50_000u32; 7];
+        let decide = |queued: Option<&[u32]>, cfg: &AffinityConfig| {
+            let req = Request {
+                queued_prefill: queued,
+                ..request(&k, Some(&kn), Loads::new(&loads))
+            };
+            choose(&ring(7), &req, &learned, cfg)
+        };
+        let on = AffinityConfig::default();
+        let off = AffinityConfig {
+            queue_wait_cap: false,
+            ..on
+        };
+        // Equal queues: the in-flight gap is not backed by queued prefill,
+        // the configured price (100 ms) is charged: kept.
+        let c = decide(Some(&queued), &on);
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        // The learned price alone (cap off, or no queue picture): spilled.
+        assert_eq!(decide(Some(&queued), &off).reason, Reason::Spill);
+        assert_eq!(decide(None, &on).reason, Reason::Spill);
+        // 20 000 more tokens queued on the holder (600 ms) back it: spilled.
+        queued[3] = 70_000;
+        let c = decide(Some(&queued), &on);
+        assert_eq!(c.reason, Reason::Spill);
+        assert_ne!(c.primary, 3);
+        // The cap never raises the price: the configured model (10 ms per
+        // request, 100 ms here) keeps the holder whatever the queue.
+        let req = Request {
+            queued_prefill: Some(&queued),
+            ..request(&k, Some(&kn), Loads::new(&loads))
+        };
+        assert_eq!(choose(&ring(7), &req, &cost(), &on).reason, Reason::Warm);
     }
 
     #[test]

@@ -166,6 +166,11 @@ impl CostModel {
         clamp(self.theta[2], WAIT_RANGE) * requests
     }
 
+    /// The configured (initial) prices and learning switch.
+    pub fn config(&self) -> CostConfig {
+        self.cfg
+    }
+
     /// Observations so far.
     pub fn observations(&self) -> u64 {
         self.observations

@@ -154,6 +154,7 @@ impl OursParams {
             "share_light_load" => self.affinity.share_light_load = f()?,
             "share_settled" => self.affinity.share_settled = f()?,
             "light_slack" => self.affinity.light_slack = f()?,
+            "queue_wait_cap" => self.affinity.queue_wait_cap = v == "1" || v == "true",
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
@@ -194,6 +195,8 @@ pub struct Ours {
     /// (replica, tokens) until its first token.
     queued: Option<Vec<u32>>,
     queued_of: Vec<(u32, u32)>,
+    /// `SIM_DECIDE` set: one line per decision on stderr ([`Ours::log_decision`]).
+    decide_log: bool,
 }
 
 impl Ours {
@@ -232,6 +235,7 @@ impl Ours {
             loads: Vec::new(),
             queued: p.queued_prefill.then(Vec::new),
             queued_of: Vec::new(),
+            decide_log: std::env::var_os("SIM_DECIDE").is_some(),
         })
     }
 }
@@ -263,6 +267,41 @@ impl Ours {
             self.loads
                 .push(rule.map_or(own, |r| host_load(r, own, &sample, then)));
         }
+    }
+}
+
+impl Ours {
+    /// `SIM_DECIDE=1`: one CSV line per decision on stderr, `DEC,idx,reason,
+    /// primary,in-flight of the primary,its queued prefill tokens,least
+    /// loaded holder (−1: none),its in-flight,its queued tokens,fleet's least
+    /// in-flight,mean in-flight,wait price ms/request,prefill price ms/1000
+    /// tokens,expected cached tokens,fleet's least queued tokens`, read with
+    /// the `SIM_DUMP` CSV by `spill_diag.py` (what the spill rule saw).
+    fn log_decision(&self, idx: u32, c: &affinity::Choice, known: Option<&Known>, view: &View<'_>) {
+        let n = view.in_flight.len();
+        let load = |i: usize| view.in_flight.get(i).copied().unwrap_or(0);
+        let queued = |i: usize| {
+            self.queued
+                .as_ref()
+                .and_then(|q| q.get(i).copied())
+                .unwrap_or(0)
+        };
+        let holder = known.and_then(|k| k.entry.holders().min_by_key(|&h| load(h)));
+        let mean = view.in_flight.iter().map(|&x| f64::from(x)).sum::<f64>() / n.max(1) as f64;
+        let (b, w) = self.cost.prices();
+        eprintln!(
+            "DEC,{idx},{},{},{},{},{},{},{},{},{mean:.1},{w:.3},{b:.2},{:.0},{}",
+            c.reason.as_str(),
+            c.primary,
+            load(c.primary),
+            queued(c.primary),
+            holder.map_or(-1, |h| h as i64),
+            holder.map_or(0, load),
+            holder.map_or(0, queued),
+            (0..n).map(load).min().unwrap_or(0),
+            c.expected_cached_tokens,
+            (0..n).map(queued).min().unwrap_or(0),
+        );
     }
 }
 
@@ -306,6 +345,9 @@ impl Policy for Ours {
         };
         let c = affinity::choose(self.router.ring(), &request, &self.cost, &self.cfg);
         Share::note(&mut self.store, n, c.primary, &self.cfg);
+        if self.decide_log {
+            self.log_decision(idx, &c, known.as_ref(), view);
+        }
         let mut class = match c.reason {
             Reason::Warm => 0,
             Reason::Spill => 1,
