@@ -155,6 +155,9 @@ pub struct AffinityConfig {
     /// Mean in-flight requests per replica below which the share bound acts
     /// ([`crate::share::LIGHT_LOAD`]).
     pub share_light_load: f64,
+    /// New prefixes per routed request below which the share floor may act
+    /// ([`crate::share::SETTLED`]). 0: no floor.
+    pub share_settled: f64,
     /// Absolute slack of a warm holder, requests: a holder is over the load
     /// bound only when it is also more than this many requests above the
     /// mean (module docs, "Light load"). 0: the relative bound alone.
@@ -181,6 +184,7 @@ impl Default for AffinityConfig {
             continuation: true,
             share_factor: DEFAULT_SHARE_FACTOR,
             share_light_load: crate::share::LIGHT_LOAD,
+            share_settled: crate::share::SETTLED,
             light_slack: DEFAULT_LIGHT_SLACK,
             queue_wait_cap: true,
         }
@@ -466,7 +470,7 @@ pub fn choose(
     let (share_limit, share_hard) = share.map_or((f64::INFINITY, f64::INFINITY), |s| {
         s.limits(cfg.share_factor, n, |i| all || loads.is_available(i))
     });
-    let v = View {
+    let mut v = View {
         loads,
         pressure: req.pressure,
         share,
@@ -481,6 +485,16 @@ pub fn choose(
             (all || loads.is_available(i)).then(|| loads.of(i))
         }),
     };
+    // The share floor (`crate::share`, "Floor"): while a replica that has
+    // room is under it, the hard bound is the soft one.
+    let floor = share.is_some_and(|s| {
+        s.floor_open(cfg.share_factor, cfg.share_settled, req.pressure, n, |i| {
+            (v.available(i), v.acceptable(i))
+        })
+    });
+    if floor {
+        v.share_hard = v.share_limit;
+    }
     let cpt = cfg.chars_per_token.max(0.1);
     let prompt_tokens = (prompt_chars.max(key.units) as f64 / cpt).max(1.0);
     let secondary_of = |k: u64, p: usize| ring.candidates(k).find(|&c| c != p && v.available(c));
@@ -1029,6 +1043,55 @@ mod tests {
         counts[5] = 0;
         let c = pick_shared(&k, Some(&known(64, &[3, 5], 0)), &loads, &counts);
         assert_ne!(c.primary, 5);
+    }
+
+    #[test]
+    fn a_replica_under_the_share_floor_takes_the_split_of_a_holder_over_the_soft_bound() {
+        let k = key(42, 64);
+        let idle = [0u32; 7];
+        // Replica 3 holds the prefix with 51 (mean 342 / 7 = 48.9, slack
+        // 2.1: soft bound 51.0, hard 53.0, floor 46.8): over the soft bound
+        // only. Replica 6 has 40: 41 < 46.8, under the floor.
+        let mut counts = [50u8; 7];
+        counts[3] = 51;
+        counts[6] = 40;
+        let holder = known(64, &[3], 0);
+        let cfg = AffinityConfig {
+            share_factor: 1.0,
+            ..AffinityConfig::default()
+        };
+        let pick_p = |counts: &[u8], pressure: &[u8], loads: &[u32]| {
+            let (sh, p) = (Share::from_counts(counts), Pressure::from_counts(pressure));
+            let req = Request {
+                share: Some(&sh),
+                pressure: Some(&p),
+                ..request(&k, Some(&holder), Loads::new(loads))
+            };
+            let c = choose(&ring(7), &req, &cost(), &cfg);
+            (c.primary, c.reason)
+        };
+        // Settled (21 new prefixes for 341 requests) and replica 6 has as
+        // few prefixes as any: the floor is open, the hard bound is the
+        // soft one, and the split goes to replica 6.
+        assert_eq!(pick_p(&counts, &[3; 7], &idle), (6, Reason::Spill));
+        // Without the floor (no pressure counters: it stays closed) the
+        // holder keeps its prefix, as before.
+        let c = pick_shared(&k, Some(&holder), &idle, &counts);
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        // Replica 6 was given more new prefixes than another replica (no
+        // room): closed, warm.
+        let mut p = [3u8; 7];
+        p[6] = 4;
+        assert_eq!(pick_p(&counts, &p, &idle), (3, Reason::Warm));
+        // Not settled (35 new prefixes ≥ 0.1 × 341): closed, warm.
+        assert_eq!(pick_p(&counts, &[5; 7], &idle), (3, Reason::Warm));
+        // Replica 6 over the load bound: not acceptable, closed, warm.
+        let mut loads = [0u32; 7];
+        loads[6] = 6;
+        assert_eq!(pick_p(&counts, &[3; 7], &loads), (3, Reason::Warm));
+        // A holder under the soft bound is never moved by the floor.
+        counts[3] = 49;
+        assert_eq!(pick_p(&counts, &[3; 7], &idle), (3, Reason::Warm));
     }
 
     #[test]

@@ -136,6 +136,12 @@ impl Router {
         &self.affinity
     }
 
+    /// The same router with other `affinity` parameters (tests, models).
+    pub fn with_affinity_config(mut self, affinity: AffinityConfig) -> Router {
+        self.affinity = affinity;
+        self
+    }
+
     /// Initial prices of the cost model (`affinity`).
     pub fn cost_config(&self) -> CostConfig {
         let a = self.config.affinity;

@@ -79,7 +79,7 @@ bench_routing() {
       cluster_start_envoy "$s" "$dir/logs-$w-$s"
       # shellcheck disable=SC2086
       cluster_run "$w/$s" "$total" "$dir/$w-$s.json" ${spec#* } --max-tokens 16 --seed 11 \
-        --timeout-s 120
+        --timeout-s 120 --requests-jsonl "$dir/$w-$s.requests.jsonl"
       sed -n '/^\[/p' "$dir/$w-$s.out" >&2
       cluster_stop
       files+=("$dir/$w-$s.json")

@@ -152,6 +152,7 @@ impl OursParams {
             "pressure" | "spread_cold" => self.affinity.spread_cold = v == "1" || v == "true",
             "share_factor" => self.affinity.share_factor = f()?,
             "share_light_load" => self.affinity.share_light_load = f()?,
+            "share_settled" => self.affinity.share_settled = f()?,
             "light_slack" => self.affinity.light_slack = f()?,
             "queue_wait_cap" => self.affinity.queue_wait_cap = v == "1" || v == "true",
             _ => return Err(format!("--ours: unknown parameter {k}")),
