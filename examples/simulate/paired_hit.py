@@ -9,7 +9,9 @@ trace seeds, which differ from each other far more than the policies do
 Here, per case (trace kind, replica count), the best baseline (highest mean
 hit among the prefix-aware baselines) is compared trace by trace: mean paired
 difference `ours − best` and its 95 % Student CI over the trace seeds.
-Passes when the mean is ≥ −0.5 points.
+Passes when the mean is ≥ −0.5 points. criterion.py applies the same paired
+test to its trace rows' hit verdict (with "yes (CI)" when the CI reaches
+−0.5); this script shows the per-case detail.
 """
 import json, math, os, re, sys
 from collections import defaultdict
