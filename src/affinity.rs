@@ -166,6 +166,10 @@ pub struct AffinityConfig {
     /// one only as far as the queued prefill difference backs it (module
     /// docs, "Spill price"; [`spill_extra`]).
     pub queue_wait_cap: bool,
+    /// The second lookup tier (module docs, "Second tier"): price a move
+    /// to a replica holding a shallower part of the prefix by the tokens
+    /// it lacks.
+    pub tier: bool,
 }
 
 impl Default for AffinityConfig {
@@ -187,6 +191,7 @@ impl Default for AffinityConfig {
             share_settled: crate::share::SETTLED,
             light_slack: DEFAULT_LIGHT_SLACK,
             queue_wait_cap: true,
+            tier: true,
         }
     }
 }
@@ -234,6 +239,12 @@ pub struct Choice {
     pub expected_cached_tokens: f64,
     /// Prompt tokens estimated from the body size.
     pub prompt_tokens: f64,
+    /// The decision would use the second lookup tier
+    /// ([`crate::index::PrefixIndex::lookup_shallow`]) if the caller gave
+    /// it: a warm request whose holder was compared with a less loaded
+    /// replica (or whose holders were all over the bound), with `tier` on
+    /// and no [`Request::shallow`] given. See [`choose_tiered`].
+    pub tier_wanted: bool,
 }
 
 impl Choice {
@@ -423,6 +434,10 @@ pub struct Request<'a> {
     /// delay before their prefill starts (module docs, "Queue"). `None`: by
     /// load.
     pub queued_prefill: Option<&'a [u32]>,
+    /// The second lookup tier: a shallower block of the prefix whose
+    /// holders include replicas that `known`'s do not
+    /// ([`crate::index::PrefixIndex::lookup_shallow`]). `None`: unknown.
+    pub shallow: Option<&'a Known>,
 }
 
 /// Would `known` make a request warm (fresh, and covering at least
@@ -516,6 +531,7 @@ pub fn choose(
             reason: Reason::NoKey,
             expected_cached_tokens: 0.0,
             prompt_tokens,
+            tier_wanted: false,
         };
     };
     let ring_key = if cfg.anchor_cold && !key.blocks.is_empty() {
@@ -582,6 +598,22 @@ pub fn choose(
         let by_share = best_ok.is_none() && share_held.is_some();
         let hard = share_held.is_some_and(|h| v.over_hard(h));
         let alt = place(ring, ring_key, &v, holders, cfg.cold_choices, by_share);
+        // Second tier: the least loaded acceptable replica that holds a
+        // shallower part of the prefix (not a holder of the deep block),
+        // with the tokens it holds.
+        let tier = req.shallow.filter(|_| cfg.tier).and_then(|s| {
+            let held = (key.units_at(s.depth) as f64 / cpt).min(cached);
+            s.entry
+                .holders()
+                .filter(|&r| !holders.contains(&r) && v.acceptable(r) && !v.over_share(r))
+                .min_by_key(|&r| v.holder_rank(r))
+                .map(|r| (r, held))
+        });
+        let ask = cfg.tier && req.shallow.is_none() && known.is_some_and(|k| k.depth > 1);
+        let mut tier_wanted = false;
+        // Tokens the primary is expected to hold when it is not a holder
+        // of the deep block (a move to the second tier).
+        let mut moved_cached = 0.0;
         let (primary, reason) = match (best_ok, alt) {
             (None, Some(a)) if by_share && (v.over_share(a) || !hard) => match share_held {
                 // Nobody under the share bound: moving costs a prefill
@@ -591,20 +623,52 @@ pub fn choose(
             },
             (Some(h), None) => (h, Reason::Warm),
             (Some(h), Some(a)) => {
-                let mut extra = spill_extra(cost, &v, h, a, cfg);
-                if !in_bound(h) {
-                    // Kept over the relative bound by the light-load slack
-                    // only: its queued prefill counts too.
-                    extra = extra.max(v.delay(h).saturating_sub(v.delay(a)) as f64);
-                }
+                let extra_over = |to: usize| {
+                    let extra = spill_extra(cost, &v, h, to, cfg);
+                    if in_bound(h) {
+                        extra
+                    } else {
+                        // Kept over the relative bound by the light-load
+                        // slack only: its queued prefill counts too.
+                        extra.max(v.delay(h).saturating_sub(v.delay(to)) as f64)
+                    }
+                };
+                let extra = extra_over(a);
                 let penalty = cost.prefill_ms(cached).min(cfg.routing_budget_ms);
-                if extra <= penalty {
-                    (h, Reason::Warm)
-                } else {
-                    (a, Reason::Spill)
+                tier_wanted = ask && extra > 0.0;
+                // A move to the second tier re-prefills only what it lacks,
+                // against the expected delay it saves (the queue's when
+                // known: such a move is cheap, so it is priced by the
+                // delay itself, not the in-flight gap).
+                let gain = |to: usize, lacks: f64| {
+                    let saves = match v.queued {
+                        Some(_) => v.delay(h) as f64 - v.delay(to) as f64,
+                        None => extra_over(to),
+                    };
+                    saves - cost.prefill_ms(lacks).min(cfg.routing_budget_ms)
+                };
+                match tier {
+                    Some((s, held)) if gain(s, cached - held) > (extra - penalty).max(0.0) => {
+                        moved_cached = held;
+                        (s, Reason::Spill)
+                    }
+                    _ if extra <= penalty => (h, Reason::Warm),
+                    _ => (a, Reason::Spill),
                 }
             }
-            (None, Some(a)) => (a, Reason::Spill),
+            (None, Some(a)) => {
+                // Every holder over the bound: a new holder. One that
+                // holds a shallower part is worth its extra wait over `a`
+                // up to what it saves.
+                tier_wanted = ask;
+                match tier {
+                    Some((s, held)) if spill_extra(cost, &v, s, a, cfg) <= cost.prefill_ms(held) => {
+                        moved_cached = held;
+                        (s, Reason::Spill)
+                    }
+                    _ => (a, Reason::Spill),
+                }
+            }
             (None, None) => (
                 holders
                     .iter()
@@ -623,8 +687,13 @@ pub fn choose(
             primary,
             secondary,
             reason,
-            expected_cached_tokens: if reason == Reason::Warm { cached } else { 0.0 },
+            expected_cached_tokens: if reason == Reason::Warm {
+                cached
+            } else {
+                moved_cached
+            },
             prompt_tokens,
+            tier_wanted,
         };
     }
     let primary = place(ring, ring_key, &v, &[], cfg.cold_choices, false).unwrap_or(0);
@@ -634,6 +703,47 @@ pub fn choose(
         reason: Reason::Cold,
         expected_cached_tokens: 0.0,
         prompt_tokens,
+        tier_wanted: false,
+    }
+}
+
+/// [`choose`] with the second lookup tier: when the first decision says
+/// [`Choice::tier_wanted`], `shallow(known)` is asked for it (the caller's
+/// [`crate::index::PrefixIndex::lookup_shallow`]: a few gets) and, if it
+/// finds one, the decision is made again with it. Cost: one [`choose`]
+/// (O(N)) and no lookup when the tier is not wanted, else two and one
+/// `shallow` call.
+pub fn choose_tiered(
+    ring: &HashRing,
+    req: &Request<'_>,
+    cost: &CostModel,
+    cfg: &AffinityConfig,
+    shallow: impl FnOnce(&Known) -> Option<Known>,
+) -> Choice {
+    let first = choose(ring, req, cost, cfg);
+    let Some(k) = req.known.filter(|_| first.tier_wanted) else {
+        return first;
+    };
+    let sh = shallow(k);
+    if std::env::var_os("TIER_DBG").is_some() {
+        let l = |i: usize| req.loads.of(i);
+        let q = |i: usize| req.queued_prefill.and_then(|q| q.get(i).copied()).unwrap_or(0);
+        let hs: Vec<String> = k.entry.holders().map(|h| format!("{h}:{}:{}", l(h), q(h))).collect();
+        let ss: Vec<String> = sh.iter().flat_map(|s| s.entry.holders()).map(|h| format!("{h}:{}:{}", l(h), q(h))).collect();
+        let lens: Vec<String> = (0..ring.len()).map(|i| format!("{}:{}", l(i), q(i))).collect();
+        eprintln!("TIER deep={} u={} [{}] shallow={:?} u={} [{}] first={} {:?} fleet {}", k.depth, req.key.units_at(k.depth), hs.join(" "), sh.map(|s| s.depth), sh.map_or(0, |s| req.key.units_at(s.depth)), ss.join(" "), first.primary, first.reason, lens.join(" "));
+    }
+    match sh {
+        Some(s) => choose(
+            ring,
+            &Request {
+                shallow: Some(&s),
+                ..*req
+            },
+            cost,
+            cfg,
+        ),
+        None => first,
     }
 }
 
@@ -700,6 +810,7 @@ mod tests {
             pressure: None,
             share: None,
             queued_prefill: None,
+            shallow: None,
         }
     }
 
@@ -888,6 +999,7 @@ mod tests {
         queued[3] = 30_000;
         let req = Request {
             queued_prefill: Some(&queued),
+            shallow: None,
             ..request(&k, Some(&kn), Loads::new(&loads))
         };
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
@@ -899,6 +1011,7 @@ mod tests {
         loads4[3] = 3;
         let req = Request {
             queued_prefill: Some(&queued),
+            shallow: None,
             ..request(&k, Some(&kn), Loads::new(&loads4))
         };
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
@@ -941,6 +1054,7 @@ mod tests {
         let decide = |queued: Option<&[u32]>, cfg: &AffinityConfig| {
             let req = Request {
                 queued_prefill: queued,
+                shallow: None,
                 ..request(&k, Some(&kn), Loads::new(&loads))
             };
             choose(&ring(7), &req, &learned, cfg)
@@ -966,6 +1080,7 @@ mod tests {
         // request, 100 ms here) keeps the holder whatever the queue.
         let req = Request {
             queued_prefill: Some(&queued),
+            shallow: None,
             ..request(&k, Some(&kn), Loads::new(&loads))
         };
         assert_eq!(choose(&ring(7), &req, &cost(), &on).reason, Reason::Warm);
@@ -996,6 +1111,7 @@ mod tests {
             pressure: None,
             share: None,
             queued_prefill: None,
+            shallow: None,
         };
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
         assert_eq!(c.reason, Reason::Spill);
@@ -1163,6 +1279,7 @@ mod tests {
         let go = |kn: Option<&Known>, loads: &[u32], q: Option<&[u32]>| {
             let req = Request {
                 queued_prefill: q,
+                shallow: None,
                 ..request(&k, kn, Loads::new(loads))
             };
             choose(&r, &req, &cost(), &AffinityConfig::default())

@@ -314,6 +314,22 @@ pub struct Known {
     pub age_ms: u64,
 }
 
+impl Known {
+    /// Depth `depth` with entry `entry`, aged at `now_ms`.
+    pub fn at(depth: usize, entry: Entry, now_ms: u64) -> Known {
+        Known {
+            depth,
+            entry,
+            age_ms: u64::from(decis(now_ms).wrapping_sub(entry.time)) * 100,
+        }
+    }
+}
+
+/// Gets of [`PrefixIndex::lookup_shallow`] at most (the ladder positions
+/// it probes under the deepest known block, galloping: the 1st, 2nd and
+/// 4th below it).
+pub const SHALLOW_PROBES: usize = 3;
+
 /// Index parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexConfig {
@@ -477,11 +493,7 @@ impl PrefixIndex {
     pub fn lookup<S: SlotStore>(&self, store: &S, blocks: &[u64], now_ms: u64) -> Option<Known> {
         let n = blocks.len();
         let last = *blocks.last()?;
-        let found = |depth: usize, e: Entry| Known {
-            depth,
-            entry: e,
-            age_ms: u64::from(decis(now_ms).wrapping_sub(e.time)) * 100,
-        };
+        let found = |depth: usize, e: Entry| Known::at(depth, e, now_ms);
         if let Some(e) = self.probe(store, last) {
             return Some(found(n, e));
         }
@@ -556,6 +568,59 @@ impl PrefixIndex {
             }
         }
         best
+    }
+
+    /// The **second tier** of a lookup: under `deep` (what
+    /// [`PrefixIndex::lookup`] found for `blocks`), a shallower ladder
+    /// block whose holders include a replica that `deep`'s holders do not,
+    /// with its depth; `None` when no probed block has one.
+    ///
+    /// Why: a later step of a session has one holder of its deepest block
+    /// (its first step's replica), while the replicas that hold only the
+    /// shared prefix under it (a system prompt) would re-prefill just the
+    /// session's own blocks; and the holders that a hot prefix's entry
+    /// dropped (at most [`MAX_HOLDERS`] per entry) stay on the ladder
+    /// blocks under it, which were written before. The spill rule prices a
+    /// move to such a replica by the tokens it lacks ([`crate::affinity`],
+    /// "Second tier").
+    ///
+    /// Search: the ladder positions strictly under block `deep.depth − 1`,
+    /// galloping down from the deepest (the 1st, 2nd, 4th, … below it), at
+    /// most [`SHALLOW_PROBES`] gets; the first present block with such a
+    /// holder is returned. The blocks between a session's shared prefix and
+    /// its deepest block were written by the session alone (its holders
+    /// only), so the first such block found is at or under the shared
+    /// prefix's deepest ladder block.
+    ///
+    /// Cost: at most [`SHALLOW_PROBES`] gets, made only when the caller
+    /// asks (the spill rule found a move worth pricing,
+    /// [`crate::affinity::Choice::tier_wanted`]). Invariants: the depth
+    /// returned is `< deep.depth` and its block is present with its exact
+    /// tag (never a false prefix: blocks are chained); some holder of its
+    /// entry is not a holder of `deep`.
+    pub fn lookup_shallow<S: SlotStore>(
+        &self,
+        store: &S,
+        blocks: &[u64],
+        deep: &Known,
+        now_ms: u64,
+    ) -> Option<Known> {
+        let top = deep.depth.min(blocks.len()).checked_sub(1)?;
+        let bits = self.cfg.ladder_bits;
+        let mut below = (0..top).rev().filter(|&p| on_ladder(p, bits));
+        // Gallop: skip 0, 0, 1, 3, … positions between probes.
+        let mut skip = 0usize;
+        for probe in 0..SHALLOW_PROBES {
+            let p = below.nth(skip)?;
+            skip = (1usize << probe).saturating_sub(1);
+            let Some(e) = blocks.get(p).and_then(|&key| self.probe(store, key)) else {
+                continue;
+            };
+            if e.holders().any(|h| !deep.entry.holders().any(|d| d == h)) {
+                return Some(Known::at(p + 1, e, now_ms));
+            }
+        }
+        None
     }
 
     /// The engine confirmed (its `cached_tokens`) that `replica` holds the

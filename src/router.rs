@@ -239,8 +239,15 @@ impl Router {
             pressure: pressure.as_ref(),
             share: share.as_ref(),
             queued_prefill: queued,
+            shallow: None,
         };
-        let choice = affinity::choose(&self.ring, &request, cost, &self.affinity);
+        // The second tier ([`crate::index::PrefixIndex::lookup_shallow`]):
+        // ≤ 3 more gets, only when the spill rule asks for it.
+        let choice = affinity::choose_tiered(&self.ring, &request, cost, &self.affinity, |deep| {
+            self.index
+                .lookup_shallow(store, &key.blocks, deep, now_ms)
+                .map(|k| horizons.filter(k))
+        });
         (self.affinity_decision(key, &choice), choice, found)
     }
 
@@ -469,6 +476,7 @@ impl Router {
                     pressure: None,
                     share: None,
                     queued_prefill: None,
+                    shallow: None,
                 };
                 self.affinity_decision(
                     key,

@@ -789,6 +789,7 @@ impl Gateways {
             pressure: pressure.as_ref(),
             share: share.as_ref(),
             queued_prefill: queued_all.as_deref().or(g.queued.as_deref()),
+            shallow: None,
         };
         let c = affinity::choose(self.router.ring(), &request, &g.cost, &self.cfg);
         Share::note(&mut g.store, n, c.primary, &self.cfg);

@@ -134,6 +134,7 @@ impl Policy for OursFeedback {
             pressure: pressure.as_ref(),
             share: share.as_ref(),
             queued_prefill: None,
+            shallow: None,
         };
         let c = affinity::choose(self.router.ring(), &request, &gw.cost, &self.cfg);
         let n = self.router.ring().len();
