@@ -88,6 +88,25 @@
 //! towards the queue spilled more and cost 0.3–1.1 points of hit on the
 //! same traces at 16 and 32 replicas).
 //!
+//! **Second tier** (`tier`, on; [`choose_tiered`]): when every holder of
+//! the known prefix is over the load bound (the spill of step 3 to
+//! `a = place(holders)`), the caller looks up a shallower ladder block of
+//! the same prefix whose holders include replicas the deep block's do not
+//! ([`crate::index::PrefixIndex::lookup_shallow`], ≤ 3 gets, only then).
+//! Its least loaded acceptable holder `s` (under the share bound) is taken
+//! instead of `a` when its extra wait over `a` is below the prefill of what
+//! it holds (`spill_extra(s, a) ≤ prefill_ms(tokens at the shallow
+//! depth)`, the spill rule with `s` as the holder); it is then a
+//! [`Reason::Spill`] expecting those tokens cached. Why: an entry keeps at
+//! most [`crate::index::MAX_HOLDERS`] replicas, so a hot shared prefix that
+//! needs more keeps rotating its holders, and each spill to a replica
+//! outside them re-prefills it; the holders it dropped are still written on
+//! the ladder blocks under it (the tier finds them) and still cache most
+//! of it. Moving a warm request off a holder within the bound to a
+//! shallow holder (priced by the tokens it lacks) was measured too and
+//! cost 0.5–2.6 points of hit on `uniqmix` (`docs/benchmarks.md`,
+//! "Eighth session").
+//!
 //! **Light load** (`light_slack`, 8 requests): a holder is over the load
 //! bound of step 3 only when it is also more than `light_slack × min(1, 2 ×
 //! coverage)` requests above the mean. At a light load the relative bound
@@ -102,7 +121,8 @@
 //! per replica.
 //!
 //! Cost: O(N) for the load sums plus a ring walk of a few points; no shared
-//! data access (the index lookup and record are done by the caller).
+//! data access (the index lookup and record are done by the caller;
+//! [`choose_tiered`] decides twice when it asks for the second tier).
 //!
 //! Invariants: the primary is an available replica whenever one exists;
 //! with no fresh known prefix the choice depends only on the key and the
@@ -166,9 +186,9 @@ pub struct AffinityConfig {
     /// one only as far as the queued prefill difference backs it (module
     /// docs, "Spill price"; [`spill_extra`]).
     pub queue_wait_cap: bool,
-    /// The second lookup tier (module docs, "Second tier"): price a move
-    /// to a replica holding a shallower part of the prefix by the tokens
-    /// it lacks.
+    /// The second lookup tier (module docs, "Second tier"): when every
+    /// holder is over the load bound, the new holder may be a replica that
+    /// holds a shallower part of the prefix, priced by what it holds.
     pub tier: bool,
 }
 
@@ -241,9 +261,9 @@ pub struct Choice {
     pub prompt_tokens: f64,
     /// The decision would use the second lookup tier
     /// ([`crate::index::PrefixIndex::lookup_shallow`]) if the caller gave
-    /// it: a warm request whose holder was compared with a less loaded
-    /// replica (or whose holders were all over the bound), with `tier` on
-    /// and no [`Request::shallow`] given. See [`choose_tiered`].
+    /// it: a known prefix of ≥ 2 blocks whose holders were all over the
+    /// load bound (a spill to a new holder), with `tier` on and no
+    /// [`Request::shallow`] given. See [`choose_tiered`].
     pub tier_wanted: bool,
 }
 
@@ -598,9 +618,9 @@ pub fn choose(
         let by_share = best_ok.is_none() && share_held.is_some();
         let hard = share_held.is_some_and(|h| v.over_hard(h));
         let alt = place(ring, ring_key, &v, holders, cfg.cold_choices, by_share);
-        // Second tier: the least loaded acceptable replica that holds a
-        // shallower part of the prefix (not a holder of the deep block),
-        // with the tokens it holds.
+        // Second tier (module docs): the least loaded acceptable replica
+        // that holds a shallower part of the prefix (not a holder of the
+        // deep block), with the tokens it holds.
         let tier = req.shallow.filter(|_| cfg.tier).and_then(|s| {
             let held = (key.units_at(s.depth) as f64 / cpt).min(cached);
             s.entry
@@ -611,8 +631,7 @@ pub fn choose(
         });
         let ask = cfg.tier && req.shallow.is_none() && known.is_some_and(|k| k.depth > 1);
         let mut tier_wanted = false;
-        // Tokens the primary is expected to hold when it is not a holder
-        // of the deep block (a move to the second tier).
+        // Tokens a new holder from the second tier is expected to hold.
         let mut moved_cached = 0.0;
         let (primary, reason) = match (best_ok, alt) {
             (None, Some(a)) if by_share && (v.over_share(a) || !hard) => match share_held {
@@ -623,37 +642,17 @@ pub fn choose(
             },
             (Some(h), None) => (h, Reason::Warm),
             (Some(h), Some(a)) => {
-                let extra_over = |to: usize| {
-                    let extra = spill_extra(cost, &v, h, to, cfg);
-                    if in_bound(h) {
-                        extra
-                    } else {
-                        // Kept over the relative bound by the light-load
-                        // slack only: its queued prefill counts too.
-                        extra.max(v.delay(h).saturating_sub(v.delay(to)) as f64)
-                    }
-                };
-                let extra = extra_over(a);
+                let mut extra = spill_extra(cost, &v, h, a, cfg);
+                if !in_bound(h) {
+                    // Kept over the relative bound by the light-load slack
+                    // only: its queued prefill counts too.
+                    extra = extra.max(v.delay(h).saturating_sub(v.delay(a)) as f64);
+                }
                 let penalty = cost.prefill_ms(cached).min(cfg.routing_budget_ms);
-                tier_wanted = ask && extra > 0.0;
-                // A move to the second tier re-prefills only what it lacks,
-                // against the expected delay it saves (the queue's when
-                // known: such a move is cheap, so it is priced by the
-                // delay itself, not the in-flight gap).
-                let gain = |to: usize, lacks: f64| {
-                    let saves = match v.queued {
-                        Some(_) => v.delay(h) as f64 - v.delay(to) as f64,
-                        None => extra_over(to),
-                    };
-                    saves - cost.prefill_ms(lacks).min(cfg.routing_budget_ms)
-                };
-                match tier {
-                    Some((s, held)) if gain(s, cached - held) > (extra - penalty).max(0.0) => {
-                        moved_cached = held;
-                        (s, Reason::Spill)
-                    }
-                    _ if extra <= penalty => (h, Reason::Warm),
-                    _ => (a, Reason::Spill),
+                if extra <= penalty {
+                    (h, Reason::Warm)
+                } else {
+                    (a, Reason::Spill)
                 }
             }
             (None, Some(a)) => {
@@ -662,7 +661,9 @@ pub fn choose(
                 // up to what it saves.
                 tier_wanted = ask;
                 match tier {
-                    Some((s, held)) if spill_extra(cost, &v, s, a, cfg) <= cost.prefill_ms(held) => {
+                    Some((s, held))
+                        if spill_extra(cost, &v, s, a, cfg) <= cost.prefill_ms(held) =>
+                    {
                         moved_cached = held;
                         (s, Reason::Spill)
                     }
@@ -724,16 +725,7 @@ pub fn choose_tiered(
     let Some(k) = req.known.filter(|_| first.tier_wanted) else {
         return first;
     };
-    let sh = shallow(k);
-    if std::env::var_os("TIER_DBG").is_some() {
-        let l = |i: usize| req.loads.of(i);
-        let q = |i: usize| req.queued_prefill.and_then(|q| q.get(i).copied()).unwrap_or(0);
-        let hs: Vec<String> = k.entry.holders().map(|h| format!("{h}:{}:{}", l(h), q(h))).collect();
-        let ss: Vec<String> = sh.iter().flat_map(|s| s.entry.holders()).map(|h| format!("{h}:{}:{}", l(h), q(h))).collect();
-        let lens: Vec<String> = (0..ring.len()).map(|i| format!("{}:{}", l(i), q(i))).collect();
-        eprintln!("TIER deep={} u={} [{}] shallow={:?} u={} [{}] first={} {:?} fleet {}", k.depth, req.key.units_at(k.depth), hs.join(" "), sh.map(|s| s.depth), sh.map_or(0, |s| req.key.units_at(s.depth)), ss.join(" "), first.primary, first.reason, lens.join(" "));
-    }
-    match sh {
+    match shallow(k) {
         Some(s) => choose(
             ring,
             &Request {
@@ -812,6 +804,66 @@ mod tests {
             queued_prefill: None,
             shallow: None,
         }
+    }
+
+    #[test]
+    fn every_holder_over_the_bound_moves_to_a_holder_of_a_shallower_part() {
+        let r = ring(8);
+        let k = key(7, 40);
+        let deep = known(40, &[0, 1, 2], 0);
+        // Replica 5 holds the first 32 blocks (2 048 tokens: 61 ms of
+        // prefill at 30 ms per 1000), the deep holders are over the bound.
+        let shallow = known(32, &[5, 0], 0);
+        let held = (k.units_at(32) as f64 / 4.0).round();
+        let decide = |l5: u32, s: Option<&Known>, tier: bool| {
+            let loads = [30, 30, 30, 2, 2, l5, 2, 2];
+            let cfg = AffinityConfig {
+                tier,
+                ..AffinityConfig::default()
+            };
+            let req = Request {
+                shallow: s,
+                ..request(&k, Some(&deep), Loads::new(&loads))
+            };
+            choose(&r, &req, &cost(), &cfg)
+        };
+        // Without the tier: a spill that expects nothing cached, and the
+        // decision asks for the tier.
+        let c = decide(6, None, true);
+        assert_eq!((c.reason, c.expected_cached_tokens), (Reason::Spill, 0.0));
+        assert!(c.tier_wanted);
+        assert!(![0, 1, 2].contains(&c.primary));
+        // With it: 5 is 4 requests (40 ms) above the least loaded, less than
+        // the 61 ms it saves.
+        let c = decide(6, Some(&shallow), true);
+        assert_eq!((c.primary, c.reason), (5, Reason::Spill));
+        assert_eq!(c.expected_cached_tokens.round(), held);
+        assert!(!c.tier_wanted);
+        // 10 requests (100 ms) above: not worth it.
+        let c = decide(12, Some(&shallow), true);
+        assert_ne!(c.primary, 5);
+        assert_eq!(c.expected_cached_tokens, 0.0);
+        // The tier off: neither asked nor used.
+        let c = decide(6, Some(&shallow), false);
+        assert!(c.primary != 5 && !c.tier_wanted);
+        // A holder within the bound: kept, the tier is not asked for.
+        let loads = [3, 30, 30, 2, 2, 2, 2, 2];
+        let req = request(&k, Some(&deep), Loads::new(&loads));
+        let asked = std::cell::Cell::new(0);
+        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |_| {
+            asked.set(asked.get() + 1);
+            Some(shallow)
+        });
+        assert_eq!((c.primary, c.reason, asked.get()), (0, Reason::Warm, 0));
+        // Over the bound: asked once, and its answer decides.
+        let loads = [30, 30, 30, 2, 2, 6, 2, 2];
+        let req = request(&k, Some(&deep), Loads::new(&loads));
+        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |d| {
+            asked.set(asked.get() + 1);
+            assert_eq!(d.depth, 40);
+            Some(shallow)
+        });
+        assert_eq!((c.primary, asked.get()), (5, 1));
     }
 
     fn pick(k: &RoutingKey, kn: Option<&Known>, loads: &[u32]) -> Choice {

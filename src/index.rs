@@ -951,6 +951,65 @@ mod tests {
     }
 
     #[test]
+    fn the_second_tier_finds_dropped_holders_and_shared_prefixes() {
+        let idx = PrefixIndex::new(IndexConfig::default());
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        // A 40-block shared prefix, first routed to 0: every ladder block
+        // [0]. Under it, replicas 1, 2, 3 become holders of block 39, and 0
+        // drops off its entry (MAX_HOLDERS = 3).
+        idx.record(&mut st, &chain(1, 40, 100, 48), None, 0, 0);
+        for (r, own) in [(1, 200), (2, 300), (3, 400)] {
+            let b = chain(1, 40, own, 45);
+            let k = idx.lookup(&st, &b, 1000).unwrap();
+            idx.record(&mut st, &b, Some(&k), r, 1000);
+        }
+        let e = chain(1, 40, 500, 45);
+        let deep = idx.lookup(&st, &e, 2000).unwrap();
+        assert_eq!(deep.depth, 40);
+        assert_eq!(deep.entry.holders, [Some(3), Some(2), Some(1)]);
+        let before = st.gets();
+        let s = idx.lookup_shallow(&st, &e, &deep, 2000).unwrap();
+        // Ladder position 31 (the first under 39) still names 0.
+        assert_eq!((s.depth, s.entry.holders[0]), (32, Some(0)));
+        assert_eq!(st.gets() - before, 1);
+        // A later step of a session recorded on 1 over the shared prefix:
+        // its deep blocks name 1 alone; the tier skips them down to the
+        // shared prefix.
+        let s1 = chain(1, 40, 7, 60);
+        let k = idx.lookup(&st, &s1, 3000).unwrap();
+        idx.record(&mut st, &s1, Some(&k), 1, 3000);
+        let s2 = chain(1, 40, 7, 70);
+        let deep = idx.lookup(&st, &s2, 4000).unwrap();
+        assert_eq!(
+            (deep.depth, deep.entry.holders),
+            (60, [Some(1), None, None])
+        );
+        // Probes 55 and 47 (the session's, [1]), then 31 (the gallop
+        // skips 39): 0 holds the shared prefix up to 32 blocks.
+        let before = st.gets();
+        let s = idx.lookup_shallow(&st, &s2, &deep, 4000).unwrap();
+        assert_eq!(
+            (s.depth, s.entry.holders[0], st.gets() - before),
+            (32, Some(0), 3)
+        );
+        assert!(s.depth < deep.depth && s.entry.holders().any(|h| h != 1));
+        // Nothing but the deep holders under it: None, after at most
+        // SHALLOW_PROBES gets.
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        let a = chain(9, 40, 1, 48);
+        idx.record(&mut st, &a, None, 4, 0);
+        let deep = idx.lookup(&st, &chain(9, 40, 2, 45), 0).unwrap();
+        let before = st.gets();
+        assert_eq!(idx.lookup_shallow(&st, &a, &deep, 0), None);
+        assert_eq!(st.gets() - before, SHALLOW_PROBES as u64);
+        // Depth 1: nothing under it, no get.
+        let one = Known { depth: 1, ..deep };
+        let before = st.gets();
+        assert_eq!(idx.lookup_shallow(&st, &a, &one, 0), None);
+        assert_eq!(st.gets(), before);
+    }
+
+    #[test]
     fn lookup_cost_is_logarithmic_and_never_false() {
         let idx = PrefixIndex::new(IndexConfig {
             slots: 1 << 16,
