@@ -135,7 +135,6 @@ impl OursParams {
             "forget" => self.cost.forget = f()?,
             "prefill_floor" => self.cost.prefill_floor = v == "1" || v == "true",
             "record_at_route" => self.record_at_route = v == "1" || v == "true",
-            "tier" => self.affinity.tier = v == "1" || v == "true",
             "engine_load" => {
                 self.engine_load = match v {
                     "off" | "0" => EngineLoad::Off,
@@ -156,6 +155,7 @@ impl OursParams {
             "share_settled" => self.affinity.share_settled = f()?,
             "light_slack" => self.affinity.light_slack = f()?,
             "queue_wait_cap" => self.affinity.queue_wait_cap = v == "1" || v == "true",
+            "tier" => self.affinity.tier = v == "1" || v == "true",
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
