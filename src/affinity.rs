@@ -630,6 +630,16 @@ pub fn choose(
                 .map(|r| (r, held))
         });
         let ask = cfg.tier && req.shallow.is_none() && known.is_some_and(|k| k.depth > 1);
+        // A spill to a new holder instead of `a`: one that holds a
+        // shallower part is worth its extra wait over `a` up to what it
+        // saves.
+        let new_holder = |a: usize, moved: &mut f64| match tier {
+            Some((s, held)) if spill_extra(cost, &v, s, a, cfg) <= cost.prefill_ms(held) => {
+                *moved = held;
+                (s, Reason::Spill)
+            }
+            _ => (a, Reason::Spill),
+        };
         let mut tier_wanted = false;
         // Tokens a new holder from the second tier is expected to hold.
         let mut moved_cached = 0.0;
@@ -656,19 +666,8 @@ pub fn choose(
                 }
             }
             (None, Some(a)) => {
-                // Every holder over the bound: a new holder. One that
-                // holds a shallower part is worth its extra wait over `a`
-                // up to what it saves.
                 tier_wanted = ask;
-                match tier {
-                    Some((s, held))
-                        if spill_extra(cost, &v, s, a, cfg) <= cost.prefill_ms(held) =>
-                    {
-                        moved_cached = held;
-                        (s, Reason::Spill)
-                    }
-                    _ => (a, Reason::Spill),
-                }
+                new_holder(a, &mut moved_cached)
             }
             (None, None) => (
                 holders
