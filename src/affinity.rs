@@ -88,6 +88,25 @@
 //! towards the queue spilled more and cost 0.3–1.1 points of hit on the
 //! same traces at 16 and 32 replicas).
 //!
+//! **Second tier** (`tier`, on; [`choose_tiered`]): when every holder of
+//! the known prefix is over the load bound (the spill of step 3 to
+//! `a = place(holders)`), the caller looks up a shallower ladder block of
+//! the same prefix whose holders include replicas the deep block's do not
+//! ([`crate::index::PrefixIndex::lookup_shallow`], ≤ 3 gets, only then).
+//! Its least loaded acceptable holder `s` (under the share bound) is taken
+//! instead of `a` when its extra wait over `a` is below the prefill of what
+//! it holds (`spill_extra(s, a) ≤ prefill_ms(tokens at the shallow
+//! depth)`, the spill rule with `s` as the holder); it is then a
+//! [`Reason::Spill`] expecting those tokens cached. Why: an entry keeps at
+//! most [`crate::index::MAX_HOLDERS`] replicas, so a hot shared prefix that
+//! needs more keeps rotating its holders, and each spill to a replica
+//! outside them re-prefills it; the holders it dropped are still written on
+//! the ladder blocks under it (the tier finds them) and still cache most
+//! of it. Moving a warm request off a holder within the bound to a
+//! shallow holder (priced by the tokens it lacks) was measured too and
+//! cost 0.5–2.6 points of hit on `uniqmix` (`docs/benchmarks.md`,
+//! "Eighth session").
+//!
 //! **Light load** (`light_slack`, 8 requests): a holder is over the load
 //! bound of step 3 only when it is also more than `light_slack × min(1, 2 ×
 //! coverage)` requests above the mean. At a light load the relative bound
@@ -102,7 +121,8 @@
 //! per replica.
 //!
 //! Cost: O(N) for the load sums plus a ring walk of a few points; no shared
-//! data access (the index lookup and record are done by the caller).
+//! data access (the index lookup and record are done by the caller;
+//! [`choose_tiered`] decides twice when it asks for the second tier).
 //!
 //! Invariants: the primary is an available replica whenever one exists;
 //! with no fresh known prefix the choice depends only on the key and the
@@ -166,6 +186,10 @@ pub struct AffinityConfig {
     /// one only as far as the queued prefill difference backs it (module
     /// docs, "Spill price"; [`spill_extra`]).
     pub queue_wait_cap: bool,
+    /// The second lookup tier (module docs, "Second tier"): when every
+    /// holder is over the load bound, the new holder may be a replica that
+    /// holds a shallower part of the prefix, priced by what it holds.
+    pub tier: bool,
 }
 
 impl Default for AffinityConfig {
@@ -187,6 +211,7 @@ impl Default for AffinityConfig {
             share_settled: crate::share::SETTLED,
             light_slack: DEFAULT_LIGHT_SLACK,
             queue_wait_cap: true,
+            tier: true,
         }
     }
 }
@@ -234,6 +259,12 @@ pub struct Choice {
     pub expected_cached_tokens: f64,
     /// Prompt tokens estimated from the body size.
     pub prompt_tokens: f64,
+    /// The decision would use the second lookup tier
+    /// ([`crate::index::PrefixIndex::lookup_shallow`]) if the caller gave
+    /// it: a known prefix of ≥ 2 blocks whose holders were all over the
+    /// load bound (a spill to a new holder), with `tier` on and no
+    /// [`Request::shallow`] given. See [`choose_tiered`].
+    pub tier_wanted: bool,
 }
 
 impl Choice {
@@ -423,6 +454,10 @@ pub struct Request<'a> {
     /// delay before their prefill starts (module docs, "Queue"). `None`: by
     /// load.
     pub queued_prefill: Option<&'a [u32]>,
+    /// The second lookup tier: a shallower block of the prefix whose
+    /// holders include replicas that `known`'s do not
+    /// ([`crate::index::PrefixIndex::lookup_shallow`]). `None`: unknown.
+    pub shallow: Option<&'a Known>,
 }
 
 /// Would `known` make a request warm (fresh, and covering at least
@@ -516,6 +551,7 @@ pub fn choose(
             reason: Reason::NoKey,
             expected_cached_tokens: 0.0,
             prompt_tokens,
+            tier_wanted: false,
         };
     };
     let ring_key = if cfg.anchor_cold && !key.blocks.is_empty() {
@@ -582,6 +618,31 @@ pub fn choose(
         let by_share = best_ok.is_none() && share_held.is_some();
         let hard = share_held.is_some_and(|h| v.over_hard(h));
         let alt = place(ring, ring_key, &v, holders, cfg.cold_choices, by_share);
+        // Second tier (module docs): the least loaded acceptable replica
+        // that holds a shallower part of the prefix (not a holder of the
+        // deep block), with the tokens it holds.
+        let tier = req.shallow.filter(|_| cfg.tier).and_then(|s| {
+            let held = (key.units_at(s.depth) as f64 / cpt).min(cached);
+            s.entry
+                .holders()
+                .filter(|&r| !holders.contains(&r) && v.acceptable(r) && !v.over_share(r))
+                .min_by_key(|&r| v.holder_rank(r))
+                .map(|r| (r, held))
+        });
+        let ask = cfg.tier && req.shallow.is_none() && known.is_some_and(|k| k.depth > 1);
+        // A spill to a new holder instead of `a`: one that holds a
+        // shallower part is worth its extra wait over `a` up to what it
+        // saves.
+        let new_holder = |a: usize, moved: &mut f64| match tier {
+            Some((s, held)) if spill_extra(cost, &v, s, a, cfg) <= cost.prefill_ms(held) => {
+                *moved = held;
+                (s, Reason::Spill)
+            }
+            _ => (a, Reason::Spill),
+        };
+        let mut tier_wanted = false;
+        // Tokens a new holder from the second tier is expected to hold.
+        let mut moved_cached = 0.0;
         let (primary, reason) = match (best_ok, alt) {
             (None, Some(a)) if by_share && (v.over_share(a) || !hard) => match share_held {
                 // Nobody under the share bound: moving costs a prefill
@@ -604,7 +665,10 @@ pub fn choose(
                     (a, Reason::Spill)
                 }
             }
-            (None, Some(a)) => (a, Reason::Spill),
+            (None, Some(a)) => {
+                tier_wanted = ask;
+                new_holder(a, &mut moved_cached)
+            }
             (None, None) => (
                 holders
                     .iter()
@@ -623,8 +687,13 @@ pub fn choose(
             primary,
             secondary,
             reason,
-            expected_cached_tokens: if reason == Reason::Warm { cached } else { 0.0 },
+            expected_cached_tokens: if reason == Reason::Warm {
+                cached
+            } else {
+                moved_cached
+            },
             prompt_tokens,
+            tier_wanted,
         };
     }
     let primary = place(ring, ring_key, &v, &[], cfg.cold_choices, false).unwrap_or(0);
@@ -634,6 +703,38 @@ pub fn choose(
         reason: Reason::Cold,
         expected_cached_tokens: 0.0,
         prompt_tokens,
+        tier_wanted: false,
+    }
+}
+
+/// [`choose`] with the second lookup tier: when the first decision says
+/// [`Choice::tier_wanted`], `shallow(known)` is asked for it (the caller's
+/// [`crate::index::PrefixIndex::lookup_shallow`]: a few gets) and, if it
+/// finds one, the decision is made again with it. Cost: one [`choose`]
+/// (O(N)) and no lookup when the tier is not wanted, else two and one
+/// `shallow` call.
+pub fn choose_tiered(
+    ring: &HashRing,
+    req: &Request<'_>,
+    cost: &CostModel,
+    cfg: &AffinityConfig,
+    shallow: impl FnOnce(&Known) -> Option<Known>,
+) -> Choice {
+    let first = choose(ring, req, cost, cfg);
+    let Some(k) = req.known.filter(|_| first.tier_wanted) else {
+        return first;
+    };
+    match shallow(k) {
+        Some(s) => choose(
+            ring,
+            &Request {
+                shallow: Some(&s),
+                ..*req
+            },
+            cost,
+            cfg,
+        ),
+        None => first,
     }
 }
 
@@ -700,7 +801,68 @@ mod tests {
             pressure: None,
             share: None,
             queued_prefill: None,
+            shallow: None,
         }
+    }
+
+    #[test]
+    fn every_holder_over_the_bound_moves_to_a_holder_of_a_shallower_part() {
+        let r = ring(8);
+        let k = key(7, 40);
+        let deep = known(40, &[0, 1, 2], 0);
+        // Replica 5 holds the first 32 blocks (2 048 tokens: 61 ms of
+        // prefill at 30 ms per 1000), the deep holders are over the bound.
+        let shallow = known(32, &[5, 0], 0);
+        let held = (k.units_at(32) as f64 / 4.0).round();
+        let decide = |l5: u32, s: Option<&Known>, tier: bool| {
+            let loads = [30, 30, 30, 2, 2, l5, 2, 2];
+            let cfg = AffinityConfig {
+                tier,
+                ..AffinityConfig::default()
+            };
+            let req = Request {
+                shallow: s,
+                ..request(&k, Some(&deep), Loads::new(&loads))
+            };
+            choose(&r, &req, &cost(), &cfg)
+        };
+        // Without the tier: a spill that expects nothing cached, and the
+        // decision asks for the tier.
+        let c = decide(6, None, true);
+        assert_eq!((c.reason, c.expected_cached_tokens), (Reason::Spill, 0.0));
+        assert!(c.tier_wanted);
+        assert!(![0, 1, 2].contains(&c.primary));
+        // With it: 5 is 4 requests (40 ms) above the least loaded, less than
+        // the 61 ms it saves.
+        let c = decide(6, Some(&shallow), true);
+        assert_eq!((c.primary, c.reason), (5, Reason::Spill));
+        assert_eq!(c.expected_cached_tokens.round(), held);
+        assert!(!c.tier_wanted);
+        // 10 requests (100 ms) above: not worth it.
+        let c = decide(12, Some(&shallow), true);
+        assert_ne!(c.primary, 5);
+        assert_eq!(c.expected_cached_tokens, 0.0);
+        // The tier off: neither asked nor used.
+        let c = decide(6, Some(&shallow), false);
+        assert!(c.primary != 5 && !c.tier_wanted);
+        // A holder within the bound: kept, the tier is not asked for.
+        let loads = [3, 30, 30, 2, 2, 2, 2, 2];
+        let req = request(&k, Some(&deep), Loads::new(&loads));
+        let asked = std::cell::Cell::new(0);
+        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |_| {
+            asked.set(asked.get() + 1);
+            Some(shallow)
+        });
+        assert_eq!((c.primary, c.reason, asked.get()), (0, Reason::Warm, 0));
+        // Over the bound: asked once, and its answer decides.
+        let loads = [30, 30, 30, 2, 2, 6, 2, 2];
+        let req = request(&k, Some(&deep), Loads::new(&loads));
+        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |d| {
+            asked.set(asked.get() + 1);
+            assert_eq!(d.depth, 40);
+            Some(shallow)
+        });
+        assert_eq!((c.primary, asked.get()), (5, 1));
     }
 
     fn pick(k: &RoutingKey, kn: Option<&Known>, loads: &[u32]) -> Choice {
@@ -888,6 +1050,7 @@ mod tests {
         queued[3] = 30_000;
         let req = Request {
             queued_prefill: Some(&queued),
+            shallow: None,
             ..request(&k, Some(&kn), Loads::new(&loads))
         };
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
@@ -899,6 +1062,7 @@ mod tests {
         loads4[3] = 3;
         let req = Request {
             queued_prefill: Some(&queued),
+            shallow: None,
             ..request(&k, Some(&kn), Loads::new(&loads4))
         };
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
@@ -941,6 +1105,7 @@ mod tests {
         let decide = |queued: Option<&[u32]>, cfg: &AffinityConfig| {
             let req = Request {
                 queued_prefill: queued,
+                shallow: None,
                 ..request(&k, Some(&kn), Loads::new(&loads))
             };
             choose(&ring(7), &req, &learned, cfg)
@@ -966,6 +1131,7 @@ mod tests {
         // request, 100 ms here) keeps the holder whatever the queue.
         let req = Request {
             queued_prefill: Some(&queued),
+            shallow: None,
             ..request(&k, Some(&kn), Loads::new(&loads))
         };
         assert_eq!(choose(&ring(7), &req, &cost(), &on).reason, Reason::Warm);
@@ -996,6 +1162,7 @@ mod tests {
             pressure: None,
             share: None,
             queued_prefill: None,
+            shallow: None,
         };
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
         assert_eq!(c.reason, Reason::Spill);
@@ -1163,6 +1330,7 @@ mod tests {
         let go = |kn: Option<&Known>, loads: &[u32], q: Option<&[u32]>| {
             let req = Request {
                 queued_prefill: q,
+                shallow: None,
                 ..request(&k, kn, Loads::new(loads))
             };
             choose(&r, &req, &cost(), &AffinityConfig::default())

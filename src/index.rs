@@ -314,6 +314,22 @@ pub struct Known {
     pub age_ms: u64,
 }
 
+impl Known {
+    /// Depth `depth` with entry `entry`, aged at `now_ms`.
+    pub fn at(depth: usize, entry: Entry, now_ms: u64) -> Known {
+        Known {
+            depth,
+            entry,
+            age_ms: u64::from(decis(now_ms).wrapping_sub(entry.time)) * 100,
+        }
+    }
+}
+
+/// Gets of [`PrefixIndex::lookup_shallow`] at most (the ladder positions
+/// it probes under the deepest known block, galloping: the 1st, 2nd and
+/// 4th below it).
+pub const SHALLOW_PROBES: usize = 3;
+
 /// Index parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexConfig {
@@ -477,11 +493,7 @@ impl PrefixIndex {
     pub fn lookup<S: SlotStore>(&self, store: &S, blocks: &[u64], now_ms: u64) -> Option<Known> {
         let n = blocks.len();
         let last = *blocks.last()?;
-        let found = |depth: usize, e: Entry| Known {
-            depth,
-            entry: e,
-            age_ms: u64::from(decis(now_ms).wrapping_sub(e.time)) * 100,
-        };
+        let found = |depth: usize, e: Entry| Known::at(depth, e, now_ms);
         if let Some(e) = self.probe(store, last) {
             return Some(found(n, e));
         }
@@ -556,6 +568,59 @@ impl PrefixIndex {
             }
         }
         best
+    }
+
+    /// The **second tier** of a lookup: under `deep` (what
+    /// [`PrefixIndex::lookup`] found for `blocks`), a shallower ladder
+    /// block whose holders include a replica that `deep`'s holders do not,
+    /// with its depth; `None` when no probed block has one.
+    ///
+    /// Why: a later step of a session has one holder of its deepest block
+    /// (its first step's replica), while the replicas that hold only the
+    /// shared prefix under it (a system prompt) would re-prefill just the
+    /// session's own blocks; and the holders that a hot prefix's entry
+    /// dropped (at most [`MAX_HOLDERS`] per entry) stay on the ladder
+    /// blocks under it, which were written before. The spill rule prices a
+    /// move to such a replica by the tokens it lacks ([`crate::affinity`],
+    /// "Second tier").
+    ///
+    /// Search: the ladder positions strictly under block `deep.depth − 1`,
+    /// galloping down from the deepest (the 1st, 2nd, 4th, … below it), at
+    /// most [`SHALLOW_PROBES`] gets; the first present block with such a
+    /// holder is returned. The blocks between a session's shared prefix and
+    /// its deepest block were written by the session alone (its holders
+    /// only), so the first such block found is at or under the shared
+    /// prefix's deepest ladder block.
+    ///
+    /// Cost: at most [`SHALLOW_PROBES`] gets, made only when the caller
+    /// asks (the spill rule found a move worth pricing,
+    /// [`crate::affinity::Choice::tier_wanted`]). Invariants: the depth
+    /// returned is `< deep.depth` and its block is present with its exact
+    /// tag (never a false prefix: blocks are chained); some holder of its
+    /// entry is not a holder of `deep`.
+    pub fn lookup_shallow<S: SlotStore>(
+        &self,
+        store: &S,
+        blocks: &[u64],
+        deep: &Known,
+        now_ms: u64,
+    ) -> Option<Known> {
+        let top = deep.depth.min(blocks.len()).checked_sub(1)?;
+        let bits = self.cfg.ladder_bits;
+        let mut below = (0..top).rev().filter(|&p| on_ladder(p, bits));
+        // Gallop: skip 0, 0, 1, 3, … positions between probes.
+        let mut skip = 0usize;
+        for probe in 0..SHALLOW_PROBES {
+            let p = below.nth(skip)?;
+            skip = (1usize << probe).saturating_sub(1);
+            let Some(e) = blocks.get(p).and_then(|&key| self.probe(store, key)) else {
+                continue;
+            };
+            if e.holders().any(|h| !deep.entry.holders().any(|d| d == h)) {
+                return Some(Known::at(p + 1, e, now_ms));
+            }
+        }
+        None
     }
 
     /// The engine confirmed (its `cached_tokens`) that `replica` holds the
@@ -883,6 +948,65 @@ mod tests {
         let before = st.gets();
         let k = idx.lookup(&st, &a, 2000).unwrap();
         assert_eq!((k.depth, st.gets() - before), (48, 1));
+    }
+
+    #[test]
+    fn the_second_tier_finds_dropped_holders_and_shared_prefixes() {
+        let idx = PrefixIndex::new(IndexConfig::default());
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        // A 40-block shared prefix, first routed to 0: every ladder block
+        // [0]. Under it, replicas 1, 2, 3 become holders of block 39, and 0
+        // drops off its entry (MAX_HOLDERS = 3).
+        idx.record(&mut st, &chain(1, 40, 100, 48), None, 0, 0);
+        for (r, own) in [(1, 200), (2, 300), (3, 400)] {
+            let b = chain(1, 40, own, 45);
+            let k = idx.lookup(&st, &b, 1000).unwrap();
+            idx.record(&mut st, &b, Some(&k), r, 1000);
+        }
+        let e = chain(1, 40, 500, 45);
+        let deep = idx.lookup(&st, &e, 2000).unwrap();
+        assert_eq!(deep.depth, 40);
+        assert_eq!(deep.entry.holders, [Some(3), Some(2), Some(1)]);
+        let before = st.gets();
+        let s = idx.lookup_shallow(&st, &e, &deep, 2000).unwrap();
+        // Ladder position 31 (the first under 39) still names 0.
+        assert_eq!((s.depth, s.entry.holders[0]), (32, Some(0)));
+        assert_eq!(st.gets() - before, 1);
+        // A later step of a session recorded on 1 over the shared prefix:
+        // its deep blocks name 1 alone; the tier skips them down to the
+        // shared prefix.
+        let s1 = chain(1, 40, 7, 60);
+        let k = idx.lookup(&st, &s1, 3000).unwrap();
+        idx.record(&mut st, &s1, Some(&k), 1, 3000);
+        let s2 = chain(1, 40, 7, 70);
+        let deep = idx.lookup(&st, &s2, 4000).unwrap();
+        assert_eq!(
+            (deep.depth, deep.entry.holders),
+            (60, [Some(1), None, None])
+        );
+        // Probes 55 and 47 (the session's, [1]), then 31 (the gallop
+        // skips 39): 0 holds the shared prefix up to 32 blocks.
+        let before = st.gets();
+        let s = idx.lookup_shallow(&st, &s2, &deep, 4000).unwrap();
+        assert_eq!(
+            (s.depth, s.entry.holders[0], st.gets() - before),
+            (32, Some(0), 3)
+        );
+        assert!(s.depth < deep.depth && s.entry.holders().any(|h| h != 1));
+        // Nothing but the deep holders under it: None, after at most
+        // SHALLOW_PROBES gets.
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        let a = chain(9, 40, 1, 48);
+        idx.record(&mut st, &a, None, 4, 0);
+        let deep = idx.lookup(&st, &chain(9, 40, 2, 45), 0).unwrap();
+        let before = st.gets();
+        assert_eq!(idx.lookup_shallow(&st, &a, &deep, 0), None);
+        assert_eq!(st.gets() - before, SHALLOW_PROBES as u64);
+        // Depth 1: nothing under it, no get.
+        let one = Known { depth: 1, ..deep };
+        let before = st.gets();
+        assert_eq!(idx.lookup_shallow(&st, &a, &one, 0), None);
+        assert_eq!(st.gets(), before);
     }
 
     #[test]

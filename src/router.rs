@@ -239,8 +239,15 @@ impl Router {
             pressure: pressure.as_ref(),
             share: share.as_ref(),
             queued_prefill: queued,
+            shallow: None,
         };
-        let choice = affinity::choose(&self.ring, &request, cost, &self.affinity);
+        // The second tier ([`crate::index::PrefixIndex::lookup_shallow`]):
+        // ≤ 3 more gets, only when the spill rule asks for it.
+        let choice = affinity::choose_tiered(&self.ring, &request, cost, &self.affinity, |deep| {
+            self.index
+                .lookup_shallow(store, &key.blocks, deep, now_ms)
+                .map(|k| horizons.filter(k))
+        });
         (self.affinity_decision(key, &choice), choice, found)
     }
 
@@ -469,6 +476,7 @@ impl Router {
                     pressure: None,
                     share: None,
                     queued_prefill: None,
+                    shallow: None,
                 };
                 self.affinity_decision(
                     key,
@@ -614,6 +622,60 @@ mod tests {
             assert!(!r.needs_body());
             let d = r.select(&r.key(Body::None, None), Loads::new(&[0, 0, 0]), 7);
             assert_eq!(d.branch, b);
+        }
+    }
+
+    #[test]
+    fn a_spill_off_a_hot_prefix_goes_back_to_a_holder_it_dropped() {
+        use crate::index::VecStore;
+        let eps: Vec<String> = (1..=8).map(|i| format!("\"127.0.0.1:90{i:02}\"")).collect();
+        let json = format!(r#"{{"endpoints":[{}]}}"#, eps.join(","));
+        let r = Router::new(Config::from_json(json.as_bytes()).unwrap());
+        let cost = CostModel::new(r.cost_config());
+        let system = "You are a meticulous assistant. ".repeat(300);
+        let body = |q: usize| {
+            format!(
+                r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {q}"}}]}}"#
+            )
+        };
+        let key = |q: usize| r.key(Body::Complete(body(q).as_bytes()), None);
+        let decide = |r: &Router, store: &VecStore, q: usize, loads: &[u32]| {
+            let k = key(q);
+            r.choose_affinity(&k, body(q).len(), Loads::new(loads), store, &cost, 5000, 1)
+        };
+        for tier in [true, false] {
+            let r = r.clone().with_affinity_config(AffinityConfig {
+                tier,
+                ..*r.affinity_config()
+            });
+            let mut store = VecStore::new(r.config().affinity.index_slots);
+            // The system prompt's first request goes to `x`; three other
+            // replicas then take it over, and `x` drops off its entry.
+            let (_, c, known) = decide(&r, &store, 0, &[0; 8]);
+            let x = c.primary;
+            r.record_affinity(&mut store, &key(0).blocks, known.as_ref(), x, 1000);
+            let others: Vec<usize> = (0..8).filter(|&i| i != x).take(3).collect();
+            for (q, &h) in others.iter().enumerate() {
+                let (_, _, known) = decide(&r, &store, q + 1, &[0; 8]);
+                r.record_affinity(&mut store, &key(q + 1).blocks, known.as_ref(), h, 2000);
+            }
+            // The three holders are over the load bound, `x` is idle.
+            let mut loads = [0u32; 8];
+            for &h in &others {
+                loads[h] = 40;
+            }
+            let (_, c, known) = decide(&r, &store, 9, &loads);
+            let mut holders: Vec<usize> = known.unwrap().entry.holders().collect();
+            holders.sort_unstable();
+            assert_eq!(holders, others);
+            assert_eq!(c.reason, crate::affinity::Reason::Spill);
+            if tier {
+                // It still caches most of the prompt: it is the new holder.
+                assert_eq!(c.primary, x);
+                assert!(c.expected_cached_tokens > 1000.0, "{c:?}");
+            } else {
+                assert_eq!(c.expected_cached_tokens, 0.0);
+            }
         }
     }
 

@@ -789,8 +789,13 @@ impl Gateways {
             pressure: pressure.as_ref(),
             share: share.as_ref(),
             queued_prefill: queued_all.as_deref().or(g.queued.as_deref()),
+            shallow: None,
         };
-        let c = affinity::choose(self.router.ring(), &request, &g.cost, &self.cfg);
+        // The filter's second lookup tier, on this gateway's table.
+        let (index, store) = (&self.index, &g.store);
+        let c = affinity::choose_tiered(self.router.ring(), &request, &g.cost, &self.cfg, |d| {
+            index.lookup_shallow(store, &key.blocks, d, now_ms)
+        });
         Share::note(&mut g.store, n, c.primary, &self.cfg);
         // The filter's `Queued::start`: this gateway's own count.
         let queued_tokens = c.expected_uncached_tokens().round() as u32;

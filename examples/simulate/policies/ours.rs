@@ -155,6 +155,7 @@ impl OursParams {
             "share_settled" => self.affinity.share_settled = f()?,
             "light_slack" => self.affinity.light_slack = f()?,
             "queue_wait_cap" => self.affinity.queue_wait_cap = v == "1" || v == "true",
+            "tier" => self.affinity.tier = v == "1" || v == "true",
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
@@ -174,6 +175,8 @@ pub struct Ours {
     pending_known: Vec<Option<Known>>,
     record_at_route: bool,
     reasons: [u64; 4],
+    /// Spills to a holder of a shallower block (the second tier).
+    tier_moves: u64,
     routed: u64,
     ticket: u64,
     cold_why: [u64; 3],
@@ -221,6 +224,7 @@ impl Ours {
             pending_known: Vec::new(),
             record_at_route: p.record_at_route,
             reasons: [0; 4],
+            tier_moves: 0,
             routed: 0,
             ticket: 0,
             cold_why: [0; 3],
@@ -342,8 +346,12 @@ impl Policy for Ours {
             pressure: pressure.as_ref(),
             share: share.as_ref(),
             queued_prefill: self.queued.as_deref(),
+            shallow: None,
         };
-        let c = affinity::choose(self.router.ring(), &request, &self.cost, &self.cfg);
+        let (index, store) = (&self.index, &self.store);
+        let c = affinity::choose_tiered(self.router.ring(), &request, &self.cost, &self.cfg, |k| {
+            index.lookup_shallow(store, &key.blocks, k, now_ms)
+        });
         Share::note(&mut self.store, n, c.primary, &self.cfg);
         if self.decide_log {
             self.log_decision(idx, &c, known.as_ref(), view);
@@ -412,6 +420,9 @@ impl Policy for Ours {
             Reason::NoKey => 3,
         }] += 1;
         self.routed += 1;
+        if c.reason == Reason::Spill && c.expected_cached_tokens > 0.0 {
+            self.tier_moves += 1;
+        }
         Routed {
             replica: c.primary,
             spill: c.reason == Reason::Spill,
@@ -473,6 +484,7 @@ impl Policy for Ours {
         vec![
             ("warm".into(), self.reasons[0] as f64 / n),
             ("spill".into(), self.reasons[1] as f64 / n),
+            ("spill_tier".into(), self.tier_moves as f64 / n),
             ("cold".into(), self.reasons[2] as f64 / n),
             ("cold_unknown".into(), self.cold_why[0] as f64 / n),
             ("cold_stale".into(), self.cold_why[1] as f64 / n),
