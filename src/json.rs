@@ -264,13 +264,18 @@ impl<'a> Scanner<'a> {
     }
 }
 
-/// Index in `names` of a raw key (escapes left in). A key without a backslash
-/// (all real traffic) is compared as bytes; an escaped one is decoded into a
-/// small stack buffer first (a decoded key longer than any name matches none).
-/// No allocation either way.
+/// Index in `names` of a raw key (escapes left in). The raw bytes are
+/// compared first (all real traffic: the names have no backslash, so a raw
+/// match is the decoded match); only a key that matched none and holds a
+/// backslash is decoded into a small stack buffer and compared again (a
+/// decoded key longer than any name matches none). No allocation either way;
+/// a plain key costs the comparisons alone (no search for a backslash first).
 pub fn key_position(raw: &[u8], names: &[&[u8]]) -> Option<usize> {
+    if let Some(i) = names.iter().position(|n| *n == raw) {
+        return Some(i);
+    }
     if !raw.contains(&b'\\') {
-        return names.iter().position(|n| *n == raw);
+        return None;
     }
     let mut buf = [0u8; 32];
     let mut len = 0;
