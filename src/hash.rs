@@ -41,7 +41,7 @@
 //! yields the same hashes, and a shared prefix of calls yields the same
 //! leading block hashes and ends.
 
-use crate::blockhash::{block_hash, block_hash_ascii, block_hash_plain};
+use crate::blockhash::{block_hash, block_hash_ascii, block_hash_plain, block_hash_plain_round};
 use crate::bytescan::split_chars;
 use std::cell::Cell;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -51,6 +51,17 @@ thread_local! {
     /// one on this thread (the filter's VM is single-threaded): no allocation
     /// for it per request in steady state.
     static SPARE_BLOCK_BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests only: hashers created while this is set take none of the fast
+    /// paths (no plain blocks from the body, no ASCII or in-place blocks):
+    /// every piece of text is fed one character at a time into the open
+    /// block and hashed from the copy, as the key was first computed. The
+    /// reference the fast paths are checked against
+    /// (`extract::tests::fast_key_equals_the_reference_key`).
+    pub(crate) static REFERENCE_PATH: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Block size, in units, used for the routing key chain: the longest block.
@@ -79,6 +90,9 @@ pub struct PrefixHasher {
     blocks: Vec<u64>,
     ends: Vec<u32>,
     units: usize,
+    /// Tests only: [`REFERENCE_PATH`] when this hasher was made.
+    #[cfg(test)]
+    reference: bool,
 }
 
 /// Result of [`PrefixHasher::finish`].
@@ -140,6 +154,8 @@ impl PrefixHasher {
             blocks: Vec::with_capacity(limit / block_units + 1),
             ends: Vec::with_capacity(limit / block_units + 1),
             units: 0,
+            #[cfg(test)]
+            reference: REFERENCE_PATH.with(Cell::get),
         }
     }
 
@@ -193,6 +209,15 @@ impl PrefixHasher {
     /// SIMD character counting ([`split_chars`]) and the bytes are hashed in
     /// place if they make a whole block, else copied into the open block.
     pub fn push_utf8(&mut self, mut b: &[u8]) {
+        #[cfg(test)]
+        if self.reference {
+            // One character (with any continuation bytes after it) at a time.
+            while !b.is_empty() && self.remaining > 0 {
+                let (bytes, chars) = split_chars(b, 1);
+                b = self.take(b, bytes, chars);
+            }
+            return;
+        }
         let mut try_ascii = true;
         while !b.is_empty() && self.remaining > 0 {
             let n = self.block_units;
@@ -223,10 +248,37 @@ impl PrefixHasher {
     /// must then skip: the same blocks and hashes as unescaping them and
     /// calling [`PrefixHasher::push_utf8`], in one pass instead of a scan for
     /// the string's end, then a count and a hash.
+    ///
+    /// With the routing key's block size ([`BLOCK_UNITS`], one round of the
+    /// block hash) each block is a fixed 256-byte array handed to
+    /// [`block_hash_plain_round`] (loads at constant offsets, no partial-round
+    /// code); any other size takes the general [`block_hash_plain`].
     #[inline]
     pub fn push_plain_blocks(&mut self, raw: &[u8]) -> usize {
+        #[cfg(test)]
+        if self.reference {
+            return 0;
+        }
         let n = self.block_units;
         let mut used = 0;
+        if n == BLOCK_UNITS {
+            let mut rest = raw;
+            while self.in_block == 0 && self.cur.is_empty() && self.remaining >= BLOCK_UNITS {
+                let Some((block, after)) = rest.split_first_chunk::<BLOCK_UNITS>() else {
+                    break;
+                };
+                if after.first().is_some_and(|&c| c & 0xC0 == 0x80) {
+                    break;
+                }
+                let Some(h) = block_hash_plain_round(block) else {
+                    break;
+                };
+                self.push_whole(h);
+                rest = after;
+                used += BLOCK_UNITS;
+            }
+            return used;
+        }
         while self.in_block == 0 && self.cur.is_empty() && self.remaining >= n {
             let Some((block, rest)) = raw[used..].split_at_checked(n) else {
                 break;
