@@ -271,7 +271,7 @@ impl<'a> Scanner<'a> {
 /// decoded key longer than any name matches none). No allocation either way;
 /// a plain key costs the comparisons alone (no search for a backslash first).
 pub fn key_position(raw: &[u8], names: &[&[u8]]) -> Option<usize> {
-    if let Some(i) = names.iter().position(|n| *n == raw) {
+    if let Some(i) = names.iter().position(|n| short_eq(n, raw)) {
         return Some(i);
     }
     if !raw.contains(&b'\\') {
@@ -292,6 +292,35 @@ pub fn key_position(raw: &[u8], names: &[&[u8]]) -> Option<usize> {
     }
     let key = buf.get(..len)?;
     names.iter().position(|n| *n == key)
+}
+
+/// `a == b` for field names: lengths first, then (up to 16 bytes, every
+/// name here) two overlapping little-endian words of each, compared inline;
+/// longer slices by the library's comparison. In wasm the library's
+/// comparison is a call to a byte loop (~10 instructions a byte), and
+/// every key of a body is compared with up to 11 names.
+#[inline]
+fn short_eq(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&s[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
+    let half = |s: &[u8], at: usize| -> u32 {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&s[at..at + 4]);
+        u32::from_le_bytes(w)
+    };
+    match n {
+        0..=3 => a == b,
+        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        _ => a == b,
+    }
 }
 
 /// Unescape a raw JSON string's contents into a `String` (short fields only).
@@ -713,6 +742,29 @@ mod tests {
                 serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(doc).is_ok();
             assert_eq!(valid(doc), strict, "{doc}");
         }
+    }
+
+    #[test]
+    fn short_eq_is_slice_equality() {
+        // Every length 0–20 and a difference at every position (both words
+        // of the overlapping reads), against `==`.
+        for n in 0..=20usize {
+            let a: Vec<u8> = (0..n).map(|i| b'a' + (i * 5 % 26) as u8).collect();
+            assert!(short_eq(&a, &a.clone()), "{n}");
+            for at in 0..n {
+                let mut b = a.clone();
+                b[at] ^= 0x20;
+                assert_eq!(short_eq(&a, &b), a == b, "{n} at {at}");
+                assert!(!short_eq(&a, &b));
+            }
+            if n > 0 {
+                assert!(!short_eq(&a, &a[..n - 1]));
+            }
+        }
+        assert_eq!(key_position(b"content", PROMPT_FIELDS), Some(0));
+        assert_eq!(key_position(b"video_url", PROMPT_FIELDS), Some(9));
+        assert_eq!(key_position(br"c\u006fntent", PROMPT_FIELDS), Some(0));
+        assert_eq!(key_position(b"contents", PROMPT_FIELDS), None);
     }
 
     #[test]
