@@ -426,6 +426,15 @@ fn for_each_piece_or_plain<S: TextSink>(raw: &[u8], sink: &mut S) -> Pieces {
         let run = find_special(&raw[i..]).unwrap_or(raw.len() - i);
         if run > 0 {
             let piece = &raw[i..i + run];
+            if len == 0 && raw.get(i + run) == Some(&b'"') {
+                // The rest of the string has no escape and nothing is
+                // buffered: hand it over from the body, without the copy.
+                return if sink.piece(piece) {
+                    Pieces::Quote(i + run)
+                } else {
+                    Pieces::Stopped(i + run)
+                };
+            }
             if len + run <= CAP {
                 buf[len..len + run].copy_from_slice(piece);
                 len += run;
