@@ -490,11 +490,12 @@ fn for_each_piece_or_plain<S: TextSink>(raw: &[u8], sink: &mut S) -> Pieces {
     Pieces::Bad
 }
 
-/// Index of the first `"`, `\` or control byte (< 0x20) in `b`: sixteen
-/// bytes per step with SIMD ([`crate::bytescan::find`]).
+/// Index of the first `"`, `\` or control byte (< 0x20) in `b`: the first
+/// sixteen bytes alone, then 64 per step with SIMD
+/// ([`crate::bytescan::find_near`]).
 #[inline]
 fn find_special(b: &[u8]) -> Option<usize> {
-    crate::bytescan::find(b, [b'"', b'\\'], 0x20)
+    crate::bytescan::find_near(b, [b'"', b'\\'], 0x20)
 }
 
 /// Decode `\uXXXX` (and a following low surrogate); bad input → U+FFFD.
