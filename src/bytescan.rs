@@ -26,6 +26,31 @@
 ))]
 #[inline]
 pub fn find<const N: usize>(hay: &[u8], needles: [u8; N], below: u8) -> Option<usize> {
+    find_steps::<N, false>(hay, needles, below)
+}
+
+/// [`find`]; with `NEAR`, the first 16 bytes tested alone first
+/// ([`find_near`]). One function, so each variant's loop is compiled in
+/// place (a wrapper around [`find`] made the 64-byte loop ~3 instructions a
+/// step slower in wasm).
+#[cfg(any(
+    all(target_arch = "wasm32", target_feature = "simd128"),
+    target_arch = "x86_64"
+))]
+#[inline(always)]
+fn find_steps<const N: usize, const NEAR: bool>(
+    hay: &[u8],
+    needles: [u8; N],
+    below: u8,
+) -> Option<usize> {
+    if NEAR {
+        if let Some(c) = hay.get(..16) {
+            let bits = simd::bits(simd::matches(c, needles, below));
+            if bits != 0 {
+                return Some(bits.trailing_zeros() as usize);
+            }
+        }
+    }
     let mut i = 0;
     while let Some(c) = hay.get(i..i + 64) {
         let m = [
@@ -54,22 +79,27 @@ pub fn find<const N: usize>(hay: &[u8], needles: [u8; N], below: u8) -> Option<u
 }
 
 /// [`find`] for hits that are usually near: the first 16 bytes are tested
-/// alone first (one vector instead of four and their fold), then [`find`]
-/// from the start. For the JSON scanner, where most keys and short values
-/// end within 16 bytes (the response scanner's hits are farther apart: it
-/// keeps [`find`], which this would cost ~4 % more there).
+/// alone first (one vector instead of four and their fold), then the
+/// 64-byte steps from the start. For the JSON scanner, where most keys and
+/// short values end within 16 bytes (the response scanner's hits are
+/// farther apart: it keeps [`find`]; with the test its `usage/sse200` cost
+/// ~4 % more wasm instructions).
+#[cfg(any(
+    all(target_arch = "wasm32", target_feature = "simd128"),
+    target_arch = "x86_64"
+))]
 #[inline]
 pub fn find_near<const N: usize>(hay: &[u8], needles: [u8; N], below: u8) -> Option<usize> {
-    #[cfg(any(
-        all(target_arch = "wasm32", target_feature = "simd128"),
-        target_arch = "x86_64"
-    ))]
-    if let Some(c) = hay.get(..16) {
-        let bits = simd::bits(simd::matches(c, needles, below));
-        if bits != 0 {
-            return Some(bits.trailing_zeros() as usize);
-        }
-    }
+    find_steps::<N, true>(hay, needles, below)
+}
+
+/// [`find_near`] without SIMD: [`find`].
+#[cfg(not(any(
+    all(target_arch = "wasm32", target_feature = "simd128"),
+    target_arch = "x86_64"
+)))]
+#[inline]
+pub fn find_near<const N: usize>(hay: &[u8], needles: [u8; N], below: u8) -> Option<usize> {
     find(hay, needles, below)
 }
 
