@@ -134,7 +134,24 @@ fn folded_needle<const N: usize>(needles: [u8; N], below: u8) -> Option<u8> {
 #[inline]
 pub fn split_chars(b: &[u8], room: usize) -> (usize, usize) {
     let (mut i, mut chars) = split_chars_wide(b, room);
-    for &c in &b[i..] {
+    let rest = &b[i..];
+    if rest.len() <= room - chars {
+        // All of it fits (a character is at least a byte): count the rest's
+        // characters eight bytes at a time, no split to find (the common
+        // case: the last < 16 bytes of a piece).
+        let mut words = rest.chunks_exact(8);
+        let mut n = 0;
+        for w in words.by_ref() {
+            n += chars_in_word(word(w));
+        }
+        n += words
+            .remainder()
+            .iter()
+            .filter(|&&c| c & 0xC0 != 0x80)
+            .count();
+        return (b.len(), chars + n);
+    }
+    for &c in rest {
         if c & 0xC0 != 0x80 {
             if chars == room {
                 return (i, chars);
@@ -213,7 +230,6 @@ fn split_chars_wide(b: &[u8], room: usize) -> (usize, usize) {
 /// little-endian word: eight minus the continuation bytes, found as "bit 7
 /// set and bit 6 clear" in every byte at once.
 #[inline]
-#[allow(dead_code)] // the SWAR fallback and the tests
 fn chars_in_word(w: u64) -> usize {
     const HIGH: u64 = 0x8080_8080_8080_8080;
     if w & HIGH == 0 {

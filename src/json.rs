@@ -409,24 +409,22 @@ impl TextSink for PrefixHasher {
 /// is buffered (at the start and after each hand-over) with
 /// [`TextSink::plain`].
 fn for_each_piece_or_plain<S: TextSink>(raw: &[u8], sink: &mut S) -> Pieces {
-    const CAP: usize = 1024;
-    let mut buf = [0u8; CAP];
-    let mut len = 0usize;
+    let mut buf = Scratch::new();
     let mut i = 0;
     // Hand the buffer over; false = stop.
-    let flush = |buf: &[u8], len: &mut usize, sink: &mut S| -> bool {
-        let go = *len == 0 || sink.piece(&buf[..*len]);
-        *len = 0;
+    let flush = |buf: &mut Scratch, sink: &mut S| -> bool {
+        let go = buf.is_empty() || sink.piece(buf.bytes());
+        buf.clear();
         go
     };
     while i < raw.len() {
-        if len == 0 {
+        if buf.is_empty() {
             i += sink.plain(&raw[i..]);
         }
         let run = find_special(&raw[i..]).unwrap_or(raw.len() - i);
         if run > 0 {
             let piece = &raw[i..i + run];
-            if len == 0 && raw.get(i + run) == Some(&b'"') {
+            if buf.is_empty() && raw.get(i + run) == Some(&b'"') {
                 // The rest of the string has no escape and nothing is
                 // buffered: hand it over from the body, without the copy.
                 return if sink.piece(piece) {
@@ -435,10 +433,9 @@ fn for_each_piece_or_plain<S: TextSink>(raw: &[u8], sink: &mut S) -> Pieces {
                     Pieces::Stopped(i + run)
                 };
             }
-            if len + run <= CAP {
-                buf[len..len + run].copy_from_slice(piece);
-                len += run;
-            } else if !flush(&buf, &mut len, sink) {
+            if run <= buf.room() {
+                buf.push(piece);
+            } else if !flush(&mut buf, sink) {
                 return Pieces::Stopped(i);
             } else if !sink.piece(piece) {
                 return Pieces::Stopped(i + run);
@@ -448,7 +445,7 @@ fn for_each_piece_or_plain<S: TextSink>(raw: &[u8], sink: &mut S) -> Pieces {
         match raw.get(i) {
             Some(b'\\') => {}
             Some(b'"') => {
-                return if flush(&buf, &mut len, sink) {
+                return if flush(&mut buf, sink) {
                     Pieces::Quote(i)
                 } else {
                     Pieces::Stopped(i)
@@ -456,38 +453,92 @@ fn for_each_piece_or_plain<S: TextSink>(raw: &[u8], sink: &mut S) -> Pieces {
             }
             // The end (what was decoded is handed over) or a control byte.
             None => {
-                flush(&buf, &mut len, sink);
+                flush(&mut buf, sink);
                 return Pieces::Bad;
             }
             _ => return Pieces::Bad,
         }
         let Some(used) = escape_len(&raw[i..]) else {
-            flush(&buf, &mut len, sink);
+            flush(&mut buf, sink);
             return Pieces::Bad;
         };
-        let ch = match raw[i + 1] {
-            b'n' => '\n',
-            b't' => '\t',
-            b'r' => '\r',
-            b'b' => '\u{8}',
-            b'f' => '\u{c}',
-            b'u' => decode_u(&raw[i..]).0,
-            other => char::from(other),
+        let (ch, used) = match raw[i + 1] {
+            b'n' => ('\n', used),
+            b't' => ('\t', used),
+            b'r' => ('\r', used),
+            b'b' => ('\u{8}', used),
+            b'f' => ('\u{c}', used),
+            b'u' => decode_u(&raw[i..]),
+            other => (char::from(other), used),
         };
-        let used = if raw[i + 1] == b'u' {
-            decode_u(&raw[i..]).1
-        } else {
-            used
-        };
-        if len + 4 > CAP && !flush(&buf, &mut len, sink) {
+        if buf.room() < 4 && !flush(&mut buf, sink) {
             return Pieces::Stopped(i);
         }
-        len += ch.encode_utf8(&mut buf[len..]).len();
+        buf.push(ch.encode_utf8(&mut [0u8; 4]).as_bytes());
         i += used;
     }
     // The end without a closing quote: hand over what was decoded.
-    flush(&buf, &mut len, sink);
+    flush(&mut buf, sink);
     Pieces::Bad
+}
+
+/// The 1 KiB stack buffer of [`for_each_piece_or_plain`], filled from the
+/// front and never zeroed: only its first `len` bytes (all written by
+/// [`Scratch::push`]) are ever read. Zeroing 1 KiB per string walked (the
+/// former `[0u8; 1024]`) was a `memory.fill` per message: one wasm
+/// instruction, but a 1 KiB memset in the engine every time.
+struct Scratch {
+    buf: [std::mem::MaybeUninit<u8>; Scratch::CAP],
+    len: usize,
+}
+
+impl Scratch {
+    const CAP: usize = 1024;
+
+    #[inline(always)]
+    fn new() -> Scratch {
+        Scratch {
+            buf: [std::mem::MaybeUninit::uninit(); Scratch::CAP],
+            len: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes that still fit.
+    #[inline(always)]
+    fn room(&self) -> usize {
+        Scratch::CAP - self.len
+    }
+
+    /// Append `b`, which must fit ([`Scratch::room`]: the callers check).
+    #[inline(always)]
+    fn push(&mut self, b: &[u8]) {
+        let dst = &mut self.buf[self.len..self.len + b.len()];
+        // SAFETY: `dst` is `b.len()` bytes of this buffer (bounds checked
+        // by the slice above), `b` is another object: the copy stays in
+        // bounds and does not overlap. `MaybeUninit<u8>` has `u8`'s layout.
+        unsafe {
+            std::ptr::copy_nonoverlapping(b.as_ptr(), dst.as_mut_ptr().cast::<u8>(), b.len());
+        }
+        self.len += b.len();
+    }
+
+    /// The bytes pushed since the last [`Scratch::clear`].
+    #[inline(always)]
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the first `len` bytes were all written by `push` (and
+        // `len ≤ CAP`), and `MaybeUninit<u8>` has `u8`'s layout.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), self.len) }
+    }
+
+    #[inline(always)]
+    fn clear(&mut self) {
+        self.len = 0;
+    }
 }
 
 /// Index of the first `"`, `\` or control byte (< 0x20) in `b`: the first
