@@ -511,6 +511,16 @@ mod tests {
         h.finish()
     }
 
+    /// A xorshift64 generator: `rand(n)` is in `0..n` (0 for `n` = 0).
+    fn xorshift(mut state: u64) -> impl FnMut(u32) -> u32 {
+        move |n| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % u64::from(n.max(1))) as u32
+        }
+    }
+
     /// JSON string contents for `text`: quotes, backslashes and controls
     /// escaped, and (when `rand` says so) non-ASCII characters as `\uXXXX`.
     fn json_text(text: &str, rand: &mut impl FnMut(u32) -> u32) -> String {
@@ -539,13 +549,7 @@ mod tests {
         // character counts) equals feeding the decoded texts one character
         // at a time; with the whole budget and with one that runs out
         // inside a plain run.
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut rand = |n: u32| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % u64::from(n)) as u32
-        };
+        let mut rand = xorshift(0x2545_f491_4f6c_dd1d);
         let runs = [0usize, 1, 15, 16, 17, 63, 64, 255, 256, 257, 511, 512, 700];
         let odd = ["\n", "\"", "\\", "é", "漢", "🦊", "\t", "\u{1}", "ü\n"];
         for round in 0..60 {
@@ -764,13 +768,7 @@ mod tests {
         // budgets that run out anywhere; block sizes 256 (the key's, the
         // round path) and 64 (the general path). And the seeded blocks
         // (`Mixer`) equal the former per-block xxh3.
-        let mut state = 0x51f1_5e7a_c0ff_ee11u64;
-        let mut rand = |n: u32| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % u64::from(n.max(1))) as u32
-        };
+        let mut rand = xorshift(0x51f1_5e7a_c0ff_ee11);
         let (mut ok, mut bad) = (0, 0);
         for round in 0..400 {
             let body = random_body(&mut rand);
