@@ -21,6 +21,8 @@
 //!   remembers: ring placement every time);
 //! - `decide/<n>/{warm,cold}`: the same without the key (precomputed), to show
 //!   what grows with `n`;
+//! - `key*/<size>`, `keytiny/*`, `keychat64/*`: the routing key and its
+//!   parts (see [`key_parts`] and [`key_chat64`]);
 //! - `usage/json1k`, `usage/json16k`, `usage/sse200`: the response scanner
 //!   (`read_usage`) over a non-streamed chat completion with a 1 or 16 KiB
 //!   answer, and over a 200-event stream (one chunk per event, the usage
@@ -359,6 +361,47 @@ fn key_parts(kb: usize) {
     });
 }
 
+/// `keychat64/*`: a chat of 64 short messages (~100 characters each, one
+/// partial block per message: the shape of a long multi-turn conversation),
+/// where the per-message work (the walk, each message's last block) counts
+/// and no 256-byte plain block ever forms: `extract` (the whole key's text
+/// part), `scan` (the validating scan alone), `hash` (the hasher fed the 64
+/// texts directly, no JSON).
+fn key_chat64() {
+    let texts: Vec<String> = (0..64)
+        .map(|i| {
+            format!("message {i}: the assistant must answer questions about billing, orders and shipping politely.")
+        })
+        .collect();
+    let body = format!(
+        r#"{{"model":"m","messages":[{}]}}"#,
+        texts
+            .iter()
+            .map(|t| format!(r#"{{"role":"user","content":"{t}"}}"#))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    case("keychat64/extract", || {
+        let e = prefix_router::extract::extract(black_box(body.as_bytes()), 65536, BLOCK_UNITS);
+        e.map_or(0, |e| e.prefix.last().unwrap_or(0))
+    });
+    case("keychat64/scan", || {
+        let mut n = 0u64;
+        let ok = Scanner::new(black_box(body.as_bytes()))
+            .object_members(|_, v| n += v.len() as u64)
+            .is_ok();
+        n + u64::from(ok)
+    });
+    case("keychat64/hash", || {
+        let mut h = PrefixHasher::new(65536, BLOCK_UNITS);
+        for t in &texts {
+            h.push_str(black_box(t));
+            h.end_element(ELEMENT_END);
+        }
+        h.finish().last().unwrap_or(0)
+    });
+}
+
 fn main() {
     let tiny = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
     case("keytiny/extract", || {
@@ -378,6 +421,7 @@ fn main() {
         h.end_element(ELEMENT_END);
         h.finish().last().unwrap_or(0)
     });
+    key_chat64();
     for kb in [1, 16, 64, 256] {
         end_to_end("affinity", kb);
         end_to_end("prefix", kb);

@@ -511,6 +511,16 @@ mod tests {
         h.finish()
     }
 
+    /// A xorshift64 generator: `rand(n)` is in `0..n` (0 for `n` = 0).
+    fn xorshift(mut state: u64) -> impl FnMut(u32) -> u32 {
+        move |n| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % u64::from(n.max(1))) as u32
+        }
+    }
+
     /// JSON string contents for `text`: quotes, backslashes and controls
     /// escaped, and (when `rand` says so) non-ASCII characters as `\uXXXX`.
     fn json_text(text: &str, rand: &mut impl FnMut(u32) -> u32) -> String {
@@ -539,13 +549,7 @@ mod tests {
         // character counts) equals feeding the decoded texts one character
         // at a time; with the whole budget and with one that runs out
         // inside a plain run.
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut rand = |n: u32| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % u64::from(n)) as u32
-        };
+        let mut rand = xorshift(0x2545_f491_4f6c_dd1d);
         let runs = [0usize, 1, 15, 16, 17, 63, 64, 255, 256, 257, 511, 512, 700];
         let odd = ["\n", "\"", "\\", "é", "漢", "🦊", "\t", "\u{1}", "ü\n"];
         for round in 0..60 {
@@ -579,6 +583,224 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// [`extract`] by the reference path: the hasher takes no fast path
+    /// (`hash::REFERENCE_PATH`: every piece of text decoded and fed one
+    /// character at a time, each block hashed from its copy).
+    fn reference_extract(
+        body: &[u8],
+        limit: usize,
+        units: usize,
+    ) -> Result<Extracted<'_>, Malformed> {
+        crate::hash::REFERENCE_PATH.with(|r| r.set(true));
+        let e = extract(body, limit, units);
+        crate::hash::REFERENCE_PATH.with(|r| r.set(false));
+        e
+    }
+
+    /// Raw JSON string contents (escapes and invalid bytes in it) of random
+    /// text: ASCII runs whose lengths straddle the 16/64/256-byte steps,
+    /// escapes (`\uXXXX` with surrogate pairs, lone surrogates), raw
+    /// multi-byte characters, invalid UTF-8 and, rarely, a raw control byte
+    /// (a malformed body: both paths must refuse it alike).
+    fn random_text(rand: &mut impl FnMut(u32) -> u32) -> Vec<u8> {
+        const RUNS: [usize; 16] = [
+            0, 1, 15, 16, 17, 63, 64, 100, 255, 256, 257, 300, 511, 512, 513, 700,
+        ];
+        const ODD: [&[u8]; 22] = [
+            b"\\n",
+            b"\\\"",
+            b"\\\\",
+            b"\\/",
+            b"\\t",
+            b"\\b",
+            b"\\u00e9",
+            b"\\u6F22",
+            b"\\u0000",
+            b"\\ud83e\\udd8a",
+            b"\\ud800",
+            b"\\udc00",
+            b"\\ud83ex",
+            b"\\ud83e\\u0041",
+            "é".as_bytes(),
+            "漢".as_bytes(),
+            "🦊".as_bytes(),
+            b"\xff",
+            b"\x80",
+            b"\xc3",
+            b"\xe6\xbc",
+            b"\x01",
+        ];
+        let mut t = Vec::new();
+        for _ in 0..rand(7) {
+            let n = RUNS[rand(RUNS.len() as u32) as usize];
+            let seed = rand(26) as usize;
+            t.extend((0..n).map(|i| b"abcdefghijklmnopqrstuvwxyz ,.!?-"[(i * 7 + seed) % 32]));
+            // The control byte stays rare (it makes the body malformed).
+            let odd = ODD.len() - usize::from(rand(8) != 0);
+            t.extend_from_slice(ODD[rand(odd as u32) as usize]);
+        }
+        t
+    }
+
+    /// A random request body of one of the shapes the walk knows (chat with
+    /// string or multi-part contents and media, completions with a string,
+    /// strings or token ids, Responses with `instructions` and a string or
+    /// items `input`), sometimes truncated.
+    fn random_body(rand: &mut impl FnMut(u32) -> u32) -> Vec<u8> {
+        let mut b: Vec<u8> = Vec::new();
+        let string = |b: &mut Vec<u8>, rand: &mut dyn FnMut(u32) -> u32| {
+            b.push(b'"');
+            b.extend(random_text(&mut |n| rand(n)));
+            b.push(b'"');
+        };
+        let parts = |b: &mut Vec<u8>, rand: &mut dyn FnMut(u32) -> u32, kind: &[u8]| {
+            b.push(b'[');
+            for i in 0..1 + rand(3) {
+                if i > 0 {
+                    b.extend_from_slice(b" , ");
+                }
+                if rand(4) == 0 {
+                    b.extend_from_slice(br#"{"type":"image_url","image_url":{"url":"#);
+                    string(b, rand);
+                    b.extend_from_slice(b"}}");
+                } else {
+                    b.extend_from_slice(br#"{"type":""#);
+                    b.extend_from_slice(kind);
+                    b.extend_from_slice(br#"","text":"#);
+                    string(b, rand);
+                    b.push(b'}');
+                }
+            }
+            b.push(b']');
+        };
+        b.extend_from_slice(br#"{"model":"m","#);
+        match rand(3) {
+            0 => {
+                b.extend_from_slice(br#""messages":["#);
+                for i in 0..1 + rand(4) {
+                    if i > 0 {
+                        b.push(b',');
+                    }
+                    b.extend_from_slice(br#"{"role":"user","content":"#);
+                    if rand(3) == 0 {
+                        parts(&mut b, rand, b"text");
+                    } else {
+                        string(&mut b, rand);
+                    }
+                    b.push(b'}');
+                }
+                b.push(b']');
+            }
+            1 => {
+                b.extend_from_slice(br#""prompt":"#);
+                match rand(3) {
+                    0 => string(&mut b, rand),
+                    1 => {
+                        b.push(b'[');
+                        for i in 0..1 + rand(3) {
+                            if i > 0 {
+                                b.push(b',');
+                            }
+                            string(&mut b, rand);
+                        }
+                        b.push(b']');
+                    }
+                    _ => {
+                        let ids: Vec<String> = (0..1 + rand(300))
+                            .map(|_| rand(100_000).to_string())
+                            .collect();
+                        b.extend_from_slice(format!("[{}]", ids.join(",")).as_bytes());
+                    }
+                }
+            }
+            _ => {
+                if rand(2) == 0 {
+                    b.extend_from_slice(br#""instructions":"#);
+                    string(&mut b, rand);
+                    b.push(b',');
+                }
+                b.extend_from_slice(br#""input":"#);
+                if rand(3) == 0 {
+                    string(&mut b, rand);
+                } else {
+                    b.push(b'[');
+                    for i in 0..1 + rand(3) {
+                        if i > 0 {
+                            b.push(b',');
+                        }
+                        match rand(3) {
+                            0 => {
+                                b.extend_from_slice(br#"{"role":"user","content":"#);
+                                parts(&mut b, rand, b"input_text");
+                            }
+                            1 => {
+                                b.extend_from_slice(br#"{"type":"message","content":"#);
+                                string(&mut b, rand);
+                            }
+                            _ => {
+                                b.extend_from_slice(br#"{"type":"function_call_output","output":"#);
+                                string(&mut b, rand);
+                            }
+                        }
+                        b.push(b'}');
+                    }
+                    b.push(b']');
+                }
+            }
+        }
+        b.extend_from_slice(br#","stream":false}"#);
+        if rand(5) == 0 {
+            let cut = rand(b.len() as u32) as usize;
+            b.truncate(cut);
+        }
+        b
+    }
+
+    #[test]
+    fn fast_key_equals_the_reference_key() {
+        // Random bodies (escapes, surrogates, unicode, invalid UTF-8,
+        // truncation, prompt arrays and token ids, Responses items,
+        // multi-part contents, media): the key with every fast path (plain
+        // blocks from the body, the 256-byte round, ASCII blocks, in-place
+        // blocks) equals the reference path's, for the whole budget and for
+        // budgets that run out anywhere; block sizes 256 (the key's, the
+        // round path) and 64 (the general path). And the seeded blocks
+        // (`Mixer`) equal the former per-block xxh3.
+        let mut rand = xorshift(0x51f1_5e7a_c0ff_ee11);
+        let (mut ok, mut bad) = (0, 0);
+        for round in 0..400 {
+            let body = random_body(&mut rand);
+            for units in [256, 64] {
+                for limit in [65536, 1 + rand(3000) as usize] {
+                    let got = extract(&body, limit, units);
+                    let want = reference_extract(&body, limit, units);
+                    assert_eq!(
+                        got,
+                        want,
+                        "round {round} units {units} limit {limit}: {}",
+                        String::from_utf8_lossy(&body)
+                    );
+                    match got {
+                        Ok(e) => {
+                            ok += 1;
+                            let seed = u64::from(rand(u32::MAX)) << 20 ^ round;
+                            let m = crate::hash::Mixer::new(seed);
+                            for &h in &e.prefix.blocks {
+                                assert_eq!(
+                                    m.mix(h),
+                                    xxhash_rust::xxh3::xxh3_64_with_seed(&h.to_le_bytes(), seed)
+                                );
+                            }
+                        }
+                        Err(_) => bad += 1,
+                    }
+                }
+            }
+        }
+        // Both outcomes were exercised.
+        assert!(ok > 800 && bad > 100, "{ok} keys, {bad} malformed");
     }
 
     #[test]

@@ -41,7 +41,7 @@
 //! yields the same hashes, and a shared prefix of calls yields the same
 //! leading block hashes and ends.
 
-use crate::blockhash::{block_hash, block_hash_ascii, block_hash_plain};
+use crate::blockhash::{block_hash, block_hash_ascii, block_hash_plain, block_hash_plain_round};
 use crate::bytescan::split_chars;
 use std::cell::Cell;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -51,6 +51,17 @@ thread_local! {
     /// one on this thread (the filter's VM is single-threaded): no allocation
     /// for it per request in steady state.
     static SPARE_BLOCK_BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests only: hashers created while this is set take none of the fast
+    /// paths (no plain blocks from the body, no ASCII or in-place blocks):
+    /// every piece of text is fed one character at a time into the open
+    /// block and hashed from the copy, as the key was first computed. The
+    /// reference the fast paths are checked against
+    /// (`extract::tests::fast_key_equals_the_reference_key`).
+    pub(crate) static REFERENCE_PATH: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Block size, in units, used for the routing key chain: the longest block.
@@ -79,6 +90,9 @@ pub struct PrefixHasher {
     blocks: Vec<u64>,
     ends: Vec<u32>,
     units: usize,
+    /// Tests only: [`REFERENCE_PATH`] when this hasher was made.
+    #[cfg(test)]
+    reference: bool,
 }
 
 /// Result of [`PrefixHasher::finish`].
@@ -140,6 +154,8 @@ impl PrefixHasher {
             blocks: Vec::with_capacity(limit / block_units + 1),
             ends: Vec::with_capacity(limit / block_units + 1),
             units: 0,
+            #[cfg(test)]
+            reference: REFERENCE_PATH.with(Cell::get),
         }
     }
 
@@ -193,6 +209,15 @@ impl PrefixHasher {
     /// SIMD character counting ([`split_chars`]) and the bytes are hashed in
     /// place if they make a whole block, else copied into the open block.
     pub fn push_utf8(&mut self, mut b: &[u8]) {
+        #[cfg(test)]
+        if self.reference {
+            // One character (with any continuation bytes after it) at a time.
+            while !b.is_empty() && self.remaining > 0 {
+                let (bytes, chars) = split_chars(b, 1);
+                b = self.take(b, bytes, chars);
+            }
+            return;
+        }
         let mut try_ascii = true;
         while !b.is_empty() && self.remaining > 0 {
             let n = self.block_units;
@@ -223,10 +248,22 @@ impl PrefixHasher {
     /// must then skip: the same blocks and hashes as unescaping them and
     /// calling [`PrefixHasher::push_utf8`], in one pass instead of a scan for
     /// the string's end, then a count and a hash.
+    ///
+    /// With the routing key's block size ([`BLOCK_UNITS`], one round of the
+    /// block hash) each block is a fixed 256-byte array handed to
+    /// [`block_hash_plain_round`] (loads at constant offsets, no partial-round
+    /// code); any other size takes the general [`block_hash_plain`].
     #[inline]
     pub fn push_plain_blocks(&mut self, raw: &[u8]) -> usize {
+        #[cfg(test)]
+        if self.reference {
+            return 0;
+        }
         let n = self.block_units;
         let mut used = 0;
+        if n == BLOCK_UNITS {
+            return self.push_plain_rounds(raw);
+        }
         while self.in_block == 0 && self.cur.is_empty() && self.remaining >= n {
             let Some((block, rest)) = raw[used..].split_at_checked(n) else {
                 break;
@@ -241,6 +278,44 @@ impl PrefixHasher {
             used += n;
         }
         used
+    }
+
+    /// [`PrefixHasher::push_plain_blocks`] for the key's block size
+    /// ([`BLOCK_UNITS`], one round of the block hash): the same blocks,
+    /// hashes and ends. The chain, the units and the block count stay in
+    /// locals for the whole run (the budget and the open-block test are
+    /// checked once, before it: how many whole blocks fit). Gathering the
+    /// hashes in a stack array and appending 16 at a time saved ~9 more
+    /// instructions a block but cost ~200 per call (1 KiB bodies): not kept.
+    fn push_plain_rounds(&mut self, raw: &[u8]) -> usize {
+        let fit = (self.remaining / BLOCK_UNITS).min(raw.len() / BLOCK_UNITS);
+        if fit == 0 || self.in_block != 0 || !self.cur.is_empty() {
+            return 0;
+        }
+        let (mut chained, mut units) = (self.chain, self.units);
+        let mut rest = raw;
+        let mut done = 0;
+        while done < fit {
+            let Some((block, after)) = rest.split_first_chunk::<BLOCK_UNITS>() else {
+                break;
+            };
+            if after.first().is_some_and(|&c| c & 0xC0 == 0x80) {
+                break;
+            }
+            let Some(h) = block_hash_plain_round(block) else {
+                break;
+            };
+            chained = chain(chained, h);
+            units += BLOCK_UNITS;
+            self.blocks.push(chained);
+            self.ends.push(u32::try_from(units).unwrap_or(u32::MAX));
+            done += 1;
+            rest = after;
+        }
+        self.chain = chained;
+        self.units = units;
+        self.remaining -= done * BLOCK_UNITS;
+        done * BLOCK_UNITS
     }
 
     /// Feed raw bytes, counting bytes.
@@ -358,9 +433,51 @@ pub fn seed(parts: &[&[u8]]) -> u64 {
     })
 }
 
-/// Mix a text hash with the request seed into the final routing key.
+/// Mix a text hash with the request seed into the final routing key:
+/// `xxh3_64_with_seed(&text_hash.to_le_bytes(), seed)` ([`Mixer`]).
 pub fn mix(text_hash: u64, seed: u64) -> u64 {
-    xxh3_64_with_seed(&text_hash.to_le_bytes(), seed)
+    Mixer::new(seed).mix(text_hash)
+}
+
+/// [`mix`] with one seed for many hashes (every block of a key): the seed's
+/// part of xxh3's 8-byte path computed once, then per hash a rotate, a xor
+/// and xxh3's `strong_avalanche` (two 64-bit multiplies), inlined. The
+/// library's call for an 8-byte slice re-derived the seed's part and
+/// dispatched on the length for every block. Bit-identical to
+/// `xxh3_64_with_seed(&h.to_le_bytes(), seed)` (tested).
+#[derive(Debug, Clone, Copy)]
+pub struct Mixer {
+    flip: u64,
+}
+
+impl Mixer {
+    /// xxh3's default secret, bytes 8..16 and 16..24 (little-endian): the
+    /// 4-to-8-byte path's key.
+    const SECRET_8: u64 = 0x1cad_21f7_2c81_017c;
+    const SECRET_16: u64 = 0xdb97_9083_e96d_d4de;
+
+    /// The seed's part (xxh3's `xxh3_64_4to8`: the seed with its low word's
+    /// bytes swapped into its high word, subtracted from the secret's key).
+    #[inline]
+    pub fn new(seed: u64) -> Mixer {
+        let seed = seed ^ (u64::from((seed as u32).swap_bytes()) << 32);
+        Mixer {
+            flip: (Self::SECRET_8 ^ Self::SECRET_16).wrapping_sub(seed),
+        }
+    }
+
+    /// The routing hash of text hash `h` under this seed. For an 8-byte
+    /// input xxh3 reads the low and the high 32-bit words and adds them
+    /// swapped: `h` rotated by 32.
+    #[inline]
+    pub fn mix(&self, h: u64) -> u64 {
+        let mut v = h.rotate_left(32) ^ self.flip;
+        v ^= v.rotate_left(49) ^ v.rotate_left(24);
+        v = v.wrapping_mul(0x9FB2_1C65_1E98_DF25);
+        v ^= (v >> 35).wrapping_add(8);
+        v = v.wrapping_mul(0x9FB2_1C65_1E98_DF25);
+        v ^ (v >> 28)
+    }
 }
 
 /// Hash of a short identifier (ring points, routing ids).
@@ -581,6 +698,35 @@ mod tests {
         assert_eq!(depth_at(&ends, 300), 2);
         assert_eq!(depth_at(&ends, 555), 2);
         assert_eq!(depth_at(&ends, 10_000), 4);
+    }
+
+    #[test]
+    fn mixer_is_xxh3_of_the_eight_bytes() {
+        // The former formulation (the library's 8-byte xxh3 with the seed)
+        // against the inlined one, over seeds and hashes with every bit
+        // pattern class (zero, all ones, single bits, random).
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut values = vec![0, u64::MAX, 1, 1 << 63, 0xffff_ffff, 0xffff_ffff << 32];
+        values.extend((0..64).map(|i| 1u64 << i));
+        values.extend((0..200).map(|_| next()));
+        let seeds: Vec<u64> = values.iter().step_by(3).copied().collect();
+        for &s in &seeds {
+            let m = Mixer::new(s);
+            for &h in &values {
+                assert_eq!(
+                    m.mix(h),
+                    xxh3_64_with_seed(&h.to_le_bytes(), s),
+                    "{h:#x} {s:#x}"
+                );
+                assert_eq!(mix(h, s), m.mix(h));
+            }
+        }
     }
 
     #[test]

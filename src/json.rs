@@ -264,13 +264,18 @@ impl<'a> Scanner<'a> {
     }
 }
 
-/// Index in `names` of a raw key (escapes left in). A key without a backslash
-/// (all real traffic) is compared as bytes; an escaped one is decoded into a
-/// small stack buffer first (a decoded key longer than any name matches none).
-/// No allocation either way.
+/// Index in `names` of a raw key (escapes left in). The raw bytes are
+/// compared first (all real traffic: the names have no backslash, so a raw
+/// match is the decoded match); only a key that matched none and holds a
+/// backslash is decoded into a small stack buffer and compared again (a
+/// decoded key longer than any name matches none). No allocation either way;
+/// a plain key costs the comparisons alone (no search for a backslash first).
 pub fn key_position(raw: &[u8], names: &[&[u8]]) -> Option<usize> {
+    if let Some(i) = names.iter().position(|n| short_eq(n, raw)) {
+        return Some(i);
+    }
     if !raw.contains(&b'\\') {
-        return names.iter().position(|n| *n == raw);
+        return None;
     }
     let mut buf = [0u8; 32];
     let mut len = 0;
@@ -287,6 +292,35 @@ pub fn key_position(raw: &[u8], names: &[&[u8]]) -> Option<usize> {
     }
     let key = buf.get(..len)?;
     names.iter().position(|n| *n == key)
+}
+
+/// `a == b` for field names: lengths first, then (up to 16 bytes, every
+/// name here) two overlapping little-endian words of each, compared inline;
+/// longer slices by the library's comparison. In wasm the library's
+/// comparison is a call to a byte loop (~10 instructions a byte), and
+/// every key of a body is compared with up to 11 names.
+#[inline]
+fn short_eq(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&s[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
+    let half = |s: &[u8], at: usize| -> u32 {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&s[at..at + 4]);
+        u32::from_le_bytes(w)
+    };
+    match n {
+        0..=3 => a == b,
+        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        _ => a == b,
+    }
 }
 
 /// Unescape a raw JSON string's contents into a `String` (short fields only).
@@ -375,27 +409,33 @@ impl TextSink for PrefixHasher {
 /// is buffered (at the start and after each hand-over) with
 /// [`TextSink::plain`].
 fn for_each_piece_or_plain<S: TextSink>(raw: &[u8], sink: &mut S) -> Pieces {
-    const CAP: usize = 1024;
-    let mut buf = [0u8; CAP];
-    let mut len = 0usize;
+    let mut buf = Scratch::new();
     let mut i = 0;
     // Hand the buffer over; false = stop.
-    let flush = |buf: &[u8], len: &mut usize, sink: &mut S| -> bool {
-        let go = *len == 0 || sink.piece(&buf[..*len]);
-        *len = 0;
+    let flush = |buf: &mut Scratch, sink: &mut S| -> bool {
+        let go = buf.is_empty() || sink.piece(buf.bytes());
+        buf.clear();
         go
     };
     while i < raw.len() {
-        if len == 0 {
+        if buf.is_empty() {
             i += sink.plain(&raw[i..]);
         }
         let run = find_special(&raw[i..]).unwrap_or(raw.len() - i);
         if run > 0 {
             let piece = &raw[i..i + run];
-            if len + run <= CAP {
-                buf[len..len + run].copy_from_slice(piece);
-                len += run;
-            } else if !flush(&buf, &mut len, sink) {
+            if buf.is_empty() && raw.get(i + run) == Some(&b'"') {
+                // The rest of the string has no escape and nothing is
+                // buffered: hand it over from the body, without the copy.
+                return if sink.piece(piece) {
+                    Pieces::Quote(i + run)
+                } else {
+                    Pieces::Stopped(i + run)
+                };
+            }
+            if run <= buf.room() {
+                buf.push(piece);
+            } else if !flush(&mut buf, sink) {
                 return Pieces::Stopped(i);
             } else if !sink.piece(piece) {
                 return Pieces::Stopped(i + run);
@@ -405,7 +445,7 @@ fn for_each_piece_or_plain<S: TextSink>(raw: &[u8], sink: &mut S) -> Pieces {
         match raw.get(i) {
             Some(b'\\') => {}
             Some(b'"') => {
-                return if flush(&buf, &mut len, sink) {
+                return if flush(&mut buf, sink) {
                     Pieces::Quote(i)
                 } else {
                     Pieces::Stopped(i)
@@ -413,45 +453,100 @@ fn for_each_piece_or_plain<S: TextSink>(raw: &[u8], sink: &mut S) -> Pieces {
             }
             // The end (what was decoded is handed over) or a control byte.
             None => {
-                flush(&buf, &mut len, sink);
+                flush(&mut buf, sink);
                 return Pieces::Bad;
             }
             _ => return Pieces::Bad,
         }
         let Some(used) = escape_len(&raw[i..]) else {
-            flush(&buf, &mut len, sink);
+            flush(&mut buf, sink);
             return Pieces::Bad;
         };
-        let ch = match raw[i + 1] {
-            b'n' => '\n',
-            b't' => '\t',
-            b'r' => '\r',
-            b'b' => '\u{8}',
-            b'f' => '\u{c}',
-            b'u' => decode_u(&raw[i..]).0,
-            other => char::from(other),
+        let (ch, used) = match raw[i + 1] {
+            b'n' => ('\n', used),
+            b't' => ('\t', used),
+            b'r' => ('\r', used),
+            b'b' => ('\u{8}', used),
+            b'f' => ('\u{c}', used),
+            b'u' => decode_u(&raw[i..]),
+            other => (char::from(other), used),
         };
-        let used = if raw[i + 1] == b'u' {
-            decode_u(&raw[i..]).1
-        } else {
-            used
-        };
-        if len + 4 > CAP && !flush(&buf, &mut len, sink) {
+        if buf.room() < 4 && !flush(&mut buf, sink) {
             return Pieces::Stopped(i);
         }
-        len += ch.encode_utf8(&mut buf[len..]).len();
+        buf.push(ch.encode_utf8(&mut [0u8; 4]).as_bytes());
         i += used;
     }
     // The end without a closing quote: hand over what was decoded.
-    flush(&buf, &mut len, sink);
+    flush(&mut buf, sink);
     Pieces::Bad
 }
 
-/// Index of the first `"`, `\` or control byte (< 0x20) in `b`: sixteen
-/// bytes per step with SIMD ([`crate::bytescan::find`]).
+/// The 1 KiB stack buffer of [`for_each_piece_or_plain`], filled from the
+/// front and never zeroed: only its first `len` bytes (all written by
+/// [`Scratch::push`]) are ever read. Zeroing 1 KiB per string walked (the
+/// former `[0u8; 1024]`) was a `memory.fill` per message: one wasm
+/// instruction, but a 1 KiB memset in the engine every time.
+struct Scratch {
+    buf: [std::mem::MaybeUninit<u8>; Scratch::CAP],
+    len: usize,
+}
+
+impl Scratch {
+    const CAP: usize = 1024;
+
+    #[inline(always)]
+    fn new() -> Scratch {
+        Scratch {
+            buf: [std::mem::MaybeUninit::uninit(); Scratch::CAP],
+            len: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes that still fit.
+    #[inline(always)]
+    fn room(&self) -> usize {
+        Scratch::CAP - self.len
+    }
+
+    /// Append `b`, which must fit ([`Scratch::room`]: the callers check).
+    #[inline(always)]
+    fn push(&mut self, b: &[u8]) {
+        let dst = &mut self.buf[self.len..self.len + b.len()];
+        // SAFETY: `dst` is `b.len()` bytes of this buffer (bounds checked
+        // by the slice above), `b` is another object: the copy stays in
+        // bounds and does not overlap. `MaybeUninit<u8>` has `u8`'s layout.
+        unsafe {
+            std::ptr::copy_nonoverlapping(b.as_ptr(), dst.as_mut_ptr().cast::<u8>(), b.len());
+        }
+        self.len += b.len();
+    }
+
+    /// The bytes pushed since the last [`Scratch::clear`].
+    #[inline(always)]
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the first `len` bytes were all written by `push` (and
+        // `len ≤ CAP`), and `MaybeUninit<u8>` has `u8`'s layout.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), self.len) }
+    }
+
+    #[inline(always)]
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+/// Index of the first `"`, `\` or control byte (< 0x20) in `b`: the first
+/// sixteen bytes alone, then 64 per step with SIMD
+/// ([`crate::bytescan::find_near`]).
 #[inline]
 fn find_special(b: &[u8]) -> Option<usize> {
-    crate::bytescan::find(b, [b'"', b'\\'], 0x20)
+    crate::bytescan::find_near(b, [b'"', b'\\'], 0x20)
 }
 
 /// Decode `\uXXXX` (and a following low surrogate); bad input → U+FFFD.
@@ -708,6 +803,29 @@ mod tests {
                 serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(doc).is_ok();
             assert_eq!(valid(doc), strict, "{doc}");
         }
+    }
+
+    #[test]
+    fn short_eq_is_slice_equality() {
+        // Every length 0–20 and a difference at every position (both words
+        // of the overlapping reads), against `==`.
+        for n in 0..=20usize {
+            let a: Vec<u8> = (0..n).map(|i| b'a' + (i * 5 % 26) as u8).collect();
+            assert!(short_eq(&a, &a.clone()), "{n}");
+            for at in 0..n {
+                let mut b = a.clone();
+                b[at] ^= 0x20;
+                assert_eq!(short_eq(&a, &b), a == b, "{n} at {at}");
+                assert!(!short_eq(&a, &b));
+            }
+            if n > 0 {
+                assert!(!short_eq(&a, &a[..n - 1]));
+            }
+        }
+        assert_eq!(key_position(b"content", PROMPT_FIELDS), Some(0));
+        assert_eq!(key_position(b"video_url", PROMPT_FIELDS), Some(9));
+        assert_eq!(key_position(br"c\u006fntent", PROMPT_FIELDS), Some(0));
+        assert_eq!(key_position(b"contents", PROMPT_FIELDS), None);
     }
 
     #[test]

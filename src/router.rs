@@ -11,7 +11,7 @@ use crate::cost::{CostConfig, CostModel};
 use crate::decision::{Branch, Decision, KeySource};
 use crate::extract::{extract, raw_prefix, BodyKind};
 use crate::feedback::Horizons;
-use crate::hash::{depth_at, mix, seed, units_at, BLOCK_UNITS};
+use crate::hash::{depth_at, mix, seed, units_at, Mixer, BLOCK_UNITS};
 use crate::index::{IndexConfig, Known, PrefixIndex, SlotStore};
 use crate::pressure::Pressure;
 use crate::ring::HashRing;
@@ -434,11 +434,12 @@ impl Router {
             };
             return (k, model);
         }
-        let key = prefix.last().map(|h| mix(h, s));
+        let mixer = Mixer::new(s);
+        let key = prefix.last().map(|h| mixer.mix(h));
         // Seeded in place: the hasher's vector becomes the key's (no copy).
         let mut blocks = prefix.blocks;
         for b in &mut blocks {
-            *b = mix(*b, s);
+            *b = mixer.mix(*b);
         }
         let k = RoutingKey {
             key,
