@@ -625,7 +625,7 @@ pub fn choose(
             let held = (key.units_at(s.depth) as f64 / cpt).min(cached);
             s.entry
                 .holders()
-                .filter(|&r| !holders.contains(&r) && v.acceptable(r) && !v.over_share(r))
+                .filter(|&r| !holders.contains(&r) && in_bound(r) && !v.over_share(r))
                 .min_by_key(|&r| v.holder_rank(r))
                 .map(|r| (r, held))
         });
@@ -634,7 +634,11 @@ pub fn choose(
         // shallower part is worth its extra wait over `a` up to what it
         // saves.
         let new_holder = |a: usize, moved: &mut f64| match tier {
-            Some((s, held)) if spill_extra(cost, &v, s, a, cfg) <= cost.prefill_ms(held) => {
+            Some((s, held))
+                if spill_extra(cost, &v, s, a, cfg)
+                    .max(v.delay(s).saturating_sub(v.delay(a)) as f64)
+                    <= cost.prefill_ms(held) =>
+            {
                 *moved = held;
                 (s, Reason::Spill)
             }
@@ -845,6 +849,20 @@ mod tests {
         // The tier off: neither asked nor used.
         let c = decide(6, Some(&shallow), false);
         assert!(c.primary != 5 && !c.tier_wanted);
+        // Queued prefill counts in its extra wait: as loaded as the least
+        // loaded, but 3 000 queued tokens (90 ms) over them: not worth the
+        // 61 ms; 1 000 (30 ms): taken.
+        for (q5, taken) in [(3000, false), (1000, true)] {
+            let loads = [30, 30, 30, 2, 2, 2, 2, 2];
+            let queued = [0, 0, 0, 0, 0, q5, 0, 0];
+            let req = Request {
+                shallow: Some(&shallow),
+                queued_prefill: Some(&queued),
+                ..request(&k, Some(&deep), Loads::new(&loads))
+            };
+            let c = choose(&r, &req, &cost(), &AffinityConfig::default());
+            assert_eq!((c.primary == 5, c.reason), (taken, Reason::Spill), "{q5}");
+        }
         // A holder within the bound: kept, the tier is not asked for.
         let loads = [3, 30, 30, 2, 2, 2, 2, 2];
         let req = request(&k, Some(&deep), Loads::new(&loads));

@@ -298,6 +298,13 @@ impl Entry {
     }
 }
 
+/// The key of block `key`'s **overflow entry** (module docs, "Overflow"):
+/// a fixed derivation, placed by the keyed hash like any block key, so it
+/// lands in an unrelated slot with its own tag.
+pub fn overflow_key(key: u64) -> u64 {
+    key.rotate_left(17) ^ 0x6f76_6572_666c_6f77
+}
+
 /// Deciseconds from milliseconds (the entry clock; wraps every 13.6 years).
 pub fn decis(now_ms: u64) -> u32 {
     (now_ms / 100) as u32
@@ -356,6 +363,10 @@ pub struct IndexConfig {
     /// e.g. turn 2 of a conversation after a short first prompt and a long
     /// answer ([`crate::affinity`], `continuation`).
     pub last_mark: bool,
+    /// **Overflow entries** (module docs, "Overflow"): a record that drops
+    /// a holder off a full entry keeps it in a second entry of the same
+    /// block, which [`PrefixIndex::lookup_shallow`] reads first.
+    pub overflow: bool,
 }
 
 impl Default for IndexConfig {
@@ -368,6 +379,7 @@ impl Default for IndexConfig {
             secret: 0,
             end_marks: false,
             last_mark: true,
+            overflow: true,
         }
     }
 }
@@ -606,6 +618,16 @@ impl PrefixIndex {
         now_ms: u64,
     ) -> Option<Known> {
         let top = deep.depth.min(blocks.len()).checked_sub(1)?;
+        // The holders the deep block's entry dropped (its overflow entry,
+        // module docs "Overflow"): the whole known prefix, one get.
+        let over = blocks
+            .get(top)
+            .filter(|_| self.cfg.overflow)
+            .and_then(|&key| self.probe(store, overflow_key(key)))
+            .filter(|e| e.holders().any(|h| !deep.entry.holders().any(|d| d == h)));
+        if let Some(e) = over {
+            return Some(Known::at(top + 1, e, now_ms));
+        }
         let bits = self.cfg.ladder_bits;
         let mut below = (0..top).rev().filter(|&p| on_ladder(p, bits));
         // Gallop: skip 0, 0, 1, 3, … positions between probes.
@@ -755,6 +777,47 @@ impl PrefixIndex {
         keeps_mark && k.entry.with_front(r) == k.entry.holders && age_ms < fresh_ms
     }
 
+    /// The overflow entry (module docs, "Overflow"): when `r` is a new
+    /// holder of block `key` (not among the holders of `entry`, what the
+    /// request's lookup found there: a spill or a placement under a known
+    /// prefix), `r` goes to the front of the overflow entry of `key`,
+    /// followed by the holder that `entry` drops when full, then the
+    /// overflow entry's previous holders (at most [`MAX_HOLDERS`] in all).
+    /// Cost: one get and one set, only for a new holder; nothing for a
+    /// record on a holder the lookup knew (every warm request). Returns the
+    /// sets.
+    fn note_new_holder<S: SlotStore>(
+        &self,
+        store: &mut S,
+        key: u64,
+        entry: &Entry,
+        r: u16,
+        time: u32,
+    ) -> usize {
+        let known = entry.holders.iter().any(Option::is_some);
+        if !(self.cfg.overflow && known) || entry.holders.contains(&Some(r)) {
+            return 0;
+        }
+        let full = entry.holders.iter().all(Option::is_some);
+        let dropped = entry.holders[MAX_HOLDERS - 1].filter(|_| full);
+        let okey = overflow_key(key);
+        let prev = self.probe(store, okey);
+        let mut holders = [None; MAX_HOLDERS];
+        let order = [Some(r), dropped].into_iter().flatten().chain(
+            prev.iter()
+                .flat_map(|e| e.holders.iter().flatten().copied()),
+        );
+        let mut m = 0;
+        for h in order {
+            if m < MAX_HOLDERS && !holders[..m].contains(&Some(h)) {
+                holders[m] = Some(h);
+                m += 1;
+            }
+        }
+        self.put(store, okey, (time, false), holders);
+        1
+    }
+
     /// `record` at `now_ms`, with the end marks `marks`.
     fn write<S: SlotStore>(
         &self,
@@ -802,6 +865,7 @@ impl PrefixIndex {
                 k.entry.with_front(r),
             );
             sets += 1;
+            sets += self.note_new_holder(store, blocks[depth - 1], &k.entry, r, time);
         }
         // Every ladder block but the deepest known one (written above), the
         // deepest first, so a request never loses the blocks nearest its own
@@ -952,7 +1016,12 @@ mod tests {
 
     #[test]
     fn the_second_tier_finds_dropped_holders_and_shared_prefixes() {
-        let idx = PrefixIndex::new(IndexConfig::default());
+        // The ladder probes alone (the overflow entry, read first, has its
+        // own test below).
+        let idx = PrefixIndex::new(IndexConfig {
+            overflow: false,
+            ..IndexConfig::default()
+        });
         let mut st = VecStore::new(IndexConfig::default().slots);
         // A 40-block shared prefix, first routed to 0: every ladder block
         // [0]. Under it, replicas 1, 2, 3 become holders of block 39, and 0
@@ -1007,6 +1076,81 @@ mod tests {
         let before = st.gets();
         assert_eq!(idx.lookup_shallow(&st, &a, &one, 0), None);
         assert_eq!(st.gets(), before);
+    }
+
+    #[test]
+    fn new_holders_go_to_the_overflow_entry_and_survive_a_stale_record() {
+        let idx = PrefixIndex::new(IndexConfig::default());
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        // A 40-block shared prefix on 0; a request under it, looked up
+        // while 0 was its only holder, is spilled to 1.
+        idx.record(&mut st, &chain(1, 40, 100, 48), None, 0, 0);
+        let b = chain(1, 40, 200, 45);
+        let stale = idx.lookup(&st, &b, 1000).unwrap();
+        assert_eq!(stale.entry.holders, [Some(0), None, None]);
+        let (g, s) = (st.gets(), st.sets());
+        idx.record(&mut st, &b, Some(&stale), 1, 1000);
+        // One get and one set more than without the overflow entry.
+        let plain = PrefixIndex::new(IndexConfig {
+            overflow: false,
+            ..IndexConfig::default()
+        });
+        let mut st0 = VecStore::new(IndexConfig::default().slots);
+        plain.record(&mut st0, &chain(1, 40, 100, 48), None, 0, 0);
+        let (g0, s0) = (st0.gets(), st0.sets());
+        plain.record(&mut st0, &b, Some(&stale), 1, 1000);
+        assert_eq!((st.gets() - g, st.sets() - s), (1, st0.sets() - s0 + 1));
+        assert_eq!(st0.gets(), g0);
+        // A warm request on 0 that was looked up before the spill records
+        // its stale view ([0]) over the entry: 1 is gone from it.
+        let c = chain(1, 40, 300, 45);
+        idx.record(&mut st, &c, Some(&stale), 0, 1100);
+        let e = chain(1, 40, 400, 45);
+        let deep = idx.lookup(&st, &e, 2000).unwrap();
+        assert_eq!(
+            (deep.depth, deep.entry.holders),
+            (40, [Some(0), None, None])
+        );
+        // The second tier reads the overflow entry first (one get): 1, at
+        // the whole known depth.
+        let before = st.gets();
+        let o = idx.lookup_shallow(&st, &e, &deep, 2000).unwrap();
+        assert_eq!((o.depth, o.entry.holders), (40, [Some(1), None, None]));
+        assert_eq!(st.gets() - before, 1);
+        // Without the overflow entry the tier finds nothing (every ladder
+        // block under 40 names 0 only).
+        assert_eq!(plain.lookup_shallow(&st, &e, &deep, 2000), None);
+        // A record on a known holder writes no overflow entry (no get).
+        let known = idx.lookup(&st, &e, 2000).unwrap();
+        let before = st.gets();
+        idx.record(&mut st, &e, Some(&known), 0, 2000);
+        assert_eq!(st.gets(), before);
+        // A full entry: the new holder goes in front of the overflow entry,
+        // followed by the holder the main entry drops.
+        for (r, own) in [(2, 500), (3, 600), (4, 700)] {
+            let x = chain(1, 40, own, 45);
+            let k = idx.lookup(&st, &x, 3000).unwrap();
+            idx.record(&mut st, &x, Some(&k), r, 3000);
+        }
+        let e = chain(1, 40, 800, 45);
+        let deep = idx.lookup(&st, &e, 3000).unwrap();
+        assert_eq!(deep.entry.holders, [Some(4), Some(3), Some(2)]);
+        let o = idx.lookup_shallow(&st, &e, &deep, 3000).unwrap();
+        assert_eq!(o.entry.holders, [Some(4), Some(0), Some(3)]);
+        // Holders the main entry has are not news: with [4, 0, 3] against
+        // [4, 3, 2], 0 is; with only deep holders in it, the ladder probes
+        // follow (1 + SHALLOW_PROBES gets at most).
+        let all = Known {
+            entry: Entry {
+                holders: [Some(4), Some(0), Some(3)],
+                ..deep.entry
+            },
+            ..deep
+        };
+        let before = st.gets();
+        let s = idx.lookup_shallow(&st, &e, &all, 3000);
+        assert!(s.map_or(true, |s| s.depth < 40));
+        assert!(st.gets() - before <= 1 + SHALLOW_PROBES as u64);
     }
 
     #[test]

@@ -680,6 +680,55 @@ mod tests {
     }
 
     #[test]
+    fn a_spill_holder_lost_to_a_stale_record_is_found_in_the_overflow_entry() {
+        use crate::index::VecStore;
+        let eps: Vec<String> = (1..=8).map(|i| format!("\"127.0.0.1:90{i:02}\"")).collect();
+        let json = format!(r#"{{"endpoints":[{}]}}"#, eps.join(","));
+        let r = Router::new(Config::from_json(json.as_bytes()).unwrap());
+        let cost = CostModel::new(r.cost_config());
+        let system = "You are a meticulous assistant. ".repeat(300);
+        let body = |q: usize| {
+            format!(
+                r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {q}"}}]}}"#
+            )
+        };
+        let key = |q: usize| r.key(Body::Complete(body(q).as_bytes()), None);
+        let decide = |store: &VecStore, q: usize, loads: &[u32]| {
+            let k = key(q);
+            r.choose_affinity(&k, body(q).len(), Loads::new(loads), store, &cost, 5000, 1)
+        };
+        let mut store = VecStore::new(r.config().affinity.index_slots);
+        let (_, c, known) = decide(&store, 0, &[0; 8]);
+        let x = c.primary;
+        r.record_affinity(&mut store, &key(0).blocks, known.as_ref(), x, 1000);
+        // Request 1 is looked up while `x` is the only holder, and answered
+        // late; meanwhile `x` is over the bound and request 2 spills to `y`.
+        let (_, c1, stale) = decide(&store, 1, &[0; 8]);
+        assert_eq!(c1.primary, x);
+        let mut loads = [2u32; 8];
+        loads[x] = 40;
+        let (_, c2, known2) = decide(&store, 2, &loads);
+        let y = c2.primary;
+        assert!(y != x && c2.reason == crate::affinity::Reason::Spill);
+        r.record_affinity(&mut store, &key(2).blocks, known2.as_ref(), y, 2000);
+        // Request 1's record rewrites the entry from its stale view: `y`
+        // is no longer a holder there.
+        r.record_affinity(&mut store, &key(1).blocks, stale.as_ref(), x, 2100);
+        let (_, _, k3) = decide(&store, 3, &[0; 8]);
+        assert_eq!(
+            k3.map(|k| k.entry.holders),
+            Some([Some(x as u16), None, None])
+        );
+        // `x` over the bound again, `y` one request above the others: the
+        // spill goes back to `y` (its overflow entry), expecting the prompt
+        // cached; every ladder block under the prefix names `x` alone.
+        loads[y] = 3;
+        let (_, c, _) = decide(&store, 3, &loads);
+        assert_eq!((c.primary, c.reason), (y, crate::affinity::Reason::Spill));
+        assert!(c.expected_cached_tokens > 1000.0, "{c:?}");
+    }
+
+    #[test]
     fn affinity_follows_a_growing_conversation() {
         use crate::index::VecStore;
         let r = router("");
