@@ -777,15 +777,35 @@ impl PrefixIndex {
         keeps_mark && k.entry.with_front(r) == k.entry.holders && age_ms < fresh_ms
     }
 
-    /// The overflow entry (module docs, "Overflow"): when `r` is a new
-    /// holder of block `key` (not among the holders of `entry`, what the
-    /// request's lookup found there: a spill or a placement under a known
-    /// prefix), `r` goes to the front of the overflow entry of `key`,
-    /// followed by the holder that `entry` drops when full, then the
-    /// overflow entry's previous holders (at most [`MAX_HOLDERS`] in all).
-    /// Cost: one get and one set, only for a new holder; nothing for a
-    /// record on a holder the lookup knew (every warm request). Returns the
-    /// sets.
+    /// A **spill** of the request with `blocks` to `replica`, at routing
+    /// (module docs, "Overflow"): when `replica` is a new holder of the
+    /// deepest known block (not among the holders of `known`, what the
+    /// lookup found), it goes to the front of that block's overflow entry,
+    /// followed by the holder that `known`'s entry drops when full (the
+    /// record will drop it), then the overflow entry's previous holders (at
+    /// most [`MAX_HOLDERS`] in all), at `now_ms`. Cost: one get and one set,
+    /// only for a spill to a new holder (the caller calls it for spills
+    /// only, [`crate::router::Router::record_pending`]); nothing otherwise.
+    /// Returns the sets.
+    pub fn record_spill<S: SlotStore>(
+        &self,
+        store: &mut S,
+        blocks: &[u64],
+        known: Option<&Known>,
+        replica: usize,
+        now_ms: u64,
+    ) -> usize {
+        let Some(k) = known.filter(|k| k.depth > 0) else {
+            return 0;
+        };
+        let Some(&key) = blocks.get(k.depth - 1) else {
+            return 0;
+        };
+        let r = replica.min(u16::MAX as usize - 1) as u16;
+        self.note_new_holder(store, key, &k.entry, r, decis(now_ms))
+    }
+
+    /// [`PrefixIndex::record_spill`] on block `key` whose entry is `entry`.
     fn note_new_holder<S: SlotStore>(
         &self,
         store: &mut S,
@@ -865,7 +885,6 @@ impl PrefixIndex {
                 k.entry.with_front(r),
             );
             sets += 1;
-            sets += self.note_new_holder(store, blocks[depth - 1], &k.entry, r, time);
         }
         // Every ladder block but the deepest known one (written above), the
         // deepest first, so a request never loses the blocks nearest its own
@@ -1089,18 +1108,17 @@ mod tests {
         let stale = idx.lookup(&st, &b, 1000).unwrap();
         assert_eq!(stale.entry.holders, [Some(0), None, None]);
         let (g, s) = (st.gets(), st.sets());
+        assert_eq!(idx.record_spill(&mut st, &b, Some(&stale), 1, 1000), 1);
+        assert_eq!((st.gets() - g, st.sets() - s), (1, 1));
         idx.record(&mut st, &b, Some(&stale), 1, 1000);
-        // One get and one set more than without the overflow entry.
+        // Off: nothing.
         let plain = PrefixIndex::new(IndexConfig {
             overflow: false,
             ..IndexConfig::default()
         });
-        let mut st0 = VecStore::new(IndexConfig::default().slots);
-        plain.record(&mut st0, &chain(1, 40, 100, 48), None, 0, 0);
-        let (g0, s0) = (st0.gets(), st0.sets());
-        plain.record(&mut st0, &b, Some(&stale), 1, 1000);
-        assert_eq!((st.gets() - g, st.sets() - s), (1, st0.sets() - s0 + 1));
-        assert_eq!(st0.gets(), g0);
+        let (g, s) = (st.gets(), st.sets());
+        assert_eq!(plain.record_spill(&mut st, &b, Some(&stale), 2, 1000), 0);
+        assert_eq!((st.gets(), st.sets()), (g, s));
         // A warm request on 0 that was looked up before the spill records
         // its stale view ([0]) over the entry: 1 is gone from it.
         let c = chain(1, 40, 300, 45);
@@ -1120,8 +1138,12 @@ mod tests {
         // Without the overflow entry the tier finds nothing (every ladder
         // block under 40 names 0 only).
         assert_eq!(plain.lookup_shallow(&st, &e, &deep, 2000), None);
-        // A record on a known holder writes no overflow entry (no get).
+        // A spill to a known holder writes no overflow entry (no get); a
+        // record never does.
         let known = idx.lookup(&st, &e, 2000).unwrap();
+        let before = (st.gets(), st.sets());
+        assert_eq!(idx.record_spill(&mut st, &e, Some(&known), 0, 2000), 0);
+        assert_eq!((st.gets(), st.sets()), before);
         let before = st.gets();
         idx.record(&mut st, &e, Some(&known), 0, 2000);
         assert_eq!(st.gets(), before);
@@ -1130,6 +1152,7 @@ mod tests {
         for (r, own) in [(2, 500), (3, 600), (4, 700)] {
             let x = chain(1, 40, own, 45);
             let k = idx.lookup(&st, &x, 3000).unwrap();
+            idx.record_spill(&mut st, &x, Some(&k), r, 3000);
             idx.record(&mut st, &x, Some(&k), r, 3000);
         }
         let e = chain(1, 40, 800, 45);

@@ -271,8 +271,10 @@ impl Router {
     /// At routing: a pending record ([`PrefixIndex::record_pending`]) of a
     /// request `choice` placed cold or spilled (nothing for a warm or keyless
     /// one, or with `record_pending` off), so that the same new prefix
-    /// arriving before the response meets it on `choice.primary`. Returns
-    /// the sets (≤ `max_writes + 2`: no end mark).
+    /// arriving before the response meets it on `choice.primary`; and for
+    /// a spill, its new holder in the overflow entry of the deepest known
+    /// block ([`PrefixIndex::record_spill`], with `record_pending` off too).
+    /// Returns the sets (≤ `max_writes + 3`: no end mark).
     pub fn record_pending<S: SlotStore>(
         &self,
         store: &mut S,
@@ -281,13 +283,23 @@ impl Router {
         choice: &Choice,
         now_ms: u64,
     ) -> usize {
+        // A spill's new holder goes to the overflow entry (≤ 1 get + 1 set,
+        // [`PrefixIndex::record_spill`]), pending record or not.
+        let spilled = if choice.reason == Reason::Spill {
+            self.index
+                .record_spill(store, blocks, known, choice.primary, now_ms)
+        } else {
+            0
+        };
         let placed = matches!(choice.reason, Reason::Cold | Reason::Spill);
         if !(self.affinity.record_pending && placed) {
-            return 0;
+            return spilled;
         }
         let at = (now_ms, self.affinity.max_age_ms);
-        self.index
-            .record_pending(store, blocks, known, choice.primary, at)
+        spilled
+            + self
+                .index
+                .record_pending(store, blocks, known, choice.primary, at)
     }
 
     /// [`crate::share::pressure_for`] with this router's configuration.
@@ -710,6 +722,7 @@ mod tests {
         let (_, c2, known2) = decide(&store, 2, &loads);
         let y = c2.primary;
         assert!(y != x && c2.reason == crate::affinity::Reason::Spill);
+        r.record_pending(&mut store, &key(2).blocks, known2.as_ref(), &c2, 1500);
         r.record_affinity(&mut store, &key(2).blocks, known2.as_ref(), y, 2000);
         // Request 1's record rewrites the entry from its stale view: `y`
         // is no longer a holder there.

@@ -377,6 +377,17 @@ impl Policy for Ours {
             self.class.resize(idx as usize + 1, 0);
         }
         self.class[idx as usize] = class;
+        if c.reason == Reason::Spill {
+            // The spill's new holder in the overflow entry, as the filter
+            // does (`Router::record_pending`).
+            self.index.record_spill(
+                &mut self.store,
+                &key.blocks,
+                known.as_ref(),
+                c.primary,
+                now_ms,
+            );
+        }
         if !self.record_at_route
             && self.cfg.record_pending
             && matches!(c.reason, Reason::Cold | Reason::Spill)
