@@ -93,10 +93,14 @@
 //! `a = place(holders)`), the caller looks up a shallower ladder block of
 //! the same prefix whose holders include replicas the deep block's do not
 //! ([`crate::index::PrefixIndex::lookup_shallow`], ≤ 3 gets, only then).
-//! Its least loaded acceptable holder `s` (under the share bound) is taken
-//! instead of `a` when its extra wait over `a` is below the prefill of what
-//! it holds (`spill_extra(s, a) ≤ prefill_ms(tokens at the shallow
-//! depth)`, the spill rule with `s` as the holder); it is then a
+//! The lookup reads the block's overflow entry first (the replicas that
+//! earlier spills of this prefix went to, [`crate::index`], "Overflow").
+//! Its least loaded holder `s` within the load and share bounds is taken
+//! instead of `a` when its extra wait over `a`, its queued prefill
+//! included, is below the prefill of what it holds (`max(spill_extra(s,
+//! a), delay(s) − delay(a)) ≤ prefill_ms(tokens at its depth)`; priced by
+//! the in-flight gap alone, the moves cost 57–93 ms of `agent` p90,
+//! `docs/benchmarks.md`, "Eighth session: more holders"); it is then a
 //! [`Reason::Spill`] expecting those tokens cached. Why: an entry keeps at
 //! most [`crate::index::MAX_HOLDERS`] replicas, so a hot shared prefix that
 //! needs more keeps rotating its holders, and each spill to a replica

@@ -78,6 +78,24 @@
 //!   under `min_match`). A pending record writes the same mark, so its
 //!   confirmation changes no tag, and an exact repeat keeps it.
 //!
+//! **Overflow** ([`IndexConfig::overflow`], on): a record writes the
+//! deepest known block with the holders its request's *lookup* saw (no get),
+//! so a request looked up before a spill and answered after it rewrites the
+//! entry without the spill's new holder, and a full entry drops its oldest
+//! holder whenever a new one joins: a hot prefix forgets the replicas it
+//! spilled to, though they still cache it, and its next spill goes cold
+//! again. At a spill, the new holder is also written to the block's
+//! **overflow entry** ([`PrefixIndex::record_spill`], key
+//! [`overflow_key`]): new holder first, then the holder the main entry
+//! drops when full, then its previous holders (≤ [`MAX_HOLDERS`]). Records
+//! never touch it, so a stale record cannot erase it. It is read only by
+//! [`PrefixIndex::lookup_shallow`] (when every holder of the known prefix
+//! is over the load bound, [`crate::affinity`]), first, with one get; its
+//! holders that the main entry lacks hold the whole known depth. Cost: one
+//! get and one set per spill to a new holder, one get per second-tier
+//! lookup; nothing on the warm or cold path. The overflow entry is local to
+//! a gateway (the simulator's peers do not publish it).
+//!
 //! Invariants: a slot holds the entry of at most one key; lookups never
 //! report a depth whose block key is not present with its exact 47-bit tag;
 //! record writes at most `max_writes + 2 + 2⌈log2(gap + 1)⌉` slots (≤ 10
@@ -596,7 +614,13 @@ impl PrefixIndex {
     /// move to such a replica by the tokens it lacks ([`crate::affinity`],
     /// "Second tier").
     ///
-    /// Search: the ladder positions strictly under block `deep.depth − 1`,
+    /// First, with [`IndexConfig::overflow`]: the **overflow entry** of
+    /// block `deep.depth − 1` (module docs, "Overflow"; one get), returned
+    /// at `deep.depth` when it names a replica that `deep`'s holders do not
+    /// (spill holders that stale records erased, or that a full entry
+    /// dropped: they hold the whole known prefix).
+    ///
+    /// Then the ladder positions strictly under block `deep.depth − 1`,
     /// galloping down from the deepest (the 1st, 2nd, 4th, … below it), at
     /// most [`SHALLOW_PROBES`] gets; the first present block with such a
     /// holder is returned. The blocks between a session's shared prefix and
@@ -604,12 +628,13 @@ impl PrefixIndex {
     /// only), so the first such block found is at or under the shared
     /// prefix's deepest ladder block.
     ///
-    /// Cost: at most [`SHALLOW_PROBES`] gets, made only when the caller
+    /// Cost: at most 1 + [`SHALLOW_PROBES`] gets, made only when the caller
     /// asks (the spill rule found a move worth pricing,
     /// [`crate::affinity::Choice::tier_wanted`]). Invariants: the depth
-    /// returned is `< deep.depth` and its block is present with its exact
-    /// tag (never a false prefix: blocks are chained); some holder of its
-    /// entry is not a holder of `deep`.
+    /// returned is `≤ deep.depth` (`<` for a ladder block) and its block is
+    /// present with its exact tag (never a false prefix: blocks are
+    /// chained); some holder of the entry returned is not a holder of
+    /// `deep`.
     pub fn lookup_shallow<S: SlotStore>(
         &self,
         store: &S,
