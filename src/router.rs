@@ -637,19 +637,27 @@ mod tests {
         }
     }
 
+    /// A router over 8 local endpoints.
+    fn eight_replicas() -> Router {
+        let eps: Vec<String> = (1..=8).map(|i| format!("\"127.0.0.1:90{i:02}\"")).collect();
+        let json = format!(r#"{{"endpoints":[{}]}}"#, eps.join(","));
+        Router::new(Config::from_json(json.as_bytes()).unwrap())
+    }
+
+    /// Question `q` under a 9 600-character system prompt.
+    fn hot_prompt_body(q: usize) -> String {
+        let system = "You are a meticulous assistant. ".repeat(300);
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {q}"}}]}}"#
+        )
+    }
+
     #[test]
     fn a_spill_off_a_hot_prefix_goes_back_to_a_holder_it_dropped() {
         use crate::index::VecStore;
-        let eps: Vec<String> = (1..=8).map(|i| format!("\"127.0.0.1:90{i:02}\"")).collect();
-        let json = format!(r#"{{"endpoints":[{}]}}"#, eps.join(","));
-        let r = Router::new(Config::from_json(json.as_bytes()).unwrap());
+        let r = eight_replicas();
         let cost = CostModel::new(r.cost_config());
-        let system = "You are a meticulous assistant. ".repeat(300);
-        let body = |q: usize| {
-            format!(
-                r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {q}"}}]}}"#
-            )
-        };
+        let body = hot_prompt_body;
         let key = |q: usize| r.key(Body::Complete(body(q).as_bytes()), None);
         let decide = |r: &Router, store: &VecStore, q: usize, loads: &[u32]| {
             let k = key(q);
@@ -694,16 +702,9 @@ mod tests {
     #[test]
     fn a_spill_holder_lost_to_a_stale_record_is_found_in_the_overflow_entry() {
         use crate::index::VecStore;
-        let eps: Vec<String> = (1..=8).map(|i| format!("\"127.0.0.1:90{i:02}\"")).collect();
-        let json = format!(r#"{{"endpoints":[{}]}}"#, eps.join(","));
-        let r = Router::new(Config::from_json(json.as_bytes()).unwrap());
+        let r = eight_replicas();
         let cost = CostModel::new(r.cost_config());
-        let system = "You are a meticulous assistant. ".repeat(300);
-        let body = |q: usize| {
-            format!(
-                r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {q}"}}]}}"#
-            )
-        };
+        let body = hot_prompt_body;
         let key = |q: usize| r.key(Body::Complete(body(q).as_bytes()), None);
         let decide = |store: &VecStore, q: usize, loads: &[u32]| {
             let k = key(q);
