@@ -93,10 +93,14 @@
 //! `a = place(holders)`), the caller looks up a shallower ladder block of
 //! the same prefix whose holders include replicas the deep block's do not
 //! ([`crate::index::PrefixIndex::lookup_shallow`], ≤ 3 gets, only then).
-//! Its least loaded acceptable holder `s` (under the share bound) is taken
-//! instead of `a` when its extra wait over `a` is below the prefill of what
-//! it holds (`spill_extra(s, a) ≤ prefill_ms(tokens at the shallow
-//! depth)`, the spill rule with `s` as the holder); it is then a
+//! The lookup reads the block's overflow entry first (the replicas that
+//! earlier spills of this prefix went to, [`crate::index`], "Overflow").
+//! Its least loaded holder `s` within the load and share bounds is taken
+//! instead of `a` when its extra wait over `a`, its queued prefill
+//! included, is below the prefill of what it holds (`max(spill_extra(s,
+//! a), delay(s) − delay(a)) ≤ prefill_ms(tokens at its depth)`; priced by
+//! the in-flight gap alone, the moves cost 57–93 ms of `agent` p90,
+//! `docs/benchmarks.md`, "Eighth session: more holders"); it is then a
 //! [`Reason::Spill`] expecting those tokens cached. Why: an entry keeps at
 //! most [`crate::index::MAX_HOLDERS`] replicas, so a hot shared prefix that
 //! needs more keeps rotating its holders, and each spill to a replica
@@ -625,7 +629,7 @@ pub fn choose(
             let held = (key.units_at(s.depth) as f64 / cpt).min(cached);
             s.entry
                 .holders()
-                .filter(|&r| !holders.contains(&r) && v.acceptable(r) && !v.over_share(r))
+                .filter(|&r| !holders.contains(&r) && in_bound(r) && !v.over_share(r))
                 .min_by_key(|&r| v.holder_rank(r))
                 .map(|r| (r, held))
         });
@@ -634,7 +638,11 @@ pub fn choose(
         // shallower part is worth its extra wait over `a` up to what it
         // saves.
         let new_holder = |a: usize, moved: &mut f64| match tier {
-            Some((s, held)) if spill_extra(cost, &v, s, a, cfg) <= cost.prefill_ms(held) => {
+            Some((s, held))
+                if spill_extra(cost, &v, s, a, cfg)
+                    .max(v.delay(s).saturating_sub(v.delay(a)) as f64)
+                    <= cost.prefill_ms(held) =>
+            {
                 *moved = held;
                 (s, Reason::Spill)
             }
@@ -845,6 +853,20 @@ mod tests {
         // The tier off: neither asked nor used.
         let c = decide(6, Some(&shallow), false);
         assert!(c.primary != 5 && !c.tier_wanted);
+        // Queued prefill counts in its extra wait: as loaded as the least
+        // loaded, but 3 000 queued tokens (90 ms) over them: not worth the
+        // 61 ms; 1 000 (30 ms): taken.
+        for (q5, taken) in [(3000, false), (1000, true)] {
+            let loads = [30, 30, 30, 2, 2, 2, 2, 2];
+            let queued = [0, 0, 0, 0, 0, q5, 0, 0];
+            let req = Request {
+                shallow: Some(&shallow),
+                queued_prefill: Some(&queued),
+                ..request(&k, Some(&deep), Loads::new(&loads))
+            };
+            let c = choose(&r, &req, &cost(), &AffinityConfig::default());
+            assert_eq!((c.primary == 5, c.reason), (taken, Reason::Spill), "{q5}");
+        }
         // A holder within the bound: kept, the tier is not asked for.
         let loads = [3, 30, 30, 2, 2, 2, 2, 2];
         let req = request(&k, Some(&deep), Loads::new(&loads));

@@ -271,8 +271,10 @@ impl Router {
     /// At routing: a pending record ([`PrefixIndex::record_pending`]) of a
     /// request `choice` placed cold or spilled (nothing for a warm or keyless
     /// one, or with `record_pending` off), so that the same new prefix
-    /// arriving before the response meets it on `choice.primary`. Returns
-    /// the sets (≤ `max_writes + 2`: no end mark).
+    /// arriving before the response meets it on `choice.primary`; and for
+    /// a spill, its new holder in the overflow entry of the deepest known
+    /// block ([`PrefixIndex::record_spill`], with `record_pending` off too).
+    /// Returns the sets (≤ `max_writes + 3`: no end mark).
     pub fn record_pending<S: SlotStore>(
         &self,
         store: &mut S,
@@ -281,13 +283,23 @@ impl Router {
         choice: &Choice,
         now_ms: u64,
     ) -> usize {
+        // A spill's new holder goes to the overflow entry (≤ 1 get + 1 set,
+        // [`PrefixIndex::record_spill`]), pending record or not.
+        let spilled = if choice.reason == Reason::Spill {
+            self.index
+                .record_spill(store, blocks, known, choice.primary, now_ms)
+        } else {
+            0
+        };
         let placed = matches!(choice.reason, Reason::Cold | Reason::Spill);
         if !(self.affinity.record_pending && placed) {
-            return 0;
+            return spilled;
         }
         let at = (now_ms, self.affinity.max_age_ms);
-        self.index
-            .record_pending(store, blocks, known, choice.primary, at)
+        spilled
+            + self
+                .index
+                .record_pending(store, blocks, known, choice.primary, at)
     }
 
     /// [`crate::share::pressure_for`] with this router's configuration.
@@ -626,19 +638,27 @@ mod tests {
         }
     }
 
+    /// A router over 8 local endpoints.
+    fn eight_replicas() -> Router {
+        let eps: Vec<String> = (1..=8).map(|i| format!("\"127.0.0.1:90{i:02}\"")).collect();
+        let json = format!(r#"{{"endpoints":[{}]}}"#, eps.join(","));
+        Router::new(Config::from_json(json.as_bytes()).unwrap())
+    }
+
+    /// Question `q` under a 9 600-character system prompt.
+    fn hot_prompt_body(q: usize) -> String {
+        let system = "You are a meticulous assistant. ".repeat(300);
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {q}"}}]}}"#
+        )
+    }
+
     #[test]
     fn a_spill_off_a_hot_prefix_goes_back_to_a_holder_it_dropped() {
         use crate::index::VecStore;
-        let eps: Vec<String> = (1..=8).map(|i| format!("\"127.0.0.1:90{i:02}\"")).collect();
-        let json = format!(r#"{{"endpoints":[{}]}}"#, eps.join(","));
-        let r = Router::new(Config::from_json(json.as_bytes()).unwrap());
+        let r = eight_replicas();
         let cost = CostModel::new(r.cost_config());
-        let system = "You are a meticulous assistant. ".repeat(300);
-        let body = |q: usize| {
-            format!(
-                r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {q}"}}]}}"#
-            )
-        };
+        let body = hot_prompt_body;
         let key = |q: usize| r.key(Body::Complete(body(q).as_bytes()), None);
         let decide = |r: &Router, store: &VecStore, q: usize, loads: &[u32]| {
             let k = key(q);
@@ -678,6 +698,49 @@ mod tests {
                 assert_eq!(c.expected_cached_tokens, 0.0);
             }
         }
+    }
+
+    #[test]
+    fn a_spill_holder_lost_to_a_stale_record_is_found_in_the_overflow_entry() {
+        use crate::index::VecStore;
+        let r = eight_replicas();
+        let cost = CostModel::new(r.cost_config());
+        let body = hot_prompt_body;
+        let key = |q: usize| r.key(Body::Complete(body(q).as_bytes()), None);
+        let decide = |store: &VecStore, q: usize, loads: &[u32]| {
+            let k = key(q);
+            r.choose_affinity(&k, body(q).len(), Loads::new(loads), store, &cost, 5000, 1)
+        };
+        let mut store = VecStore::new(r.config().affinity.index_slots);
+        let (_, c, known) = decide(&store, 0, &[0; 8]);
+        let x = c.primary;
+        r.record_affinity(&mut store, &key(0).blocks, known.as_ref(), x, 1000);
+        // Request 1 is looked up while `x` is the only holder, and answered
+        // late; meanwhile `x` is over the bound and request 2 spills to `y`.
+        let (_, c1, stale) = decide(&store, 1, &[0; 8]);
+        assert_eq!(c1.primary, x);
+        let mut loads = [2u32; 8];
+        loads[x] = 40;
+        let (_, c2, known2) = decide(&store, 2, &loads);
+        let y = c2.primary;
+        assert!(y != x && c2.reason == crate::affinity::Reason::Spill);
+        r.record_pending(&mut store, &key(2).blocks, known2.as_ref(), &c2, 1500);
+        r.record_affinity(&mut store, &key(2).blocks, known2.as_ref(), y, 2000);
+        // Request 1's record rewrites the entry from its stale view: `y`
+        // is no longer a holder there.
+        r.record_affinity(&mut store, &key(1).blocks, stale.as_ref(), x, 2100);
+        let (_, _, k3) = decide(&store, 3, &[0; 8]);
+        assert_eq!(
+            k3.map(|k| k.entry.holders),
+            Some([Some(x as u16), None, None])
+        );
+        // `x` over the bound again, `y` one request above the others: the
+        // spill goes back to `y` (its overflow entry), expecting the prompt
+        // cached; every ladder block under the prefix names `x` alone.
+        loads[y] = 3;
+        let (_, c, _) = decide(&store, 3, &loads);
+        assert_eq!((c.primary, c.reason), (y, crate::affinity::Reason::Spill));
+        assert!(c.expected_cached_tokens > 1000.0, "{c:?}");
     }
 
     #[test]
