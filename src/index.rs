@@ -385,6 +385,12 @@ pub struct IndexConfig {
     /// a holder off a full entry keeps it in a second entry of the same
     /// block, which [`PrefixIndex::lookup_shallow`] reads first.
     pub overflow: bool,
+    /// **Merging records** ([`PrefixIndex::record`]): before rewriting the
+    /// deepest known block, read its entry again (one get) and keep the
+    /// holders written since the lookup (a spill's new holder) behind the
+    /// recorded replica, so that a request looked up before a spill and
+    /// answered after it does not erase the spill's holder.
+    pub merge_record: bool,
 }
 
 impl Default for IndexConfig {
@@ -398,6 +404,7 @@ impl Default for IndexConfig {
             end_marks: false,
             last_mark: true,
             overflow: true,
+            merge_record: true,
         }
     }
 }
@@ -738,7 +745,7 @@ impl PrefixIndex {
         } else {
             Marks::None
         };
-        self.write(store, blocks, known, replica, (at, marks))
+        self.write(store, blocks, known, replica, (at, marks, false))
     }
 
     /// Record that the request with `blocks` went to `replica` (see the module
@@ -757,7 +764,8 @@ impl PrefixIndex {
             (false, true) => Marks::Last,
             (false, false) => Marks::None,
         };
-        self.write(store, blocks, known, replica, (now_ms, marks))
+        let merge = self.cfg.merge_record;
+        self.write(store, blocks, known, replica, (now_ms, marks, merge))
     }
 
     /// Would [`PrefixIndex::record`] of `blocks` for `replica` (with
@@ -863,14 +871,45 @@ impl PrefixIndex {
         1
     }
 
-    /// `record` at `now_ms`, with the end marks `marks`.
+    /// The holders to write on the deepest known block `key` (entry
+    /// `seen` at the lookup) for replica `r`: `r` first, then the holders
+    /// the entry has now (one get, with `merge` on: holders a spill or
+    /// another record added since the lookup), then those `seen` showed
+    /// (still there unless the current entry is full), at most
+    /// [`MAX_HOLDERS`]. Without `merge` or when the slot now holds another
+    /// key: `seen.with_front(r)`, no get.
+    fn merged_front<S: SlotStore>(
+        &self,
+        store: &S,
+        key: u64,
+        seen: &Entry,
+        r: u16,
+        merge: bool,
+    ) -> [Option<u16>; MAX_HOLDERS] {
+        let Some(now) = merge.then(|| self.probe(store, key)).flatten() else {
+            return seen.with_front(r);
+        };
+        let mut holders = [None; MAX_HOLDERS];
+        let order = now.holders.iter().chain(seen.holders.iter()).flatten();
+        let mut m = 0;
+        for &h in std::iter::once(&r).chain(order) {
+            if m < MAX_HOLDERS && !holders[..m].contains(&Some(h)) {
+                holders[m] = Some(h);
+                m += 1;
+            }
+        }
+        holders
+    }
+
+    /// `record` at `now_ms`, with the end marks `marks`, merging the
+    /// deepest known block's current holders when `merge`.
     fn write<S: SlotStore>(
         &self,
         store: &mut S,
         blocks: &[u64],
         known: Option<&Known>,
         replica: usize,
-        (now_ms, marks): (u64, Marks),
+        (now_ms, marks, merge): (u64, Marks, bool),
     ) -> usize {
         let (paths, marks) = (marks == Marks::Paths, marks != Marks::None);
         let Some(&last) = blocks.last() else {
@@ -903,12 +942,9 @@ impl PrefixIndex {
             // An exact repeat (a retry, the same prompt again) keeps its
             // mark: it proves no other prompt shares the block.
             let keep = depth == n && marks && k.entry.is_end();
-            self.put(
-                store,
-                blocks[depth - 1],
-                (time, keep),
-                k.entry.with_front(r),
-            );
+            let key = blocks[depth - 1];
+            let holders = self.merged_front(store, key, &k.entry, r, merge);
+            self.put(store, key, (time, keep), holders);
             sets += 1;
         }
         // Every ladder block but the deepest known one (written above), the
@@ -1123,8 +1159,54 @@ mod tests {
     }
 
     #[test]
+    fn a_stale_record_keeps_the_holders_written_since_its_lookup() {
+        let idx = PrefixIndex::new(IndexConfig {
+            overflow: false,
+            ..IndexConfig::default()
+        });
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        // A 40-block prefix held by 0 and 2; a request under it is looked
+        // up while they were its only holders.
+        idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
+        let k2 = idx.lookup(&st, &chain(1, 40, 150, 45), 500).unwrap();
+        idx.record(&mut st, &chain(1, 40, 150, 45), Some(&k2), 0, 500);
+        let b = chain(1, 40, 200, 45);
+        let stale = idx.lookup(&st, &b, 1000).unwrap();
+        assert_eq!(stale.entry.holders, [Some(0), Some(2), None]);
+        // A spill of another request to 1 records 1 in front.
+        let s = chain(1, 40, 300, 45);
+        let k = idx.lookup(&st, &s, 1000).unwrap();
+        idx.record(&mut st, &s, Some(&k), 1, 1100);
+        // The stale request answers on 0: one more get, and 1 stays.
+        let g = st.gets();
+        idx.record(&mut st, &b, Some(&stale), 0, 1200);
+        assert_eq!(st.gets() - g, 1);
+        let now = idx.lookup(&st, &chain(1, 40, 400, 45), 2000).unwrap();
+        assert_eq!(
+            (now.depth, now.entry.holders),
+            (40, [Some(0), Some(1), Some(2)])
+        );
+        // Without the merge: no get, and the stale view erases 1.
+        let plain = PrefixIndex::new(IndexConfig {
+            overflow: false,
+            merge_record: false,
+            ..IndexConfig::default()
+        });
+        plain.record(&mut st, &s, Some(&k), 1, 2100);
+        let g = st.gets();
+        plain.record(&mut st, &b, Some(&stale), 0, 2200);
+        assert_eq!(st.gets(), g);
+        let now = plain.lookup(&st, &chain(1, 40, 400, 45), 3000).unwrap();
+        assert_eq!(now.entry.holders, [Some(0), Some(2), None]);
+    }
+
+    #[test]
     fn new_holders_go_to_the_overflow_entry_and_survive_a_stale_record() {
-        let idx = PrefixIndex::new(IndexConfig::default());
+        // Records without the merge (main's), which lose the spill holder.
+        let idx = PrefixIndex::new(IndexConfig {
+            merge_record: false,
+            ..IndexConfig::default()
+        });
         let mut st = VecStore::new(IndexConfig::default().slots);
         // A 40-block shared prefix on 0; a request under it, looked up
         // while 0 was its only holder, is spilled to 1.
