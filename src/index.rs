@@ -750,7 +750,12 @@ impl PrefixIndex {
 
     /// Record that the request with `blocks` went to `replica` (see the module
     /// docs). `known` is what [`PrefixIndex::lookup`] returned for it. Returns
-    /// the number of sets.
+    /// the number of sets. With [`IndexConfig::merge_record`] the deepest
+    /// known block is read again first (one get) and its holders written
+    /// since the lookup are kept behind `replica` (a request looked up
+    /// before a spill and answered after it does not erase the spill's
+    /// holder); the pending record ([`PrefixIndex::record_pending`], at
+    /// routing, right after the lookup) does not.
     pub fn record<S: SlotStore>(
         &self,
         store: &mut S,
