@@ -78,10 +78,21 @@
 //!   under `min_match`). A pending record writes the same mark, so its
 //!   confirmation changes no tag, and an exact repeat keeps it.
 //!
-//! **Overflow** ([`IndexConfig::overflow`], on): a record writes the
-//! deepest known block with the holders its request's *lookup* saw (no get),
-//! so a request looked up before a spill and answered after it rewrites the
-//! entry without the spill's new holder, and a full entry drops its oldest
+//! **Merging records** ([`IndexConfig::merge_record`], on): a record
+//! rewrites the deepest known block with the recorded replica first, then
+//! the holders the entry has *now* (read again: one get), then those its
+//! lookup saw (≤ [`MAX_HOLDERS`]). Without it the record writes the
+//! lookup's holders (no get), so a request looked up before a spill and
+//! answered after it rewrites the entry without the spill's new holder.
+//! With `rewrite_known` the known ladder blocks it rewrites are merged the
+//! same way (one get each); the blocks new to the lookup are written with
+//! the replica alone. The pending record (at routing, right after its
+//! lookup) does not read.
+//!
+//! **Overflow** ([`IndexConfig::overflow`], on): without the merge a
+//! record writes the deepest known block with the holders its request's
+//! *lookup* saw, so a request looked up before a spill and answered after
+//! it rewrites the entry without the spill's new holder, and a full entry drops its oldest
 //! holder whenever a new one joins: a hot prefix forgets the replicas it
 //! spilled to, though they still cache it, and its next spill goes cold
 //! again. At a spill, the new holder is also written to the block's
@@ -924,6 +935,11 @@ impl PrefixIndex {
         let r = replica.min(u16::MAX as usize - 1) as u16;
         let time = decis(now_ms);
         let fresh = [Some(r), None, None];
+        let alone = Entry {
+            tag: 0,
+            time,
+            holders: fresh,
+        };
         let mut sets = 0;
         let depth = known.map_or(0, |k| k.depth.min(n));
         let bits = self.cfg.ladder_bits;
@@ -964,7 +980,14 @@ impl PrefixIndex {
             if budget == 0 {
                 break;
             }
-            self.put(store, blocks[p], (time, p + 1 == end_at), fresh);
+            // A known ladder block (`rewrite_known`) keeps its current
+            // holders behind `r` with the merge (one get each).
+            let holders = if p < depth {
+                self.merged_front(store, blocks[p], &alone, r, merge)
+            } else {
+                fresh
+            };
+            self.put(store, blocks[p], (time, p + 1 == end_at), holders);
             sets += 1;
             budget -= 1;
         }
@@ -1203,6 +1226,34 @@ mod tests {
         assert_eq!(st.gets(), g);
         let now = plain.lookup(&st, &chain(1, 40, 400, 45), 3000).unwrap();
         assert_eq!(now.entry.holders, [Some(0), Some(2), None]);
+    }
+
+    #[test]
+    fn rewritten_known_ladder_blocks_keep_their_holders_with_the_merge() {
+        for merge in [true, false] {
+            let idx = PrefixIndex::new(IndexConfig {
+                rewrite_known: true,
+                overflow: false,
+                merge_record: merge,
+                ..IndexConfig::default()
+            });
+            let mut st = VecStore::new(IndexConfig::default().slots);
+            idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
+            let b = chain(1, 40, 200, 45);
+            let k = idx.lookup(&st, &b, 500).unwrap();
+            assert_eq!(k.depth, 40);
+            let g = st.gets();
+            idx.record(&mut st, &b, Some(&k), 0, 1000);
+            let gets = st.gets() - g;
+            // Block 8 (a ladder position under the known depth).
+            let e = idx.lookup(&st, &b[..8], 2000).unwrap();
+            let (want, gets) = if merge {
+                ([Some(0), Some(2), None], gets > 1)
+            } else {
+                ([Some(0), None, None], gets == 0)
+            };
+            assert_eq!((e.depth, e.entry.holders, gets), (8, want, true));
+        }
     }
 
     #[test]
