@@ -78,10 +78,21 @@
 //!   under `min_match`). A pending record writes the same mark, so its
 //!   confirmation changes no tag, and an exact repeat keeps it.
 //!
-//! **Overflow** ([`IndexConfig::overflow`], on): a record writes the
-//! deepest known block with the holders its request's *lookup* saw (no get),
-//! so a request looked up before a spill and answered after it rewrites the
-//! entry without the spill's new holder, and a full entry drops its oldest
+//! **Merging records** ([`IndexConfig::merge_record`], on): a record
+//! rewrites the deepest known block with the recorded replica first, then
+//! the holders the entry has *now* (read again: one get), then those its
+//! lookup saw (≤ [`MAX_HOLDERS`]). Without it the record writes the
+//! lookup's holders (no get), so a request looked up before a spill and
+//! answered after it rewrites the entry without the spill's new holder.
+//! With `rewrite_known` the known ladder blocks it rewrites are merged the
+//! same way (one get each); the blocks new to the lookup are written with
+//! the replica alone. The pending record (at routing, right after its
+//! lookup) does not read.
+//!
+//! **Overflow** ([`IndexConfig::overflow`], on): without the merge a
+//! record writes the deepest known block with the holders its request's
+//! *lookup* saw, so a request looked up before a spill and answered after
+//! it rewrites the entry without the spill's new holder, and a full entry drops its oldest
 //! holder whenever a new one joins: a hot prefix forgets the replicas it
 //! spilled to, though they still cache it, and its next spill goes cold
 //! again. At a spill, the new holder is also written to the block's
@@ -385,6 +396,12 @@ pub struct IndexConfig {
     /// a holder off a full entry keeps it in a second entry of the same
     /// block, which [`PrefixIndex::lookup_shallow`] reads first.
     pub overflow: bool,
+    /// **Merging records** ([`PrefixIndex::record`]): before rewriting the
+    /// deepest known block, read its entry again (one get) and keep the
+    /// holders written since the lookup (a spill's new holder) behind the
+    /// recorded replica, so that a request looked up before a spill and
+    /// answered after it does not erase the spill's holder.
+    pub merge_record: bool,
 }
 
 impl Default for IndexConfig {
@@ -398,6 +415,7 @@ impl Default for IndexConfig {
             end_marks: false,
             last_mark: true,
             overflow: true,
+            merge_record: true,
         }
     }
 }
@@ -738,12 +756,17 @@ impl PrefixIndex {
         } else {
             Marks::None
         };
-        self.write(store, blocks, known, replica, (at, marks))
+        self.write(store, blocks, known, replica, (at, marks, false))
     }
 
     /// Record that the request with `blocks` went to `replica` (see the module
     /// docs). `known` is what [`PrefixIndex::lookup`] returned for it. Returns
-    /// the number of sets.
+    /// the number of sets. With [`IndexConfig::merge_record`] the deepest
+    /// known block is read again first (one get) and its holders written
+    /// since the lookup are kept behind `replica` (a request looked up
+    /// before a spill and answered after it does not erase the spill's
+    /// holder); the pending record ([`PrefixIndex::record_pending`], at
+    /// routing, right after the lookup) does not.
     pub fn record<S: SlotStore>(
         &self,
         store: &mut S,
@@ -757,7 +780,8 @@ impl PrefixIndex {
             (false, true) => Marks::Last,
             (false, false) => Marks::None,
         };
-        self.write(store, blocks, known, replica, (now_ms, marks))
+        let merge = self.cfg.merge_record;
+        self.write(store, blocks, known, replica, (now_ms, marks, merge))
     }
 
     /// Would [`PrefixIndex::record`] of `blocks` for `replica` (with
@@ -863,14 +887,45 @@ impl PrefixIndex {
         1
     }
 
-    /// `record` at `now_ms`, with the end marks `marks`.
+    /// The holders to write on the deepest known block `key` (entry
+    /// `seen` at the lookup) for replica `r`: `r` first, then the holders
+    /// the entry has now (one get, with `merge` on: holders a spill or
+    /// another record added since the lookup), then those `seen` showed
+    /// (still there unless the current entry is full), at most
+    /// [`MAX_HOLDERS`]. Without `merge` or when the slot now holds another
+    /// key: `seen.with_front(r)`, no get.
+    fn merged_front<S: SlotStore>(
+        &self,
+        store: &S,
+        key: u64,
+        seen: &Entry,
+        r: u16,
+        merge: bool,
+    ) -> [Option<u16>; MAX_HOLDERS] {
+        let Some(now) = merge.then(|| self.probe(store, key)).flatten() else {
+            return seen.with_front(r);
+        };
+        let mut holders = [None; MAX_HOLDERS];
+        let order = now.holders.iter().chain(seen.holders.iter()).flatten();
+        let mut m = 0;
+        for &h in std::iter::once(&r).chain(order) {
+            if m < MAX_HOLDERS && !holders[..m].contains(&Some(h)) {
+                holders[m] = Some(h);
+                m += 1;
+            }
+        }
+        holders
+    }
+
+    /// `record` at `now_ms`, with the end marks `marks`, merging the
+    /// deepest known block's current holders when `merge`.
     fn write<S: SlotStore>(
         &self,
         store: &mut S,
         blocks: &[u64],
         known: Option<&Known>,
         replica: usize,
-        (now_ms, marks): (u64, Marks),
+        (now_ms, marks, merge): (u64, Marks, bool),
     ) -> usize {
         let (paths, marks) = (marks == Marks::Paths, marks != Marks::None);
         let Some(&last) = blocks.last() else {
@@ -880,6 +935,11 @@ impl PrefixIndex {
         let r = replica.min(u16::MAX as usize - 1) as u16;
         let time = decis(now_ms);
         let fresh = [Some(r), None, None];
+        let alone = Entry {
+            tag: 0,
+            time,
+            holders: fresh,
+        };
         let mut sets = 0;
         let depth = known.map_or(0, |k| k.depth.min(n));
         let bits = self.cfg.ladder_bits;
@@ -903,12 +963,9 @@ impl PrefixIndex {
             // An exact repeat (a retry, the same prompt again) keeps its
             // mark: it proves no other prompt shares the block.
             let keep = depth == n && marks && k.entry.is_end();
-            self.put(
-                store,
-                blocks[depth - 1],
-                (time, keep),
-                k.entry.with_front(r),
-            );
+            let key = blocks[depth - 1];
+            let holders = self.merged_front(store, key, &k.entry, r, merge);
+            self.put(store, key, (time, keep), holders);
             sets += 1;
         }
         // Every ladder block but the deepest known one (written above), the
@@ -923,7 +980,14 @@ impl PrefixIndex {
             if budget == 0 {
                 break;
             }
-            self.put(store, blocks[p], (time, p + 1 == end_at), fresh);
+            // A known ladder block (`rewrite_known`) keeps its current
+            // holders behind `r` with the merge (one get each).
+            let holders = if p < depth {
+                self.merged_front(store, blocks[p], &alone, r, merge)
+            } else {
+                fresh
+            };
+            self.put(store, blocks[p], (time, p + 1 == end_at), holders);
             sets += 1;
             budget -= 1;
         }
@@ -1123,8 +1187,82 @@ mod tests {
     }
 
     #[test]
+    fn a_stale_record_keeps_the_holders_written_since_its_lookup() {
+        let idx = PrefixIndex::new(IndexConfig {
+            overflow: false,
+            ..IndexConfig::default()
+        });
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        // A 40-block prefix held by 0 and 2; a request under it is looked
+        // up while they were its only holders.
+        idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
+        let k2 = idx.lookup(&st, &chain(1, 40, 150, 45), 500).unwrap();
+        idx.record(&mut st, &chain(1, 40, 150, 45), Some(&k2), 0, 500);
+        let b = chain(1, 40, 200, 45);
+        let stale = idx.lookup(&st, &b, 1000).unwrap();
+        assert_eq!(stale.entry.holders, [Some(0), Some(2), None]);
+        // A spill of another request to 1 records 1 in front.
+        let s = chain(1, 40, 300, 45);
+        let k = idx.lookup(&st, &s, 1000).unwrap();
+        idx.record(&mut st, &s, Some(&k), 1, 1100);
+        // The stale request answers on 0: one more get, and 1 stays.
+        let g = st.gets();
+        idx.record(&mut st, &b, Some(&stale), 0, 1200);
+        assert_eq!(st.gets() - g, 1);
+        let now = idx.lookup(&st, &chain(1, 40, 400, 45), 2000).unwrap();
+        assert_eq!(
+            (now.depth, now.entry.holders),
+            (40, [Some(0), Some(1), Some(2)])
+        );
+        // Without the merge: no get, and the stale view erases 1.
+        let plain = PrefixIndex::new(IndexConfig {
+            overflow: false,
+            merge_record: false,
+            ..IndexConfig::default()
+        });
+        plain.record(&mut st, &s, Some(&k), 1, 2100);
+        let g = st.gets();
+        plain.record(&mut st, &b, Some(&stale), 0, 2200);
+        assert_eq!(st.gets(), g);
+        let now = plain.lookup(&st, &chain(1, 40, 400, 45), 3000).unwrap();
+        assert_eq!(now.entry.holders, [Some(0), Some(2), None]);
+    }
+
+    #[test]
+    fn rewritten_known_ladder_blocks_keep_their_holders_with_the_merge() {
+        for merge in [true, false] {
+            let idx = PrefixIndex::new(IndexConfig {
+                rewrite_known: true,
+                overflow: false,
+                merge_record: merge,
+                ..IndexConfig::default()
+            });
+            let mut st = VecStore::new(IndexConfig::default().slots);
+            idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
+            let b = chain(1, 40, 200, 45);
+            let k = idx.lookup(&st, &b, 500).unwrap();
+            assert_eq!(k.depth, 40);
+            let g = st.gets();
+            idx.record(&mut st, &b, Some(&k), 0, 1000);
+            let gets = st.gets() - g;
+            // Block 8 (a ladder position under the known depth).
+            let e = idx.lookup(&st, &b[..8], 2000).unwrap();
+            let (want, gets) = if merge {
+                ([Some(0), Some(2), None], gets > 1)
+            } else {
+                ([Some(0), None, None], gets == 0)
+            };
+            assert_eq!((e.depth, e.entry.holders, gets), (8, want, true));
+        }
+    }
+
+    #[test]
     fn new_holders_go_to_the_overflow_entry_and_survive_a_stale_record() {
-        let idx = PrefixIndex::new(IndexConfig::default());
+        // Records without the merge (main's), which lose the spill holder.
+        let idx = PrefixIndex::new(IndexConfig {
+            merge_record: false,
+            ..IndexConfig::default()
+        });
         let mut st = VecStore::new(IndexConfig::default().slots);
         // A 40-block shared prefix on 0; a request under it, looked up
         // while 0 was its only holder, is spilled to 1.

@@ -255,7 +255,8 @@ impl Router {
     /// what the lookup at routing found). The filter calls it when the
     /// upstream answered 2xx, so only requests an engine accepted (and
     /// therefore cached) enter the index. Shared-data cost: ≤ 44 sets (≤ 10 of
-    /// them the end marks' search paths, [`crate::index`]).
+    /// them the end marks' search paths, [`crate::index`]) and, with
+    /// `merge_record`, one get (the deepest known block read again).
     pub fn record_affinity<S: SlotStore>(
         &self,
         store: &mut S,
@@ -701,7 +702,7 @@ mod tests {
     }
 
     #[test]
-    fn a_spill_holder_lost_to_a_stale_record_is_found_in_the_overflow_entry() {
+    fn a_spill_holder_survives_a_stale_record() {
         use crate::index::VecStore;
         let r = eight_replicas();
         let cost = CostModel::new(r.cost_config());
@@ -726,20 +727,20 @@ mod tests {
         assert!(y != x && c2.reason == crate::affinity::Reason::Spill);
         r.record_pending(&mut store, &key(2).blocks, known2.as_ref(), &c2, 1500);
         r.record_affinity(&mut store, &key(2).blocks, known2.as_ref(), y, 2000);
-        // Request 1's record rewrites the entry from its stale view: `y`
-        // is no longer a holder there.
+        // Request 1's record, from its stale view (`x` alone), reads the
+        // entry again (`merge_record`): `y` stays a holder, behind `x`.
         r.record_affinity(&mut store, &key(1).blocks, stale.as_ref(), x, 2100);
         let (_, _, k3) = decide(&store, 3, &[0; 8]);
         assert_eq!(
             k3.map(|k| k.entry.holders),
-            Some([Some(x as u16), None, None])
+            Some([Some(x as u16), Some(y as u16), None])
         );
         // `x` over the bound again, `y` one request above the others: the
-        // spill goes back to `y` (its overflow entry), expecting the prompt
-        // cached; every ladder block under the prefix names `x` alone.
+        // request goes to `y`, a holder of the main entry (warm, not a
+        // spill), expecting the prompt cached.
         loads[y] = 3;
         let (_, c, _) = decide(&store, 3, &loads);
-        assert_eq!((c.primary, c.reason), (y, crate::affinity::Reason::Spill));
+        assert_eq!((c.primary, c.reason), (y, crate::affinity::Reason::Warm));
         assert!(c.expected_cached_tokens > 1000.0, "{c:?}");
     }
 

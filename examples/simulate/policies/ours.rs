@@ -149,6 +149,7 @@ impl OursParams {
             "end_marks" => self.index.end_marks = v == "1" || v == "true",
             "last_mark" => self.index.last_mark = v == "1" || v == "true",
             "overflow" => self.index.overflow = v == "1" || v == "true",
+            "merge_record" => self.index.merge_record = v == "1" || v == "true",
             "continuation" => self.affinity.continuation = v == "1" || v == "true",
             "pressure" | "spread_cold" => self.affinity.spread_cold = v == "1" || v == "true",
             "share_factor" => self.affinity.share_factor = f()?,
