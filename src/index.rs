@@ -314,17 +314,25 @@ impl Entry {
 
     /// `r` moved (or added) to the front; the oldest holder drops off.
     pub fn with_front(&self, r: u16) -> [Option<u16>; MAX_HOLDERS] {
-        let mut out = [None; MAX_HOLDERS];
-        out[0] = Some(r);
-        let mut k = 1;
-        for h in self.holders.iter().flatten() {
-            if *h != r && k < MAX_HOLDERS {
-                out[k] = Some(*h);
-                k += 1;
-            }
-        }
-        out
+        distinct_holders(std::iter::once(r).chain(self.holders.iter().flatten().copied()))
     }
+}
+
+/// The first [`MAX_HOLDERS`] distinct replicas of `order`, in that order
+/// (the holder list of an entry: front first). O(`MAX_HOLDERS`) per item.
+fn distinct_holders(order: impl Iterator<Item = u16>) -> [Option<u16>; MAX_HOLDERS] {
+    let mut out = [None; MAX_HOLDERS];
+    let mut m = 0;
+    for h in order {
+        if m == MAX_HOLDERS {
+            break;
+        }
+        if !out[..m].contains(&Some(h)) {
+            out[m] = Some(h);
+            m += 1;
+        }
+    }
+    out
 }
 
 /// The key of block `key`'s **overflow entry** (module docs, "Overflow"):
@@ -871,18 +879,12 @@ impl PrefixIndex {
         let dropped = entry.holders[MAX_HOLDERS - 1].filter(|_| full);
         let okey = overflow_key(key);
         let prev = self.probe(store, okey);
-        let mut holders = [None; MAX_HOLDERS];
-        let order = [Some(r), dropped].into_iter().flatten().chain(
-            prev.iter()
-                .flat_map(|e| e.holders.iter().flatten().copied()),
+        let holders = distinct_holders(
+            [Some(r), dropped].into_iter().flatten().chain(
+                prev.iter()
+                    .flat_map(|e| e.holders.iter().flatten().copied()),
+            ),
         );
-        let mut m = 0;
-        for h in order {
-            if m < MAX_HOLDERS && !holders[..m].contains(&Some(h)) {
-                holders[m] = Some(h);
-                m += 1;
-            }
-        }
         self.put(store, okey, (time, false), holders);
         1
     }
@@ -905,16 +907,8 @@ impl PrefixIndex {
         let Some(now) = merge.then(|| self.probe(store, key)).flatten() else {
             return seen.with_front(r);
         };
-        let mut holders = [None; MAX_HOLDERS];
         let order = now.holders.iter().chain(seen.holders.iter()).flatten();
-        let mut m = 0;
-        for &h in std::iter::once(&r).chain(order) {
-            if m < MAX_HOLDERS && !holders[..m].contains(&Some(h)) {
-                holders[m] = Some(h);
-                m += 1;
-            }
-        }
-        holders
+        distinct_holders(std::iter::once(r).chain(order.copied()))
     }
 
     /// `record` at `now_ms`, with the end marks `marks`, merging the
