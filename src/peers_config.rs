@@ -7,7 +7,8 @@
 //!           "pull_ms": 100, "timeout_ms": 250, "hosts_refresh_ms": 1000,
 //!           "max_batch": 2048, "log_capacity": 16384,
 //!           "min_publish_chars": 512, "refresh_publish_s": 120,
-//!           "sync_budget_bp": 0, "share_queued": true, "queue_ms": 25}
+//!           "sync_budget_bp": 0, "share_queued": true, "queue_ms": 25,
+//!           "ladder_last": false, "publish_bits": 0}
 //! ```
 //!
 //! `cluster` and `secret` are required; `admin_cluster` defaults to the
@@ -61,7 +62,16 @@ pub struct RawPeers {
     pub share_queued: Option<bool>,
     /// See [`PeersParams::queue_ms`].
     pub queue_ms: Option<i64>,
+    /// See [`PeersParams::ladder_last`].
+    pub ladder_last: Option<bool>,
+    /// See [`PeersParams::publish_bits`].
+    pub publish_bits: Option<i64>,
 }
+
+/// Default of [`PeersParams::ladder_last`].
+pub const DEFAULT_LADDER_LAST: bool = false;
+/// Default of [`PeersParams::publish_bits`] (0: the local ladder).
+pub const DEFAULT_PUBLISH_BITS: u32 = 0;
 
 /// Default path of the sync endpoint.
 pub const DEFAULT_PATH: &str = "/prefix-router/peers";
@@ -116,6 +126,18 @@ pub struct PeersParams {
     /// seventh session). Cost: one request and response head per peer and
     /// period, each way.
     pub queue_ms: u32,
+    /// Publish a request's last block only when it is a ladder position
+    /// ([`crate::peers_log::PeerLadder`]): elsewhere a peer finds it only
+    /// for an exact repeat of the whole prompt. The local table is
+    /// unchanged.
+    pub ladder_last: bool,
+    /// Significant bits of the ladder positions published to the peers
+    /// (0: every local ladder position; below the index's `ladder_bits`, 3:
+    /// a coarser ladder, [`crate::peers_log::PeerLadder`]; the receiving
+    /// lookup then searches the coarse positions,
+    /// [`crate::index::IndexConfig::peer_bits`]). Every gateway of a
+    /// deployment should use the same value.
+    pub publish_bits: u32,
     /// Seed of the index slot hash, derived from `secret`.
     pub index_secret: u64,
 }
@@ -131,6 +153,8 @@ impl std::fmt::Debug for PeersParams {
             .field("timeout_ms", &self.timeout_ms)
             .field("max_batch", &self.max_batch)
             .field("log_capacity", &self.log_capacity)
+            .field("ladder_last", &self.ladder_last)
+            .field("publish_bits", &self.publish_bits)
             .finish_non_exhaustive()
     }
 }
@@ -264,6 +288,12 @@ pub fn validate(
     if (1..10).contains(&queue_ms) {
         return Err(err("peers.queue_ms", "must be 0 (off) or at least 10"));
     }
+    let publish_bits = int_in_range(
+        "peers.publish_bits",
+        r.publish_bits,
+        (0u32, 16),
+        DEFAULT_PUBLISH_BITS,
+    )?;
     Ok(Some(PeersParams {
         index_secret: derive_index_secret(&secret),
         cluster,
@@ -280,6 +310,8 @@ pub fn validate(
         sync_budget_bp,
         share_queued: r.share_queued.unwrap_or(true),
         queue_ms,
+        ladder_last: r.ladder_last.unwrap_or(DEFAULT_LADDER_LAST),
+        publish_bits,
     }))
 }
 

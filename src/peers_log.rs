@@ -39,7 +39,7 @@
 //! get per item; all O(items).
 
 use crate::cluster::shared::{update, ShareError, SharedData};
-use crate::index::{Entry, SlotStore, SlotValue, ENTRY_BYTES};
+use crate::index::{on_ladder, Entry, PrefixIndex, SlotStore, SlotValue, ENTRY_BYTES};
 use crate::peers::Cursor;
 
 /// Bytes of one log item in shared data.
@@ -310,6 +310,58 @@ pub fn news(old: Option<&SlotValue>, new: &SlotValue, rule: NewsRule) -> News {
     }
 }
 
+/// Which blocks of a request the peers are sent (`peers.publish_last`,
+/// `peers.publish_bits`; `docs/multi-gateway.md`, ninth session). The local
+/// table is written as before; only the outbox ([`Publishing::withhold`])
+/// leaves out:
+/// - with `ladder_last`, the request's **last block when it is not a
+///   ladder position**: a peer's lookup probes ladder positions and the
+///   last block of its own request, so it finds such a block only for an
+///   exact repeat of the whole prompt (a longer prompt, the next chat
+///   turn, probes ladder positions only), and the deepest ladder position
+///   below it is within a factor `1 + 2^(1 − ladder_bits)` of its depth;
+/// - with `publish_bits` below `ladder_bits`, the **ladder positions**
+///   `p` whose `p + 1` has more than `publish_bits` significant bits
+///   (2 of 3 bits: two positions per octave instead of four), except the
+///   last block (it carries the last-block mark of a continuation). The
+///   receiving lookup searches the coarse positions
+///   ([`crate::index::IndexConfig::peer_bits`]), so what a peer finds is
+///   at least the deepest coarse position at or below the true depth: a
+///   factor `1 + 2^(1 − publish_bits)` (1.5 for 2 bits).
+///
+/// Blocks that are neither (the search paths of confirmed depths and end
+/// marks) are published as before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerLadder {
+    /// The local index's `ladder_bits`.
+    pub ladder_bits: u32,
+    /// Significant bits of the published ladder positions (0 or
+    /// ≥ `ladder_bits`: all of them).
+    pub publish_bits: u32,
+    /// The last block only when it is a ladder position.
+    pub ladder_last: bool,
+}
+
+impl PeerLadder {
+    /// Everything is published (neither lever on).
+    pub fn publishes_all(&self) -> bool {
+        !self.ladder_last && (self.publish_bits == 0 || self.publish_bits >= self.ladder_bits)
+    }
+
+    /// Is block `p` of an `n`-block request published?
+    pub fn publishes(&self, p: usize, n: usize) -> bool {
+        let ladder = on_ladder(p, self.ladder_bits);
+        if p + 1 == n {
+            !self.ladder_last || ladder
+        } else {
+            !ladder
+                || self.publish_bits == 0
+                || self.publish_bits >= self.ladder_bits
+                || on_ladder(p, self.publish_bits)
+        }
+    }
+}
+
 /// A [`SlotStore`] that collects the news among the writes going through it
 /// (wrap the raw table, under [`crate::cluster::view::AddrSlots`], so that
 /// logged entries hold address ids, the same in every gateway).
@@ -326,6 +378,8 @@ pub struct Publishing<'a, S: SlotStore> {
     inner: &'a mut S,
     rule: NewsRule,
     enabled: bool,
+    /// Slot and tag of the blocks kept local ([`Publishing::withhold`]).
+    withheld: Vec<(u32, u64)>,
     /// News writes, in order, with their kind.
     pub writes: Vec<(u32, SlotValue, News)>,
 }
@@ -344,8 +398,35 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
             inner,
             rule,
             enabled,
+            withheld: Vec::new(),
             writes: Vec::new(),
         }
+    }
+
+    /// Keep the blocks of `blocks` that `ladder` does not publish out of
+    /// the outbox (they are still written to the local table). Cost: one
+    /// keyed hash per withheld block (≤ the ladder positions + 1), nothing
+    /// when `ladder` publishes everything or the wrapper is not enabled.
+    pub fn withhold(&mut self, index: &PrefixIndex, blocks: &[u64], ladder: PeerLadder) {
+        if !self.enabled || ladder.publishes_all() {
+            return;
+        }
+        let n = blocks.len();
+        self.withheld = blocks
+            .iter()
+            .enumerate()
+            .filter(|&(p, _)| !ladder.publishes(p, n))
+            .map(|(_, &key)| index.place(key))
+            .collect();
+    }
+
+    fn withheld(&self, slot: u32, value: &SlotValue) -> bool {
+        !self.withheld.is_empty()
+            && Entry::decode(value).is_some_and(|e| {
+                self.withheld
+                    .iter()
+                    .any(|&(s, t)| s == slot && t == e.key_tag())
+            })
     }
 
     /// The writes to publish for a record that added `new_chars` characters
@@ -360,6 +441,7 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
         let blocks = new_chars >= min_new_chars;
         self.writes
             .iter()
+            .filter(|w| !self.withheld(w.0, &w.1))
             .filter(|w| match w.2 {
                 News::Placement => true,
                 News::Block => blocks,

@@ -105,6 +105,8 @@ impl Router {
         let a = config.affinity;
         let index = PrefixIndex::new(IndexConfig {
             slots: a.index_slots,
+            // Peers publishing a coarser ladder: the lookup tolerates it.
+            peer_bits: config.peers.as_ref().map_or(0, |p| p.publish_bits),
             ..IndexConfig::default()
         });
         let affinity = AffinityConfig {

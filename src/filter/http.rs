@@ -520,6 +520,9 @@ impl RouterHttp {
             // With `peers`, the news among the writes is published (address ids).
             let rule = super::peers::news_rule(p);
             let mut publishing = Publishing::with_rule(&mut slots, rule, p.peers.is_some());
+            if let Some(c) = p.config().peers.as_ref() {
+                publishing.withhold(index, blocks, super::peers::peer_ladder(c, index));
+            }
             {
                 let mut by_addr = AddrSlots::new(&mut publishing, &view, &[]);
                 view.router

@@ -75,7 +75,7 @@ use crate::cluster::queued;
 use crate::cluster::tables::{addr_hash, try_lease};
 use crate::cluster::view::{holder_id, View};
 use crate::hash::hash_id;
-use crate::index::{SlotStore, SlotValue};
+use crate::index::{PrefixIndex, SlotStore, SlotValue};
 use crate::peers::MIN_ITEM_BYTES;
 use crate::peers::{
     ct_eq, decode, encode, fill, merge, parse_query, PeerError, Query, SNAPSHOT_SPAN,
@@ -83,7 +83,7 @@ use crate::peers::{
 use crate::peers_backoff::{classify, Backoff, Failure};
 use crate::peers_budget::{Budget, Offer};
 use crate::peers_config::{PeersParams, SECRET_HEADER};
-use crate::peers_log::{self, NewsRule, PeerKeys, Publishing};
+use crate::peers_log::{self, NewsRule, PeerKeys, PeerLadder, Publishing};
 use crate::peers_queue::{self, Exchange};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -319,6 +319,16 @@ pub fn publish<S: SlotStore>(
     match peers_log::append(&host::HostShared, &s.keys, params.log_capacity, &out) {
         Ok(_) => s.add(S_PUBLISHED, out.len() as u64),
         Err(_) => p.stats.failure(super::stats::HostFailure::SharedData),
+    }
+}
+
+/// Which blocks of a record the peers are sent (`peers.ladder_last`,
+/// `peers.publish_bits`; [`crate::peers_log::PeerLadder`]).
+pub fn peer_ladder(c: &PeersParams, index: &PrefixIndex) -> PeerLadder {
+    PeerLadder {
+        ladder_bits: index.config().ladder_bits,
+        publish_bits: c.publish_bits,
+        ladder_last: c.ladder_last,
     }
 }
 

@@ -37,10 +37,10 @@ use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::CostModel;
 use prefix_router::engine::load::{host_load, LoadRule};
 use prefix_router::hash::BLOCK_UNITS;
-use prefix_router::index::{Known, PrefixIndex, SlotStore, SlotValue, VecStore};
+use prefix_router::index::{IndexConfig, Known, PrefixIndex, SlotStore, SlotValue, VecStore};
 use prefix_router::peers::{self, DeltaLog};
 use prefix_router::peers_budget::{Budget, Offer};
-use prefix_router::peers_log::{News, NewsRule, Publishing};
+use prefix_router::peers_log::{News, NewsRule, PeerLadder, Publishing};
 use prefix_router::pressure::Pressure;
 use prefix_router::share::{self, Share};
 use prefix_router::{Loads, Router, RoutingKey};
@@ -122,6 +122,14 @@ pub struct Knobs {
     /// extrapolation base moves with it). Each push costs a request and a
     /// response head (`PULL_BYTES`) per peer, counted in the sync total.
     pub push_tokens: u32,
+    /// The filter's `peers.ladder_last`: a record's last block is
+    /// published only when it is a ladder position
+    /// ([`prefix_router::peers_log::PeerLadder`]).
+    pub ladder_last: bool,
+    /// The filter's `peers.publish_bits`: only the ladder positions with at
+    /// most this many significant bits are published (0: all), and every
+    /// gateway's lookup tolerates the coarser ladder (`peer_bits`).
+    pub publish_bits: u32,
 }
 
 impl Default for Knobs {
@@ -148,6 +156,8 @@ impl Default for Knobs {
             held_s: 0.0,
             choices: 0,
             push_tokens: 0,
+            ladder_last: shipped_peers().4,
+            publish_bits: shipped_peers().5,
         }
     }
 }
@@ -186,6 +196,8 @@ impl Knobs {
             "held_s" => self.held_s = f().ok_or_else(bad)?,
             "choices" => self.choices = u().ok_or_else(bad)?,
             "push_tokens" => self.push_tokens = u().ok_or_else(bad)? as u32,
+            "ladder_last" => self.ladder_last = v == "1" || v == "true",
+            "publish_bits" => self.publish_bits = u().filter(|&b| b <= 16).ok_or_else(bad)? as u32,
             "share_load_ms" => {
                 self.share_load_ms = if v == "off" {
                     None
@@ -203,20 +215,32 @@ impl Knobs {
 /// `sync_budget_bp` and queue exchange (`share_queued`: every `pull_ms`)
 /// (from the core's validated configuration, so the simulator runs its
 /// defaults).
-fn shipped_peers() -> (usize, u32, u32, Option<f64>) {
+fn shipped_peers() -> (usize, u32, u32, Option<f64>, bool, u32) {
     let json = br#"{"endpoints":["127.0.0.1:1"],
         "peers":{"cluster":"c","admin_cluster":"a","secret":"0123456789abcdef0123"}}"#;
     let shipped = prefix_router::Config::from_json(json)
         .ok()
         .and_then(|c| c.peers);
-    shipped.map_or((512, 120, 0, None), |p| {
+    shipped.map_or((512, 120, 0, None, false, 0), |p| {
         (
             p.min_publish_chars as usize,
             p.refresh_publish_s,
             p.sync_budget_bp,
             p.queue_period_ms().map(f64::from),
+            p.ladder_last,
+            p.publish_bits,
         )
     })
+}
+
+/// The filter's `peers::peer_ladder`: which blocks of a record are
+/// published (`ladder_last`, `publish_bits`).
+fn peer_ladder(index: &PrefixIndex, knobs: &Knobs) -> PeerLadder {
+    PeerLadder {
+        ladder_bits: index.config().ladder_bits,
+        publish_bits: knobs.publish_bits,
+        ladder_last: knobs.ladder_last,
+    }
 }
 
 static KNOBS: OnceLock<Knobs> = OnceLock::new();
@@ -532,7 +556,16 @@ impl Gateways {
             router,
             key,
             cfg,
-            index: PrefixIndex::new(p.index),
+            index: PrefixIndex::new(IndexConfig {
+                // The filter with `peers`: the lookup tolerates the peers'
+                // coarser ladder.
+                peer_bits: if spec.mode.peer {
+                    knobs.publish_bits
+                } else {
+                    p.index.peer_bits
+                },
+                ..p.index
+            }),
             spec,
             knobs,
             rule: NewsRule::refresh(knobs.refresh_s.saturating_mul(10))
@@ -825,7 +858,9 @@ impl Gateways {
             let at = (now_ms, self.cfg.max_age_ms);
             let seq = g.log.next_seq();
             if mode.peer && self.knobs.pub_pending {
+                let ladder = peer_ladder(&self.index, &self.knobs);
                 let mut p = Publishing::with_rule(&mut g.store, self.rule, true);
+                p.withhold(&self.index, &key.blocks, ladder);
                 self.index
                     .record_pending(&mut p, &key.blocks, known.as_ref(), c.primary, at);
                 let new_chars = new_chars(key, known.as_ref());
@@ -900,6 +935,11 @@ impl Gateways {
         self.c.records += 1;
         let seq = g.log.next_seq();
         let mut p = Publishing::with_rule(&mut g.store, self.rule, peer);
+        p.withhold(
+            &self.index,
+            &key.blocks,
+            peer_ladder(&self.index, &self.knobs),
+        );
         let sets = self
             .index
             .record(&mut p, &key.blocks, known, served, now_ms);
@@ -1156,7 +1196,7 @@ mod tests {
     #[test]
     fn the_shipped_peers_defaults_are_read() {
         // (A refused configuration would silently give the fallbacks.)
-        let (min_publish, refresh, budget, share) = shipped_peers();
+        let (min_publish, refresh, budget, share, ..) = shipped_peers();
         assert_eq!((min_publish, refresh, budget), (512, 120, 0));
         assert_eq!(share, Some(25.0));
         // The queue exchange's period: `peers.queue_ms` (25 ms).
