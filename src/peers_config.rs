@@ -348,6 +348,23 @@ mod tests {
         assert!(!format!("{p:?}").contains("0123456789abcdef"));
         assert!(p.share_queued);
         assert_eq!(
+            (p.ladder_last, p.publish_bits),
+            (super::DEFAULT_LADDER_LAST, super::DEFAULT_PUBLISH_BITS)
+        );
+        let q = parse(
+            r#"{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdef","ladder_last":false,"publish_bits":3}"#,
+        )
+        .unwrap()
+        .peers
+        .unwrap();
+        assert_eq!((q.ladder_last, q.publish_bits), (false, 3));
+        // The receiving lookup is told the peers' ladder.
+        let r = crate::Router::new(
+            parse(r#"{"cluster":"p","admin_cluster":"a","secret":"0123456789abcdef","publish_bits":1}"#)
+                .unwrap(),
+        );
+        assert_eq!(r.index().config().peer_bits, 1);
+        assert_eq!(
             (p.queue_ms, p.queue_period_ms(), p.tick_ms()),
             (25, Some(25), 25)
         );
@@ -439,6 +456,14 @@ mod tests {
             (
                 format!(r#"{{"cluster":"p","admin_cluster":"a","queue_ms":-1,{s}}}"#),
                 "peers.queue_ms",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","publish_bits":17,{s}}}"#),
+                "peers.publish_bits",
+            ),
+            (
+                format!(r#"{{"cluster":"p","admin_cluster":"a","publish_bits":-1,{s}}}"#),
+                "peers.publish_bits",
             ),
             (
                 format!(r#"{{"cluster":"p","admin_cluster":"a","bogus":1,{s}}}"#),

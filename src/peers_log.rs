@@ -476,7 +476,7 @@ impl<S: SlotStore> SlotStore for Publishing<'_, S> {
 mod tests {
     use super::*;
     use crate::cluster::shared::MockShared;
-    use crate::index::{IndexConfig, PrefixIndex, VecStore};
+    use crate::index::{ladder, IndexConfig, PrefixIndex, VecStore};
     use crate::peers::{self, decode, encode, entry, layout, merge};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -621,6 +621,80 @@ mod tests {
         );
         // merge is also what the puller applies: idempotent.
         assert!(!merge(&mut peer, first[0].0, &first[0].1));
+    }
+
+    #[test]
+    fn a_peer_ladder_withholds_what_peers_cannot_use() {
+        let cfg = IndexConfig {
+            slots: 1 << 16,
+            ..IndexConfig::default()
+        };
+        let idx = PrefixIndex::new(cfg);
+        let tolerant = PrefixIndex::new(IndexConfig {
+            peer_bits: 2,
+            ..cfg
+        });
+        let key = |i: u64| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x55;
+        // 45 blocks: the last one (44) is not a ladder position.
+        let blocks: Vec<u64> = (1..=45u64).map(key).collect();
+        let mut longer = blocks.clone();
+        longer.extend((100..120u64).map(key));
+        let publish = |ladder: PeerLadder, blocks: &[u64]| {
+            let mut table = VecStore::new(1 << 16);
+            let mut p = Publishing::new(&mut table, 1200, true);
+            p.withhold(&idx, blocks, ladder);
+            idx.record(&mut p, blocks, None, 3, 10_000);
+            let out = p.outbox(usize::MAX, 0, false);
+            let mut peer = VecStore::new(1 << 16);
+            for (slot, v) in &out {
+                peers::merge(&mut peer, *slot, v);
+            }
+            // The local table is the same whatever is published.
+            let local = idx.lookup(&table, blocks, 10_000).map(|k| k.depth);
+            assert_eq!(local, Some(blocks.len()));
+            (out.len(), peer)
+        };
+        let all = PeerLadder {
+            ladder_bits: 3,
+            publish_bits: 0,
+            ladder_last: false,
+        };
+        assert!(all.publishes_all());
+        let (n_all, peer_all) = publish(all, &blocks);
+        let last = PeerLadder {
+            ladder_last: true,
+            ..all
+        };
+        let (n_last, peer_last) = publish(last, &blocks);
+        assert_eq!(n_last + 1, n_all, "the last block is kept local");
+        // A longer prompt (the next turn) finds the same depth either way;
+        // only an exact repeat needed the last block.
+        for peer in [&peer_all, &peer_last] {
+            assert_eq!(idx.lookup(peer, &longer, 0).map(|k| k.depth), Some(40));
+        }
+        assert_eq!(idx.lookup(&peer_all, &blocks, 0).map(|k| k.depth), Some(45));
+        assert_eq!(
+            idx.lookup(&peer_last, &blocks, 0).map(|k| k.depth),
+            Some(40)
+        );
+        // The coarse ladder: 2-bit positions (0–3, 5, 7, 11, 15, 23, 31).
+        let coarse = PeerLadder {
+            publish_bits: 2,
+            ..last
+        };
+        let (n_coarse, peer_coarse) = publish(coarse, &blocks);
+        assert_eq!(n_coarse, ladder(44, 2).count());
+        assert_eq!(
+            tolerant.lookup(&peer_coarse, &longer, 0).map(|k| k.depth),
+            Some(32)
+        );
+        // A last block on the fine ladder (39: a continuation's mark) is
+        // published even when it is not a coarse position.
+        assert!(coarse.publishes(39, 40) && !coarse.publishes(39, 41));
+        assert!(!coarse.publishes(44, 45) && last.publishes(39, 41));
+        let (_, peer_mark) = publish(coarse, &blocks[..40]);
+        let k = tolerant.lookup(&peer_mark, &longer, 0);
+        assert_eq!(k.map(|k| (k.depth, k.entry.is_end())), Some((40, true)));
     }
 
     #[test]
