@@ -129,7 +129,7 @@ pub struct PeersParams {
     /// Publish a request's last block only when it is a ladder position
     /// ([`crate::peers_log::PeerLadder`]): elsewhere a peer finds it only
     /// for an exact repeat of the whole prompt. The local table is
-    /// unchanged. Default true: −6 to −19 % of the sync bytes at N = 4 and
+    /// unchanged. Default true: −3 to −18 % of the sync total at N = 4 and
     /// no loss of hit rate in the simulator (`docs/multi-gateway.md`,
     /// ninth session).
     pub ladder_last: bool,
@@ -139,7 +139,7 @@ pub struct PeersParams {
     /// lookup then searches the coarse positions,
     /// [`crate::index::IndexConfig::peer_bits`]). Every gateway of a
     /// deployment should use the same value. Default 0: 2 bits saves
-    /// another 30–45 % of the bytes but the peers' shallower depths make
+    /// another 20–43 % of the sync total at N = 4 but the peers' shallower depths make
     /// them spill more, −0.8 point of hit rate on a held-out trace at N = 4
     /// (ninth session).
     pub publish_bits: u32,
