@@ -1387,6 +1387,17 @@ mod tests {
         }
     }
 
+    /// What a peer finds of an `n`-block prompt published with the
+    /// default `ladder_last`: all of it when its last block is a ladder
+    /// position, else up to the deepest ladder position below.
+    fn peer_depth(n: usize) -> usize {
+        let bits = prefix_router::index::IndexConfig::default().ladder_bits;
+        (0..n)
+            .rev()
+            .find(|&p| prefix_router::index::on_ladder(p, bits))
+            .map_or(0, |p| p + 1)
+    }
+
     #[test]
     fn peer_writes_arrive_after_the_delay_and_the_outbox_is_bounded() {
         let (book, reqs) = sagemaker(0.01);
@@ -1406,8 +1417,20 @@ mod tests {
         g.route_on(0, 1, &reqs[1], &view(1.1, &reps, &m));
         assert_eq!(g.known_depth(1, blocks(0), 1100), 0);
         g.route_on(0, 2, &reqs[2], &view(1.2, &reps, &m));
-        assert_eq!(g.known_depth(1, blocks(0), 1200), full);
-        assert!(g.c.wire_bytes >= (g.c.sets * peers::MIN_ITEM_BYTES as u64));
+        assert_eq!(g.known_depth(1, blocks(0), 1200), peer_depth(full));
+        // Without `ladder_last` the last block travels too.
+        let mut all = gateways(
+            &book,
+            "peer/2/200",
+            Knobs {
+                ladder_last: false,
+                ..at_route
+            },
+        );
+        all.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
+        all.route_on(0, 2, &reqs[2], &view(1.2, &reps, &m));
+        assert_eq!(all.known_depth(1, blocks(0), 1200), full);
+        assert!(g.c.wire_bytes >= (g.c.published * peers::MIN_ITEM_BYTES as u64));
         // An outbox of 4 slot writes keeps the last 4 of a record and counts the rest.
         let knobs = Knobs {
             max_pending: 4,
@@ -1416,7 +1439,7 @@ mod tests {
         let mut small = gateways(&book, "peer/2/200", knobs);
         small.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
         assert_eq!(small.gws[0].outbox.len(), 4);
-        assert_eq!(small.c.dropped, small.c.sets - 4);
+        assert_eq!(small.c.dropped, small.c.published - 4);
         small.route_on(1, 1, &reqs[1], &view(5.0, &reps, &m));
         assert_eq!(small.c.applied, 4);
     }
@@ -1436,7 +1459,7 @@ mod tests {
         assert!(first > 0);
         assert_eq!(
             g.known_depth(1, &reqs[0].keys.core[0].blocks, 1000),
-            reqs[0].keys.core[0].blocks.len()
+            peer_depth(reqs[0].keys.core[0].blocks.len())
         );
         // The same prompt again through gateway 0: warm at the front holder, nothing sent.
         g.route_on(0, 1, &reqs[0], &view(1.5, &reps, &m));
@@ -1468,7 +1491,7 @@ mod tests {
         assert_eq!(g.known_depth(1, blocks, 1000), 0);
         g.on_first_token(0, &reqs[0], r.replica, 0.1, 1.1);
         assert!(g.c.wire_bytes > 0);
-        assert_eq!(g.known_depth(1, blocks, 1100), blocks.len());
+        assert_eq!(g.known_depth(1, blocks, 1100), peer_depth(blocks.len()));
         // With pub_pending the pending record travels at routing.
         let eager = Knobs {
             pub_pending: true,
