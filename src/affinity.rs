@@ -93,8 +93,6 @@
 //! `a = place(holders)`), the caller looks up a shallower ladder block of
 //! the same prefix whose holders include replicas the deep block's do not
 //! ([`crate::index::PrefixIndex::lookup_shallow`], ≤ 3 gets, only then).
-//! The lookup reads the block's overflow entry first (the replicas that
-//! earlier spills of this prefix went to, [`crate::index`], "Overflow").
 //! Its least loaded holder `s` within the load and share bounds is taken
 //! instead of `a` when its extra wait over `a`, its queued prefill
 //! included, is below the prefill of what it holds (`max(spill_extra(s,

@@ -89,24 +89,6 @@
 //! the replica alone. The pending record (at routing, right after its
 //! lookup) does not read.
 //!
-//! **Overflow** ([`IndexConfig::overflow`], on): without the merge a
-//! record writes the deepest known block with the holders its request's
-//! *lookup* saw, so a request looked up before a spill and answered after
-//! it rewrites the entry without the spill's new holder, and a full entry drops its oldest
-//! holder whenever a new one joins: a hot prefix forgets the replicas it
-//! spilled to, though they still cache it, and its next spill goes cold
-//! again. At a spill, the new holder is also written to the block's
-//! **overflow entry** ([`PrefixIndex::record_spill`], key
-//! [`overflow_key`]): new holder first, then the holder the main entry
-//! drops when full, then its previous holders (≤ [`MAX_HOLDERS`]). Records
-//! never touch it, so a stale record cannot erase it. It is read only by
-//! [`PrefixIndex::lookup_shallow`] (when every holder of the known prefix
-//! is over the load bound, [`crate::affinity`]), first, with one get; its
-//! holders that the main entry lacks hold the whole known depth. Cost: one
-//! get and one set per spill to a new holder, one get per second-tier
-//! lookup; nothing on the warm or cold path. The overflow entry is local to
-//! a gateway (the simulator's peers do not publish it).
-//!
 //! Invariants: a slot holds the entry of at most one key; lookups never
 //! report a depth whose block key is not present with its exact 47-bit tag;
 //! record writes at most `max_writes + 2 + 2⌈log2(gap + 1)⌉` slots (≤ 10
@@ -335,13 +317,6 @@ fn distinct_holders(order: impl Iterator<Item = u16>) -> [Option<u16>; MAX_HOLDE
     out
 }
 
-/// The key of block `key`'s **overflow entry** (module docs, "Overflow"):
-/// a fixed derivation, placed by the keyed hash like any block key, so it
-/// lands in an unrelated slot with its own tag.
-pub fn overflow_key(key: u64) -> u64 {
-    key.rotate_left(17) ^ 0x6f76_6572_666c_6f77
-}
-
 /// Deciseconds from milliseconds (the entry clock; wraps every 13.6 years).
 pub fn decis(now_ms: u64) -> u32 {
     (now_ms / 100) as u32
@@ -400,10 +375,6 @@ pub struct IndexConfig {
     /// e.g. turn 2 of a conversation after a short first prompt and a long
     /// answer ([`crate::affinity`], `continuation`).
     pub last_mark: bool,
-    /// **Overflow entries** (module docs, "Overflow"): a record that drops
-    /// a holder off a full entry keeps it in a second entry of the same
-    /// block, which [`PrefixIndex::lookup_shallow`] reads first.
-    pub overflow: bool,
     /// **Merging records** ([`PrefixIndex::record`]): before rewriting the
     /// deepest known block, read its entry again (one get) and keep the
     /// holders written since the lookup (a spill's new holder) behind the
@@ -422,7 +393,6 @@ impl Default for IndexConfig {
             secret: 0,
             end_marks: false,
             last_mark: true,
-            overflow: true,
             merge_record: true,
         }
     }
@@ -640,13 +610,7 @@ impl PrefixIndex {
     /// move to such a replica by the tokens it lacks ([`crate::affinity`],
     /// "Second tier").
     ///
-    /// First, with [`IndexConfig::overflow`]: the **overflow entry** of
-    /// block `deep.depth − 1` (module docs, "Overflow"; one get), returned
-    /// at `deep.depth` when it names a replica that `deep`'s holders do not
-    /// (spill holders that stale records erased, or that a full entry
-    /// dropped: they hold the whole known prefix).
-    ///
-    /// Then the ladder positions strictly under block `deep.depth − 1`,
+    /// It probes the ladder positions strictly under block `deep.depth − 1`,
     /// galloping down from the deepest (the 1st, 2nd, 4th, … below it), at
     /// most [`SHALLOW_PROBES`] gets; the first present block with such a
     /// holder is returned. The blocks between a session's shared prefix and
@@ -654,7 +618,7 @@ impl PrefixIndex {
     /// only), so the first such block found is at or under the shared
     /// prefix's deepest ladder block.
     ///
-    /// Cost: at most 1 + [`SHALLOW_PROBES`] gets, made only when the caller
+    /// Cost: at most [`SHALLOW_PROBES`] gets, made only when the caller
     /// asks (the spill rule found a move worth pricing,
     /// [`crate::affinity::Choice::tier_wanted`]). Invariants: the depth
     /// returned is `≤ deep.depth` (`<` for a ladder block) and its block is
@@ -669,16 +633,6 @@ impl PrefixIndex {
         now_ms: u64,
     ) -> Option<Known> {
         let top = deep.depth.min(blocks.len()).checked_sub(1)?;
-        // The holders the deep block's entry dropped (its overflow entry,
-        // module docs "Overflow"): the whole known prefix, one get.
-        let over = blocks
-            .get(top)
-            .filter(|_| self.cfg.overflow)
-            .and_then(|&key| self.probe(store, overflow_key(key)))
-            .filter(|e| e.holders().any(|h| !deep.entry.holders().any(|d| d == h)));
-        if let Some(e) = over {
-            return Some(Known::at(top + 1, e, now_ms));
-        }
         let bits = self.cfg.ladder_bits;
         let mut below = (0..top).rev().filter(|&p| on_ladder(p, bits));
         // Gallop: skip 0, 0, 1, 3, … positions between probes.
@@ -832,61 +786,6 @@ impl PrefixIndex {
         let keeps_mark = !k.entry.is_end() || marks;
         let age_ms = u64::from(decis(now_ms).wrapping_sub(k.entry.time)) * 100;
         keeps_mark && k.entry.with_front(r) == k.entry.holders && age_ms < fresh_ms
-    }
-
-    /// A **spill** of the request with `blocks` to `replica`, at routing
-    /// (module docs, "Overflow"): when `replica` is a new holder of the
-    /// deepest known block (not among the holders of `known`, what the
-    /// lookup found), it goes to the front of that block's overflow entry,
-    /// followed by the holder that `known`'s entry drops when full (the
-    /// record will drop it), then the overflow entry's previous holders (at
-    /// most [`MAX_HOLDERS`] in all), at `now_ms`. Cost: one get and one set,
-    /// only for a spill to a new holder (the caller calls it for spills
-    /// only, [`crate::router::Router::record_pending`]); nothing otherwise.
-    /// Returns the sets.
-    pub fn record_spill<S: SlotStore>(
-        &self,
-        store: &mut S,
-        blocks: &[u64],
-        known: Option<&Known>,
-        replica: usize,
-        now_ms: u64,
-    ) -> usize {
-        let Some(k) = known.filter(|k| k.depth > 0) else {
-            return 0;
-        };
-        let Some(&key) = blocks.get(k.depth - 1) else {
-            return 0;
-        };
-        let r = replica.min(u16::MAX as usize - 1) as u16;
-        self.note_new_holder(store, key, &k.entry, r, decis(now_ms))
-    }
-
-    /// [`PrefixIndex::record_spill`] on block `key` whose entry is `entry`.
-    fn note_new_holder<S: SlotStore>(
-        &self,
-        store: &mut S,
-        key: u64,
-        entry: &Entry,
-        r: u16,
-        time: u32,
-    ) -> usize {
-        let known = entry.holders.iter().any(Option::is_some);
-        if !(self.cfg.overflow && known) || entry.holders.contains(&Some(r)) {
-            return 0;
-        }
-        let full = entry.holders.iter().all(Option::is_some);
-        let dropped = entry.holders[MAX_HOLDERS - 1].filter(|_| full);
-        let okey = overflow_key(key);
-        let prev = self.probe(store, okey);
-        let holders = distinct_holders(
-            [Some(r), dropped].into_iter().flatten().chain(
-                prev.iter()
-                    .flat_map(|e| e.holders.iter().flatten().copied()),
-            ),
-        );
-        self.put(store, okey, (time, false), holders);
-        1
     }
 
     /// The holders to write on the deepest known block `key` (entry
@@ -1118,12 +1017,7 @@ mod tests {
 
     #[test]
     fn the_second_tier_finds_dropped_holders_and_shared_prefixes() {
-        // The ladder probes alone (the overflow entry, read first, has its
-        // own test below).
-        let idx = PrefixIndex::new(IndexConfig {
-            overflow: false,
-            ..IndexConfig::default()
-        });
+        let idx = PrefixIndex::new(IndexConfig::default());
         let mut st = VecStore::new(IndexConfig::default().slots);
         // A 40-block shared prefix, first routed to 0: every ladder block
         // [0]. Under it, replicas 1, 2, 3 become holders of block 39, and 0
@@ -1182,10 +1076,7 @@ mod tests {
 
     #[test]
     fn a_stale_record_keeps_the_holders_written_since_its_lookup() {
-        let idx = PrefixIndex::new(IndexConfig {
-            overflow: false,
-            ..IndexConfig::default()
-        });
+        let idx = PrefixIndex::new(IndexConfig::default());
         let mut st = VecStore::new(IndexConfig::default().slots);
         // A 40-block prefix held by 0 and 2; a request under it is looked
         // up while they were its only holders.
@@ -1210,7 +1101,6 @@ mod tests {
         );
         // Without the merge: no get, and the stale view erases 1.
         let plain = PrefixIndex::new(IndexConfig {
-            overflow: false,
             merge_record: false,
             ..IndexConfig::default()
         });
@@ -1227,7 +1117,6 @@ mod tests {
         for merge in [true, false] {
             let idx = PrefixIndex::new(IndexConfig {
                 rewrite_known: true,
-                overflow: false,
                 merge_record: merge,
                 ..IndexConfig::default()
             });
@@ -1248,89 +1137,6 @@ mod tests {
             };
             assert_eq!((e.depth, e.entry.holders, gets), (8, want, true));
         }
-    }
-
-    #[test]
-    fn new_holders_go_to_the_overflow_entry_and_survive_a_stale_record() {
-        // Records without the merge (main's), which lose the spill holder.
-        let idx = PrefixIndex::new(IndexConfig {
-            merge_record: false,
-            ..IndexConfig::default()
-        });
-        let mut st = VecStore::new(IndexConfig::default().slots);
-        // A 40-block shared prefix on 0; a request under it, looked up
-        // while 0 was its only holder, is spilled to 1.
-        idx.record(&mut st, &chain(1, 40, 100, 48), None, 0, 0);
-        let b = chain(1, 40, 200, 45);
-        let stale = idx.lookup(&st, &b, 1000).unwrap();
-        assert_eq!(stale.entry.holders, [Some(0), None, None]);
-        let (g, s) = (st.gets(), st.sets());
-        assert_eq!(idx.record_spill(&mut st, &b, Some(&stale), 1, 1000), 1);
-        assert_eq!((st.gets() - g, st.sets() - s), (1, 1));
-        idx.record(&mut st, &b, Some(&stale), 1, 1000);
-        // Off: nothing.
-        let plain = PrefixIndex::new(IndexConfig {
-            overflow: false,
-            ..IndexConfig::default()
-        });
-        let (g, s) = (st.gets(), st.sets());
-        assert_eq!(plain.record_spill(&mut st, &b, Some(&stale), 2, 1000), 0);
-        assert_eq!((st.gets(), st.sets()), (g, s));
-        // A warm request on 0 that was looked up before the spill records
-        // its stale view ([0]) over the entry: 1 is gone from it.
-        let c = chain(1, 40, 300, 45);
-        idx.record(&mut st, &c, Some(&stale), 0, 1100);
-        let e = chain(1, 40, 400, 45);
-        let deep = idx.lookup(&st, &e, 2000).unwrap();
-        assert_eq!(
-            (deep.depth, deep.entry.holders),
-            (40, [Some(0), None, None])
-        );
-        // The second tier reads the overflow entry first (one get): 1, at
-        // the whole known depth.
-        let before = st.gets();
-        let o = idx.lookup_shallow(&st, &e, &deep, 2000).unwrap();
-        assert_eq!((o.depth, o.entry.holders), (40, [Some(1), None, None]));
-        assert_eq!(st.gets() - before, 1);
-        // Without the overflow entry the tier finds nothing (every ladder
-        // block under 40 names 0 only).
-        assert_eq!(plain.lookup_shallow(&st, &e, &deep, 2000), None);
-        // A spill to a known holder writes no overflow entry (no get); a
-        // record never does.
-        let known = idx.lookup(&st, &e, 2000).unwrap();
-        let before = (st.gets(), st.sets());
-        assert_eq!(idx.record_spill(&mut st, &e, Some(&known), 0, 2000), 0);
-        assert_eq!((st.gets(), st.sets()), before);
-        let before = st.gets();
-        idx.record(&mut st, &e, Some(&known), 0, 2000);
-        assert_eq!(st.gets(), before);
-        // A full entry: the new holder goes in front of the overflow entry,
-        // followed by the holder the main entry drops.
-        for (r, own) in [(2, 500), (3, 600), (4, 700)] {
-            let x = chain(1, 40, own, 45);
-            let k = idx.lookup(&st, &x, 3000).unwrap();
-            idx.record_spill(&mut st, &x, Some(&k), r, 3000);
-            idx.record(&mut st, &x, Some(&k), r, 3000);
-        }
-        let e = chain(1, 40, 800, 45);
-        let deep = idx.lookup(&st, &e, 3000).unwrap();
-        assert_eq!(deep.entry.holders, [Some(4), Some(3), Some(2)]);
-        let o = idx.lookup_shallow(&st, &e, &deep, 3000).unwrap();
-        assert_eq!(o.entry.holders, [Some(4), Some(0), Some(3)]);
-        // Holders the main entry has are not news: with [4, 0, 3] against
-        // [4, 3, 2], 0 is; with only deep holders in it, the ladder probes
-        // follow (1 + SHALLOW_PROBES gets at most).
-        let all = Known {
-            entry: Entry {
-                holders: [Some(4), Some(0), Some(3)],
-                ..deep.entry
-            },
-            ..deep
-        };
-        let before = st.gets();
-        let s = idx.lookup_shallow(&st, &e, &all, 3000);
-        assert!(s.map_or(true, |s| s.depth < 40));
-        assert!(st.gets() - before <= 1 + SHALLOW_PROBES as u64);
     }
 
     #[test]
