@@ -935,6 +935,39 @@ mod tests {
             .collect()
     }
 
+    /// A 45-block request under the 40-block shared prefix `chain(1, 40,
+    /// …)`, with its own blocks from `own`.
+    fn under(own: u64) -> Vec<u64> {
+        chain(1, 40, own, 45)
+    }
+
+    /// An index with `cfg` and an empty table of its size.
+    fn table(cfg: IndexConfig) -> (PrefixIndex, VecStore) {
+        (PrefixIndex::new(cfg), VecStore::new(cfg.slots))
+    }
+
+    /// [`table`] with the default config, end marks `on` or off.
+    fn marks(on: bool) -> (PrefixIndex, VecStore) {
+        table(IndexConfig {
+            end_marks: on,
+            ..IndexConfig::default()
+        })
+    }
+
+    /// Look `blocks` up and record them on `r` with what was found (the
+    /// filter's order), at `now_ms`; returns what was found.
+    fn route(
+        idx: &PrefixIndex,
+        st: &mut VecStore,
+        blocks: &[u64],
+        r: usize,
+        now_ms: u64,
+    ) -> Option<Known> {
+        let k = idx.lookup(st, blocks, now_ms);
+        idx.record(st, blocks, k.as_ref(), r, now_ms);
+        k
+    }
+
     #[test]
     fn slot_keys_match_the_formatted_form() {
         let mut buf = String::new();
@@ -985,25 +1018,20 @@ mod tests {
     #[test]
     fn known_prefix_and_holders() {
         // The ladder alone (end marks: see `end_marks_find_continuations`).
-        let idx = PrefixIndex::new(IndexConfig {
-            end_marks: false,
-            ..IndexConfig::default()
-        });
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = marks(false);
         let a = chain(1, 40, 100, 48);
         assert_eq!(idx.lookup(&st, &a, 0), None);
         assert!(st.gets() <= 7, "cold lookup: last block + gallop");
         // Ladder below 47: 17 positions up to 39, plus the last block.
         assert_eq!(idx.record(&mut st, &a, None, 2, 0), 18);
         // A request sharing 40 blocks: known up to ladder position 39, on 2.
-        let b = chain(1, 40, 200, 45);
+        let b = under(200);
         let k = idx.lookup(&st, &b, 1000).unwrap();
         assert_eq!((k.depth, k.entry.holders[0], k.age_ms), (40, Some(2), 1000));
         assert!(st.gets() <= 12);
         // Routed elsewhere: block 39 now has two holders, newest first.
         idx.record(&mut st, &b, Some(&k), 5, 1000);
-        let c = chain(1, 40, 300, 45);
-        let k = idx.lookup(&st, &c, 1000).unwrap();
+        let k = idx.lookup(&st, &under(300), 1000).unwrap();
         assert_eq!(k.depth, 40);
         assert_eq!(k.entry.holders, [Some(5), Some(2), None]);
         // A request sharing 30 blocks: lower bound 28 (ladder 27).
@@ -1017,18 +1045,15 @@ mod tests {
 
     #[test]
     fn the_second_tier_finds_dropped_holders_and_shared_prefixes() {
-        let idx = PrefixIndex::new(IndexConfig::default());
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = table(IndexConfig::default());
         // A 40-block shared prefix, first routed to 0: every ladder block
         // [0]. Under it, replicas 1, 2, 3 become holders of block 39, and 0
         // drops off its entry (MAX_HOLDERS = 3).
         idx.record(&mut st, &chain(1, 40, 100, 48), None, 0, 0);
         for (r, own) in [(1, 200), (2, 300), (3, 400)] {
-            let b = chain(1, 40, own, 45);
-            let k = idx.lookup(&st, &b, 1000).unwrap();
-            idx.record(&mut st, &b, Some(&k), r, 1000);
+            route(&idx, &mut st, &under(own), r, 1000).unwrap();
         }
-        let e = chain(1, 40, 500, 45);
+        let e = under(500);
         let deep = idx.lookup(&st, &e, 2000).unwrap();
         assert_eq!(deep.depth, 40);
         assert_eq!(deep.entry.holders, [Some(3), Some(2), Some(1)]);
@@ -1040,9 +1065,7 @@ mod tests {
         // A later step of a session recorded on 1 over the shared prefix:
         // its deep blocks name 1 alone; the tier skips them down to the
         // shared prefix.
-        let s1 = chain(1, 40, 7, 60);
-        let k = idx.lookup(&st, &s1, 3000).unwrap();
-        idx.record(&mut st, &s1, Some(&k), 1, 3000);
+        route(&idx, &mut st, &chain(1, 40, 7, 60), 1, 3000).unwrap();
         let s2 = chain(1, 40, 7, 70);
         let deep = idx.lookup(&st, &s2, 4000).unwrap();
         assert_eq!(
@@ -1060,7 +1083,7 @@ mod tests {
         assert!(s.depth < deep.depth && s.entry.holders().any(|h| h != 1));
         // Nothing but the deep holders under it: None, after at most
         // SHALLOW_PROBES gets.
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = table(IndexConfig::default());
         let a = chain(9, 40, 1, 48);
         idx.record(&mut st, &a, None, 4, 0);
         let deep = idx.lookup(&st, &chain(9, 40, 2, 45), 0).unwrap();
@@ -1076,25 +1099,23 @@ mod tests {
 
     #[test]
     fn a_stale_record_keeps_the_holders_written_since_its_lookup() {
-        let idx = PrefixIndex::new(IndexConfig::default());
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = table(IndexConfig::default());
         // A 40-block prefix held by 0 and 2; a request under it is looked
         // up while they were its only holders.
         idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
-        let k2 = idx.lookup(&st, &chain(1, 40, 150, 45), 500).unwrap();
-        idx.record(&mut st, &chain(1, 40, 150, 45), Some(&k2), 0, 500);
-        let b = chain(1, 40, 200, 45);
+        route(&idx, &mut st, &under(150), 0, 500).unwrap();
+        let b = under(200);
         let stale = idx.lookup(&st, &b, 1000).unwrap();
         assert_eq!(stale.entry.holders, [Some(0), Some(2), None]);
         // A spill of another request to 1 records 1 in front.
-        let s = chain(1, 40, 300, 45);
+        let s = under(300);
         let k = idx.lookup(&st, &s, 1000).unwrap();
         idx.record(&mut st, &s, Some(&k), 1, 1100);
         // The stale request answers on 0: one more get, and 1 stays.
         let g = st.gets();
         idx.record(&mut st, &b, Some(&stale), 0, 1200);
         assert_eq!(st.gets() - g, 1);
-        let now = idx.lookup(&st, &chain(1, 40, 400, 45), 2000).unwrap();
+        let now = idx.lookup(&st, &under(400), 2000).unwrap();
         assert_eq!(
             (now.depth, now.entry.holders),
             (40, [Some(0), Some(1), Some(2)])
@@ -1108,21 +1129,20 @@ mod tests {
         let g = st.gets();
         plain.record(&mut st, &b, Some(&stale), 0, 2200);
         assert_eq!(st.gets(), g);
-        let now = plain.lookup(&st, &chain(1, 40, 400, 45), 3000).unwrap();
+        let now = plain.lookup(&st, &under(400), 3000).unwrap();
         assert_eq!(now.entry.holders, [Some(0), Some(2), None]);
     }
 
     #[test]
     fn rewritten_known_ladder_blocks_keep_their_holders_with_the_merge() {
         for merge in [true, false] {
-            let idx = PrefixIndex::new(IndexConfig {
+            let (idx, mut st) = table(IndexConfig {
                 rewrite_known: true,
                 merge_record: merge,
                 ..IndexConfig::default()
             });
-            let mut st = VecStore::new(IndexConfig::default().slots);
             idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
-            let b = chain(1, 40, 200, 45);
+            let b = under(200);
             let k = idx.lookup(&st, &b, 500).unwrap();
             assert_eq!(k.depth, 40);
             let g = st.gets();
@@ -1141,12 +1161,11 @@ mod tests {
 
     #[test]
     fn lookup_cost_is_logarithmic_and_never_false() {
-        let idx = PrefixIndex::new(IndexConfig {
+        let (idx, mut st) = table(IndexConfig {
             slots: 1 << 16,
             end_marks: false,
             ..IndexConfig::default()
         });
-        let mut st = VecStore::new(1 << 16);
         let a = chain(9, 200, 1, 256);
         assert_eq!(idx.record(&mut st, &a, None, 1, 0), 28);
         for (shared, lower) in [
@@ -1168,8 +1187,7 @@ mod tests {
 
     #[test]
     fn confirmed_depth_is_found_exactly() {
-        let idx = PrefixIndex::new(IndexConfig::default());
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = table(IndexConfig::default());
         // A group of requests sharing 23 blocks (a 6,000-character system prompt).
         let a = chain(5, 23, 1, 25);
         idx.record(&mut st, &a, None, 2, 0);
@@ -1202,8 +1220,7 @@ mod tests {
 
     #[test]
     fn a_pending_record_is_found_at_once_and_turns_stale_unless_confirmed() {
-        let idx = PrefixIndex::new(IndexConfig::default());
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = table(IndexConfig::default());
         let max_age = 600_000;
         let a = chain(4, 40, 1, 40);
         let t0 = 1_000_000;
@@ -1240,11 +1257,7 @@ mod tests {
 
     #[test]
     fn a_lost_shallow_slot_does_not_hide_a_deep_prefix() {
-        let idx = PrefixIndex::new(IndexConfig {
-            end_marks: false,
-            ..IndexConfig::default()
-        });
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = marks(false);
         let a = chain(3, 120, 1, 128);
         idx.record(&mut st, &a, None, 4, 0);
         // Another key takes the slots of ladder positions 7 and 31.
@@ -1267,12 +1280,7 @@ mod tests {
 
     #[test]
     fn end_marks_find_continuations() {
-        let on = IndexConfig {
-            end_marks: true,
-            ..IndexConfig::default()
-        };
-        let idx = PrefixIndex::new(on);
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = marks(true);
         // Turn 1: 45 blocks, the last one partial; its last whole block (43)
         // is in the ladder gap 40..47.
         let t1 = chain(5, 44, 1, 45);
@@ -1308,11 +1316,7 @@ mod tests {
         let k = idx.lookup(&st, &other, 1000).unwrap();
         assert!(k.depth <= 42 && !k.entry.is_end());
         // Off: the ladder's lower bound only, no mark.
-        let off = PrefixIndex::new(IndexConfig {
-            end_marks: false,
-            ..IndexConfig::default()
-        });
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (off, mut st) = marks(false);
         off.record(&mut st, &t1, None, 2, 0);
         let k = off.lookup(&st, &chain(5, 44, 9, 60), 1000).unwrap();
         assert_eq!((k.depth, k.entry.is_end()), (40, false));
@@ -1320,13 +1324,11 @@ mod tests {
 
     #[test]
     fn the_last_block_mark_costs_no_set_and_finds_short_first_turns() {
-        let idx = PrefixIndex::new(IndexConfig::default());
-        let plain = PrefixIndex::new(IndexConfig {
+        let (idx, mut st) = table(IndexConfig::default());
+        let (plain, mut st_plain) = table(IndexConfig {
             last_mark: false,
             ..IndexConfig::default()
         });
-        let mut st = VecStore::new(IndexConfig::default().slots);
-        let mut st_plain = VecStore::new(IndexConfig::default().slots);
         // Turn 1: a system prompt (4 blocks) and a short question (1 block).
         let t1 = chain(3, 4, 1, 5);
         let sets = idx.record(&mut st, &t1, None, 2, 0);
@@ -1340,7 +1342,7 @@ mod tests {
         assert_eq!((k.depth, k.entry.is_end()), (5, false));
         // A pending record writes the same mark (its confirmation then
         // changes no tag); an exact repeat keeps it.
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = table(IndexConfig::default());
         idx.record_pending(&mut st, &t1, None, 2, (0, 600_000));
         let k = idx.lookup(&st, &t2, 1000).unwrap();
         assert_eq!((k.depth, k.entry.is_end()), (5, true));
@@ -1358,11 +1360,7 @@ mod tests {
 
     #[test]
     fn a_shared_block_loses_its_end_mark() {
-        let idx = PrefixIndex::new(IndexConfig {
-            end_marks: true,
-            ..IndexConfig::default()
-        });
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = marks(true);
         // A short prompt ends just after a 3-block system prompt: its mark
         // lands on the system prompt's last block.
         let x = chain(7, 3, 1, 4);
@@ -1482,8 +1480,7 @@ mod tests {
                     skipping = probe;
                     written += 1;
                 }
-                let k = idx.lookup(&always, blocks, now);
-                idx.record(&mut always, blocks, k.as_ref(), r, now);
+                route(&idx, &mut always, blocks, r, now);
                 // Same answers, ages within the bound.
                 for q in &prefixes {
                     let (a, b) = (idx.lookup(&always, q, now), idx.lookup(&skipping, q, now));
