@@ -494,7 +494,7 @@ pub fn choose(
     cost: &CostModel,
     cfg: &AffinityConfig,
 ) -> Choice {
-    decide(ring, req, cost, cfg, None::<fn(&Known) -> Option<Known>>)
+    decide(ring, req, cost, cfg, None)
 }
 
 /// [`choose`] with the second lookup tier: when the decision reaches a
@@ -512,17 +512,20 @@ pub fn choose_tiered(
     cfg: &AffinityConfig,
     shallow: impl FnOnce(&Known) -> Option<Known>,
 ) -> Choice {
-    decide(ring, req, cost, cfg, Some(shallow))
+    let mut shallow = Some(shallow);
+    let mut once = |k: &Known| shallow.take().and_then(|f| f(k));
+    decide(ring, req, cost, cfg, Some(&mut once))
 }
 
 /// [`choose`], with `lookup` the second tier's lookup ([`choose_tiered`])
-/// if the caller has one.
-fn decide<F: FnOnce(&Known) -> Option<Known>>(
+/// if the caller has one (called at most once; `dyn`, so that the filter
+/// holds one copy of the decision, not one per caller).
+fn decide(
     ring: &HashRing,
     req: &Request<'_>,
     cost: &CostModel,
     cfg: &AffinityConfig,
-    lookup: Option<F>,
+    lookup: Option<&mut dyn FnMut(&Known) -> Option<Known>>,
 ) -> Choice {
     let (key, prompt_chars, known, loads, ticket) =
         (req.key, req.prompt_chars, req.known, req.loads, req.ticket);
