@@ -517,6 +517,9 @@ pub fn choose_tiered(
     decide(ring, req, cost, cfg, Some(&mut once))
 }
 
+/// The second tier's lookup as [`decide`] takes it.
+type TierLookup<'a> = &'a mut dyn FnMut(&Known) -> Option<Known>;
+
 /// [`choose`], with `lookup` the second tier's lookup ([`choose_tiered`])
 /// if the caller has one (called at most once; `dyn`, so that the filter
 /// holds one copy of the decision, not one per caller).
@@ -525,7 +528,7 @@ fn decide(
     req: &Request<'_>,
     cost: &CostModel,
     cfg: &AffinityConfig,
-    lookup: Option<&mut dyn FnMut(&Known) -> Option<Known>>,
+    lookup: Option<TierLookup<'_>>,
 ) -> Choice {
     let (key, prompt_chars, known, loads, ticket) =
         (req.key, req.prompt_chars, req.known, req.loads, req.ticket);
