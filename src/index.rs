@@ -618,10 +618,10 @@ impl PrefixIndex {
     /// only), so the first such block found is at or under the shared
     /// prefix's deepest ladder block.
     ///
-    /// Cost: at most [`SHALLOW_PROBES`] gets, made only when the caller
+    /// Cost: at most [`SHALLOW_PROBES`] gets, made only when the decision
     /// asks (the spill rule found a move worth pricing,
-    /// [`crate::affinity::Choice::tier_wanted`]). Invariants: the depth
-    /// returned is `≤ deep.depth` (`<` for a ladder block) and its block is
+    /// [`crate::affinity::choose_tiered`]). Invariants: the depth
+    /// returned is `< deep.depth` and its block is
     /// present with its exact tag (never a false prefix: blocks are
     /// chained); some holder of the entry returned is not a holder of
     /// `deep`.
