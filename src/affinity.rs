@@ -93,8 +93,6 @@
 //! `a = place(holders)`), the caller looks up a shallower ladder block of
 //! the same prefix whose holders include replicas the deep block's do not
 //! ([`crate::index::PrefixIndex::lookup_shallow`], ≤ 3 gets, only then).
-//! The lookup reads the block's overflow entry first (the replicas that
-//! earlier spills of this prefix went to, [`crate::index`], "Overflow").
 //! Its least loaded holder `s` within the load and share bounds is taken
 //! instead of `a` when its extra wait over `a`, its queued prefill
 //! included, is below the prefill of what it holds (`max(spill_extra(s,
@@ -267,7 +265,8 @@ pub struct Choice {
     /// ([`crate::index::PrefixIndex::lookup_shallow`]) if the caller gave
     /// it: a known prefix of ≥ 2 blocks whose holders were all over the
     /// load bound (a spill to a new holder), with `tier` on and no
-    /// [`Request::shallow`] given. See [`choose_tiered`].
+    /// [`Request::shallow`] given ([`choose_tiered`]: and its lookup found
+    /// none).
     pub tier_wanted: bool,
 }
 
@@ -486,12 +485,50 @@ pub fn warm_coverage(key: &RoutingKey, known: Option<&Known>, cfg: &AffinityConf
     (seen >= cfg.min_match * units).then_some(coverage)
 }
 
-/// Decide; see the module docs.
+/// Decide; see the module docs. Without the second tier's lookup: a
+/// decision that would use it says so ([`Choice::tier_wanted`]); see
+/// [`choose_tiered`].
 pub fn choose(
     ring: &HashRing,
     req: &Request<'_>,
     cost: &CostModel,
     cfg: &AffinityConfig,
+) -> Choice {
+    decide(ring, req, cost, cfg, None)
+}
+
+/// [`choose`] with the second lookup tier: when the decision reaches a
+/// spill that would use it ([`Choice::tier_wanted`]), `shallow(known)` is
+/// asked for it there (the caller's
+/// [`crate::index::PrefixIndex::lookup_shallow`]: a few gets) and the
+/// spill is priced with what it finds. Cost: one [`choose`] (O(N)) and at
+/// most one `shallow` call, only on that path. Same decision as
+/// [`choose`] given [`Request::shallow`] = `shallow(known)` when the tier
+/// is wanted (everything before the spill rule is independent of it).
+pub fn choose_tiered(
+    ring: &HashRing,
+    req: &Request<'_>,
+    cost: &CostModel,
+    cfg: &AffinityConfig,
+    shallow: impl FnOnce(&Known) -> Option<Known>,
+) -> Choice {
+    let mut shallow = Some(shallow);
+    let mut once = |k: &Known| shallow.take().and_then(|f| f(k));
+    decide(ring, req, cost, cfg, Some(&mut once))
+}
+
+/// The second tier's lookup as [`decide`] takes it.
+type TierLookup<'a> = &'a mut dyn FnMut(&Known) -> Option<Known>;
+
+/// [`choose`], with `lookup` the second tier's lookup ([`choose_tiered`])
+/// if the caller has one (called at most once; `dyn`, so that the filter
+/// holds one copy of the decision, not one per caller).
+fn decide(
+    ring: &HashRing,
+    req: &Request<'_>,
+    cost: &CostModel,
+    cfg: &AffinityConfig,
+    lookup: Option<TierLookup<'_>>,
 ) -> Choice {
     let (key, prompt_chars, known, loads, ticket) =
         (req.key, req.prompt_chars, req.known, req.loads, req.ticket);
@@ -623,21 +660,21 @@ pub fn choose(
         let hard = share_held.is_some_and(|h| v.over_hard(h));
         let alt = place(ring, ring_key, &v, holders, cfg.cold_choices, by_share);
         // Second tier (module docs): the least loaded acceptable replica
-        // that holds a shallower part of the prefix (not a holder of the
+        // that holds a shallower part of the prefix `s` (not a holder of the
         // deep block), with the tokens it holds.
-        let tier = req.shallow.filter(|_| cfg.tier).and_then(|s| {
+        let tier_of = |s: &Known| {
             let held = (key.units_at(s.depth) as f64 / cpt).min(cached);
             s.entry
                 .holders()
                 .filter(|&r| !holders.contains(&r) && in_bound(r) && !v.over_share(r))
                 .min_by_key(|&r| v.holder_rank(r))
                 .map(|r| (r, held))
-        });
+        };
         let ask = cfg.tier && req.shallow.is_none() && known.is_some_and(|k| k.depth > 1);
         // A spill to a new holder instead of `a`: one that holds a
-        // shallower part is worth its extra wait over `a` up to what it
-        // saves.
-        let new_holder = |a: usize, moved: &mut f64| match tier {
+        // shallower part (`tier`) is worth its extra wait over `a` up to
+        // what it saves.
+        let new_holder = |a: usize, tier: Option<(usize, f64)>, moved: &mut f64| match tier {
             Some((s, held))
                 if spill_extra(cost, &v, s, a, cfg)
                     .max(v.delay(s).saturating_sub(v.delay(a)) as f64)
@@ -674,8 +711,13 @@ pub fn choose(
                 }
             }
             (None, Some(a)) => {
-                tier_wanted = ask;
-                new_holder(a, &mut moved_cached)
+                // The second tier: the caller's lookup, asked here only.
+                let found = known
+                    .filter(|_| ask)
+                    .and_then(|k| lookup.and_then(|f| f(k)));
+                tier_wanted = ask && found.is_none();
+                let shallow = found.as_ref().or(req.shallow).filter(|_| cfg.tier);
+                new_holder(a, shallow.and_then(tier_of), &mut moved_cached)
             }
             (None, None) => (
                 holders
@@ -712,37 +754,6 @@ pub fn choose(
         expected_cached_tokens: 0.0,
         prompt_tokens,
         tier_wanted: false,
-    }
-}
-
-/// [`choose`] with the second lookup tier: when the first decision says
-/// [`Choice::tier_wanted`], `shallow(known)` is asked for it (the caller's
-/// [`crate::index::PrefixIndex::lookup_shallow`]: a few gets) and, if it
-/// finds one, the decision is made again with it. Cost: one [`choose`]
-/// (O(N)) and no lookup when the tier is not wanted, else two and one
-/// `shallow` call.
-pub fn choose_tiered(
-    ring: &HashRing,
-    req: &Request<'_>,
-    cost: &CostModel,
-    cfg: &AffinityConfig,
-    shallow: impl FnOnce(&Known) -> Option<Known>,
-) -> Choice {
-    let first = choose(ring, req, cost, cfg);
-    let Some(k) = req.known.filter(|_| first.tier_wanted) else {
-        return first;
-    };
-    match shallow(k) {
-        Some(s) => choose(
-            ring,
-            &Request {
-                shallow: Some(&s),
-                ..*req
-            },
-            cost,
-            cfg,
-        ),
-        None => first,
     }
 }
 
@@ -885,6 +896,16 @@ mod tests {
             Some(shallow)
         });
         assert_eq!((c.primary, asked.get()), (5, 1));
+        // The same decision as `choose` given the lookup's answer; with
+        // none, the same as without the tier (and still wanted).
+        let given = Request {
+            shallow: Some(&shallow),
+            ..req
+        };
+        assert_eq!(c, choose(&r, &given, &cost(), &AffinityConfig::default()));
+        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |_| None);
+        assert!(c.tier_wanted);
+        assert_eq!(c, choose(&r, &req, &cost(), &AffinityConfig::default()));
     }
 
     fn pick(k: &RoutingKey, kn: Option<&Known>, loads: &[u32]) -> Choice {

@@ -89,24 +89,6 @@
 //! the replica alone. The pending record (at routing, right after its
 //! lookup) does not read.
 //!
-//! **Overflow** ([`IndexConfig::overflow`], on): without the merge a
-//! record writes the deepest known block with the holders its request's
-//! *lookup* saw, so a request looked up before a spill and answered after
-//! it rewrites the entry without the spill's new holder, and a full entry drops its oldest
-//! holder whenever a new one joins: a hot prefix forgets the replicas it
-//! spilled to, though they still cache it, and its next spill goes cold
-//! again. At a spill, the new holder is also written to the block's
-//! **overflow entry** ([`PrefixIndex::record_spill`], key
-//! [`overflow_key`]): new holder first, then the holder the main entry
-//! drops when full, then its previous holders (≤ [`MAX_HOLDERS`]). Records
-//! never touch it, so a stale record cannot erase it. It is read only by
-//! [`PrefixIndex::lookup_shallow`] (when every holder of the known prefix
-//! is over the load bound, [`crate::affinity`]), first, with one get; its
-//! holders that the main entry lacks hold the whole known depth. Cost: one
-//! get and one set per spill to a new holder, one get per second-tier
-//! lookup; nothing on the warm or cold path. The overflow entry is local to
-//! a gateway (the simulator's peers do not publish it).
-//!
 //! Invariants: a slot holds the entry of at most one key; lookups never
 //! report a depth whose block key is not present with its exact 47-bit tag;
 //! record writes at most `max_writes + 2 + 2⌈log2(gap + 1)⌉` slots (≤ 10
@@ -335,13 +317,6 @@ fn distinct_holders(order: impl Iterator<Item = u16>) -> [Option<u16>; MAX_HOLDE
     out
 }
 
-/// The key of block `key`'s **overflow entry** (module docs, "Overflow"):
-/// a fixed derivation, placed by the keyed hash like any block key, so it
-/// lands in an unrelated slot with its own tag.
-pub fn overflow_key(key: u64) -> u64 {
-    key.rotate_left(17) ^ 0x6f76_6572_666c_6f77
-}
-
 /// Deciseconds from milliseconds (the entry clock; wraps every 13.6 years).
 pub fn decis(now_ms: u64) -> u32 {
     (now_ms / 100) as u32
@@ -400,10 +375,6 @@ pub struct IndexConfig {
     /// e.g. turn 2 of a conversation after a short first prompt and a long
     /// answer ([`crate::affinity`], `continuation`).
     pub last_mark: bool,
-    /// **Overflow entries** (module docs, "Overflow"): a record that drops
-    /// a holder off a full entry keeps it in a second entry of the same
-    /// block, which [`PrefixIndex::lookup_shallow`] reads first.
-    pub overflow: bool,
     /// **Merging records** ([`PrefixIndex::record`]): before rewriting the
     /// deepest known block, read its entry again (one get) and keep the
     /// holders written since the lookup (a spill's new holder) behind the
@@ -431,7 +402,6 @@ impl Default for IndexConfig {
             secret: 0,
             end_marks: false,
             last_mark: true,
-            overflow: true,
             merge_record: true,
             peer_bits: 0,
         }
@@ -688,13 +658,7 @@ impl PrefixIndex {
     /// move to such a replica by the tokens it lacks ([`crate::affinity`],
     /// "Second tier").
     ///
-    /// First, with [`IndexConfig::overflow`]: the **overflow entry** of
-    /// block `deep.depth − 1` (module docs, "Overflow"; one get), returned
-    /// at `deep.depth` when it names a replica that `deep`'s holders do not
-    /// (spill holders that stale records erased, or that a full entry
-    /// dropped: they hold the whole known prefix).
-    ///
-    /// Then the ladder positions strictly under block `deep.depth − 1`,
+    /// It probes the ladder positions strictly under block `deep.depth − 1`,
     /// galloping down from the deepest (the 1st, 2nd, 4th, … below it), at
     /// most [`SHALLOW_PROBES`] gets; the first present block with such a
     /// holder is returned. The blocks between a session's shared prefix and
@@ -702,10 +666,10 @@ impl PrefixIndex {
     /// only), so the first such block found is at or under the shared
     /// prefix's deepest ladder block.
     ///
-    /// Cost: at most 1 + [`SHALLOW_PROBES`] gets, made only when the caller
+    /// Cost: at most [`SHALLOW_PROBES`] gets, made only when the decision
     /// asks (the spill rule found a move worth pricing,
-    /// [`crate::affinity::Choice::tier_wanted`]). Invariants: the depth
-    /// returned is `≤ deep.depth` (`<` for a ladder block) and its block is
+    /// [`crate::affinity::choose_tiered`]). Invariants: the depth
+    /// returned is `< deep.depth` and its block is
     /// present with its exact tag (never a false prefix: blocks are
     /// chained); some holder of the entry returned is not a holder of
     /// `deep`.
@@ -717,16 +681,6 @@ impl PrefixIndex {
         now_ms: u64,
     ) -> Option<Known> {
         let top = deep.depth.min(blocks.len()).checked_sub(1)?;
-        // The holders the deep block's entry dropped (its overflow entry,
-        // module docs "Overflow"): the whole known prefix, one get.
-        let over = blocks
-            .get(top)
-            .filter(|_| self.cfg.overflow)
-            .and_then(|&key| self.probe(store, overflow_key(key)))
-            .filter(|e| e.holders().any(|h| !deep.entry.holders().any(|d| d == h)));
-        if let Some(e) = over {
-            return Some(Known::at(top + 1, e, now_ms));
-        }
         let bits = self.cfg.ladder_bits;
         let mut below = (0..top).rev().filter(|&p| on_ladder(p, bits));
         // Gallop: skip 0, 0, 1, 3, … positions between probes.
@@ -882,61 +836,6 @@ impl PrefixIndex {
         keeps_mark && k.entry.with_front(r) == k.entry.holders && age_ms < fresh_ms
     }
 
-    /// A **spill** of the request with `blocks` to `replica`, at routing
-    /// (module docs, "Overflow"): when `replica` is a new holder of the
-    /// deepest known block (not among the holders of `known`, what the
-    /// lookup found), it goes to the front of that block's overflow entry,
-    /// followed by the holder that `known`'s entry drops when full (the
-    /// record will drop it), then the overflow entry's previous holders (at
-    /// most [`MAX_HOLDERS`] in all), at `now_ms`. Cost: one get and one set,
-    /// only for a spill to a new holder (the caller calls it for spills
-    /// only, [`crate::router::Router::record_pending`]); nothing otherwise.
-    /// Returns the sets.
-    pub fn record_spill<S: SlotStore>(
-        &self,
-        store: &mut S,
-        blocks: &[u64],
-        known: Option<&Known>,
-        replica: usize,
-        now_ms: u64,
-    ) -> usize {
-        let Some(k) = known.filter(|k| k.depth > 0) else {
-            return 0;
-        };
-        let Some(&key) = blocks.get(k.depth - 1) else {
-            return 0;
-        };
-        let r = replica.min(u16::MAX as usize - 1) as u16;
-        self.note_new_holder(store, key, &k.entry, r, decis(now_ms))
-    }
-
-    /// [`PrefixIndex::record_spill`] on block `key` whose entry is `entry`.
-    fn note_new_holder<S: SlotStore>(
-        &self,
-        store: &mut S,
-        key: u64,
-        entry: &Entry,
-        r: u16,
-        time: u32,
-    ) -> usize {
-        let known = entry.holders.iter().any(Option::is_some);
-        if !(self.cfg.overflow && known) || entry.holders.contains(&Some(r)) {
-            return 0;
-        }
-        let full = entry.holders.iter().all(Option::is_some);
-        let dropped = entry.holders[MAX_HOLDERS - 1].filter(|_| full);
-        let okey = overflow_key(key);
-        let prev = self.probe(store, okey);
-        let holders = distinct_holders(
-            [Some(r), dropped].into_iter().flatten().chain(
-                prev.iter()
-                    .flat_map(|e| e.holders.iter().flatten().copied()),
-            ),
-        );
-        self.put(store, okey, (time, false), holders);
-        1
-    }
-
     /// The holders to write on the deepest known block `key` (entry
     /// `seen` at the lookup) for replica `r`: `r` first, then the holders
     /// the entry has now (one get, with `merge` on: holders a spill or
@@ -1084,6 +983,39 @@ mod tests {
             .collect()
     }
 
+    /// A 45-block request under the 40-block shared prefix `chain(1, 40,
+    /// …)`, with its own blocks from `own`.
+    fn under(own: u64) -> Vec<u64> {
+        chain(1, 40, own, 45)
+    }
+
+    /// An index with `cfg` and an empty table of its size.
+    fn table(cfg: IndexConfig) -> (PrefixIndex, VecStore) {
+        (PrefixIndex::new(cfg), VecStore::new(cfg.slots))
+    }
+
+    /// [`table`] with the default config, end marks `on` or off.
+    fn marks(on: bool) -> (PrefixIndex, VecStore) {
+        table(IndexConfig {
+            end_marks: on,
+            ..IndexConfig::default()
+        })
+    }
+
+    /// Look `blocks` up and record them on `r` with what was found (the
+    /// filter's order), at `now_ms`; returns what was found.
+    fn route(
+        idx: &PrefixIndex,
+        st: &mut VecStore,
+        blocks: &[u64],
+        r: usize,
+        now_ms: u64,
+    ) -> Option<Known> {
+        let k = idx.lookup(st, blocks, now_ms);
+        idx.record(st, blocks, k.as_ref(), r, now_ms);
+        k
+    }
+
     #[test]
     fn slot_keys_match_the_formatted_form() {
         let mut buf = String::new();
@@ -1134,25 +1066,20 @@ mod tests {
     #[test]
     fn known_prefix_and_holders() {
         // The ladder alone (end marks: see `end_marks_find_continuations`).
-        let idx = PrefixIndex::new(IndexConfig {
-            end_marks: false,
-            ..IndexConfig::default()
-        });
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = marks(false);
         let a = chain(1, 40, 100, 48);
         assert_eq!(idx.lookup(&st, &a, 0), None);
         assert!(st.gets() <= 7, "cold lookup: last block + gallop");
         // Ladder below 47: 17 positions up to 39, plus the last block.
         assert_eq!(idx.record(&mut st, &a, None, 2, 0), 18);
         // A request sharing 40 blocks: known up to ladder position 39, on 2.
-        let b = chain(1, 40, 200, 45);
+        let b = under(200);
         let k = idx.lookup(&st, &b, 1000).unwrap();
         assert_eq!((k.depth, k.entry.holders[0], k.age_ms), (40, Some(2), 1000));
         assert!(st.gets() <= 12);
         // Routed elsewhere: block 39 now has two holders, newest first.
         idx.record(&mut st, &b, Some(&k), 5, 1000);
-        let c = chain(1, 40, 300, 45);
-        let k = idx.lookup(&st, &c, 1000).unwrap();
+        let k = idx.lookup(&st, &under(300), 1000).unwrap();
         assert_eq!(k.depth, 40);
         assert_eq!(k.entry.holders, [Some(5), Some(2), None]);
         // A request sharing 30 blocks: lower bound 28 (ladder 27).
@@ -1166,23 +1093,15 @@ mod tests {
 
     #[test]
     fn the_second_tier_finds_dropped_holders_and_shared_prefixes() {
-        // The ladder probes alone (the overflow entry, read first, has its
-        // own test below).
-        let idx = PrefixIndex::new(IndexConfig {
-            overflow: false,
-            ..IndexConfig::default()
-        });
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = table(IndexConfig::default());
         // A 40-block shared prefix, first routed to 0: every ladder block
         // [0]. Under it, replicas 1, 2, 3 become holders of block 39, and 0
         // drops off its entry (MAX_HOLDERS = 3).
         idx.record(&mut st, &chain(1, 40, 100, 48), None, 0, 0);
         for (r, own) in [(1, 200), (2, 300), (3, 400)] {
-            let b = chain(1, 40, own, 45);
-            let k = idx.lookup(&st, &b, 1000).unwrap();
-            idx.record(&mut st, &b, Some(&k), r, 1000);
+            route(&idx, &mut st, &under(own), r, 1000).unwrap();
         }
-        let e = chain(1, 40, 500, 45);
+        let e = under(500);
         let deep = idx.lookup(&st, &e, 2000).unwrap();
         assert_eq!(deep.depth, 40);
         assert_eq!(deep.entry.holders, [Some(3), Some(2), Some(1)]);
@@ -1194,9 +1113,7 @@ mod tests {
         // A later step of a session recorded on 1 over the shared prefix:
         // its deep blocks name 1 alone; the tier skips them down to the
         // shared prefix.
-        let s1 = chain(1, 40, 7, 60);
-        let k = idx.lookup(&st, &s1, 3000).unwrap();
-        idx.record(&mut st, &s1, Some(&k), 1, 3000);
+        route(&idx, &mut st, &chain(1, 40, 7, 60), 1, 3000).unwrap();
         let s2 = chain(1, 40, 7, 70);
         let deep = idx.lookup(&st, &s2, 4000).unwrap();
         assert_eq!(
@@ -1214,7 +1131,7 @@ mod tests {
         assert!(s.depth < deep.depth && s.entry.holders().any(|h| h != 1));
         // Nothing but the deep holders under it: None, after at most
         // SHALLOW_PROBES gets.
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = table(IndexConfig::default());
         let a = chain(9, 40, 1, 48);
         idx.record(&mut st, &a, None, 4, 0);
         let deep = idx.lookup(&st, &chain(9, 40, 2, 45), 0).unwrap();
@@ -1230,35 +1147,29 @@ mod tests {
 
     #[test]
     fn a_stale_record_keeps_the_holders_written_since_its_lookup() {
-        let idx = PrefixIndex::new(IndexConfig {
-            overflow: false,
-            ..IndexConfig::default()
-        });
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = table(IndexConfig::default());
         // A 40-block prefix held by 0 and 2; a request under it is looked
         // up while they were its only holders.
         idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
-        let k2 = idx.lookup(&st, &chain(1, 40, 150, 45), 500).unwrap();
-        idx.record(&mut st, &chain(1, 40, 150, 45), Some(&k2), 0, 500);
-        let b = chain(1, 40, 200, 45);
+        route(&idx, &mut st, &under(150), 0, 500).unwrap();
+        let b = under(200);
         let stale = idx.lookup(&st, &b, 1000).unwrap();
         assert_eq!(stale.entry.holders, [Some(0), Some(2), None]);
         // A spill of another request to 1 records 1 in front.
-        let s = chain(1, 40, 300, 45);
+        let s = under(300);
         let k = idx.lookup(&st, &s, 1000).unwrap();
         idx.record(&mut st, &s, Some(&k), 1, 1100);
         // The stale request answers on 0: one more get, and 1 stays.
         let g = st.gets();
         idx.record(&mut st, &b, Some(&stale), 0, 1200);
         assert_eq!(st.gets() - g, 1);
-        let now = idx.lookup(&st, &chain(1, 40, 400, 45), 2000).unwrap();
+        let now = idx.lookup(&st, &under(400), 2000).unwrap();
         assert_eq!(
             (now.depth, now.entry.holders),
             (40, [Some(0), Some(1), Some(2)])
         );
         // Without the merge: no get, and the stale view erases 1.
         let plain = PrefixIndex::new(IndexConfig {
-            overflow: false,
             merge_record: false,
             ..IndexConfig::default()
         });
@@ -1266,22 +1177,20 @@ mod tests {
         let g = st.gets();
         plain.record(&mut st, &b, Some(&stale), 0, 2200);
         assert_eq!(st.gets(), g);
-        let now = plain.lookup(&st, &chain(1, 40, 400, 45), 3000).unwrap();
+        let now = plain.lookup(&st, &under(400), 3000).unwrap();
         assert_eq!(now.entry.holders, [Some(0), Some(2), None]);
     }
 
     #[test]
     fn rewritten_known_ladder_blocks_keep_their_holders_with_the_merge() {
         for merge in [true, false] {
-            let idx = PrefixIndex::new(IndexConfig {
+            let (idx, mut st) = table(IndexConfig {
                 rewrite_known: true,
-                overflow: false,
                 merge_record: merge,
                 ..IndexConfig::default()
             });
-            let mut st = VecStore::new(IndexConfig::default().slots);
             idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
-            let b = chain(1, 40, 200, 45);
+            let b = under(200);
             let k = idx.lookup(&st, &b, 500).unwrap();
             assert_eq!(k.depth, 40);
             let g = st.gets();
@@ -1299,96 +1208,12 @@ mod tests {
     }
 
     #[test]
-    fn new_holders_go_to_the_overflow_entry_and_survive_a_stale_record() {
-        // Records without the merge (main's), which lose the spill holder.
-        let idx = PrefixIndex::new(IndexConfig {
-            merge_record: false,
-            ..IndexConfig::default()
-        });
-        let mut st = VecStore::new(IndexConfig::default().slots);
-        // A 40-block shared prefix on 0; a request under it, looked up
-        // while 0 was its only holder, is spilled to 1.
-        idx.record(&mut st, &chain(1, 40, 100, 48), None, 0, 0);
-        let b = chain(1, 40, 200, 45);
-        let stale = idx.lookup(&st, &b, 1000).unwrap();
-        assert_eq!(stale.entry.holders, [Some(0), None, None]);
-        let (g, s) = (st.gets(), st.sets());
-        assert_eq!(idx.record_spill(&mut st, &b, Some(&stale), 1, 1000), 1);
-        assert_eq!((st.gets() - g, st.sets() - s), (1, 1));
-        idx.record(&mut st, &b, Some(&stale), 1, 1000);
-        // Off: nothing.
-        let plain = PrefixIndex::new(IndexConfig {
-            overflow: false,
-            ..IndexConfig::default()
-        });
-        let (g, s) = (st.gets(), st.sets());
-        assert_eq!(plain.record_spill(&mut st, &b, Some(&stale), 2, 1000), 0);
-        assert_eq!((st.gets(), st.sets()), (g, s));
-        // A warm request on 0 that was looked up before the spill records
-        // its stale view ([0]) over the entry: 1 is gone from it.
-        let c = chain(1, 40, 300, 45);
-        idx.record(&mut st, &c, Some(&stale), 0, 1100);
-        let e = chain(1, 40, 400, 45);
-        let deep = idx.lookup(&st, &e, 2000).unwrap();
-        assert_eq!(
-            (deep.depth, deep.entry.holders),
-            (40, [Some(0), None, None])
-        );
-        // The second tier reads the overflow entry first (one get): 1, at
-        // the whole known depth.
-        let before = st.gets();
-        let o = idx.lookup_shallow(&st, &e, &deep, 2000).unwrap();
-        assert_eq!((o.depth, o.entry.holders), (40, [Some(1), None, None]));
-        assert_eq!(st.gets() - before, 1);
-        // Without the overflow entry the tier finds nothing (every ladder
-        // block under 40 names 0 only).
-        assert_eq!(plain.lookup_shallow(&st, &e, &deep, 2000), None);
-        // A spill to a known holder writes no overflow entry (no get); a
-        // record never does.
-        let known = idx.lookup(&st, &e, 2000).unwrap();
-        let before = (st.gets(), st.sets());
-        assert_eq!(idx.record_spill(&mut st, &e, Some(&known), 0, 2000), 0);
-        assert_eq!((st.gets(), st.sets()), before);
-        let before = st.gets();
-        idx.record(&mut st, &e, Some(&known), 0, 2000);
-        assert_eq!(st.gets(), before);
-        // A full entry: the new holder goes in front of the overflow entry,
-        // followed by the holder the main entry drops.
-        for (r, own) in [(2, 500), (3, 600), (4, 700)] {
-            let x = chain(1, 40, own, 45);
-            let k = idx.lookup(&st, &x, 3000).unwrap();
-            idx.record_spill(&mut st, &x, Some(&k), r, 3000);
-            idx.record(&mut st, &x, Some(&k), r, 3000);
-        }
-        let e = chain(1, 40, 800, 45);
-        let deep = idx.lookup(&st, &e, 3000).unwrap();
-        assert_eq!(deep.entry.holders, [Some(4), Some(3), Some(2)]);
-        let o = idx.lookup_shallow(&st, &e, &deep, 3000).unwrap();
-        assert_eq!(o.entry.holders, [Some(4), Some(0), Some(3)]);
-        // Holders the main entry has are not news: with [4, 0, 3] against
-        // [4, 3, 2], 0 is; with only deep holders in it, the ladder probes
-        // follow (1 + SHALLOW_PROBES gets at most).
-        let all = Known {
-            entry: Entry {
-                holders: [Some(4), Some(0), Some(3)],
-                ..deep.entry
-            },
-            ..deep
-        };
-        let before = st.gets();
-        let s = idx.lookup_shallow(&st, &e, &all, 3000);
-        assert!(s.map_or(true, |s| s.depth < 40));
-        assert!(st.gets() - before <= 1 + SHALLOW_PROBES as u64);
-    }
-
-    #[test]
     fn lookup_cost_is_logarithmic_and_never_false() {
-        let idx = PrefixIndex::new(IndexConfig {
+        let (idx, mut st) = table(IndexConfig {
             slots: 1 << 16,
             end_marks: false,
             ..IndexConfig::default()
         });
-        let mut st = VecStore::new(1 << 16);
         let a = chain(9, 200, 1, 256);
         assert_eq!(idx.record(&mut st, &a, None, 1, 0), 28);
         for (shared, lower) in [
@@ -1410,8 +1235,7 @@ mod tests {
 
     #[test]
     fn confirmed_depth_is_found_exactly() {
-        let idx = PrefixIndex::new(IndexConfig::default());
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = table(IndexConfig::default());
         // A group of requests sharing 23 blocks (a 6,000-character system prompt).
         let a = chain(5, 23, 1, 25);
         idx.record(&mut st, &a, None, 2, 0);
@@ -1444,8 +1268,7 @@ mod tests {
 
     #[test]
     fn a_pending_record_is_found_at_once_and_turns_stale_unless_confirmed() {
-        let idx = PrefixIndex::new(IndexConfig::default());
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = table(IndexConfig::default());
         let max_age = 600_000;
         let a = chain(4, 40, 1, 40);
         let t0 = 1_000_000;
@@ -1539,11 +1362,7 @@ mod tests {
 
     #[test]
     fn a_lost_shallow_slot_does_not_hide_a_deep_prefix() {
-        let idx = PrefixIndex::new(IndexConfig {
-            end_marks: false,
-            ..IndexConfig::default()
-        });
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = marks(false);
         let a = chain(3, 120, 1, 128);
         idx.record(&mut st, &a, None, 4, 0);
         // Another key takes the slots of ladder positions 7 and 31.
@@ -1566,12 +1385,7 @@ mod tests {
 
     #[test]
     fn end_marks_find_continuations() {
-        let on = IndexConfig {
-            end_marks: true,
-            ..IndexConfig::default()
-        };
-        let idx = PrefixIndex::new(on);
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = marks(true);
         // Turn 1: 45 blocks, the last one partial; its last whole block (43)
         // is in the ladder gap 40..47.
         let t1 = chain(5, 44, 1, 45);
@@ -1607,11 +1421,7 @@ mod tests {
         let k = idx.lookup(&st, &other, 1000).unwrap();
         assert!(k.depth <= 42 && !k.entry.is_end());
         // Off: the ladder's lower bound only, no mark.
-        let off = PrefixIndex::new(IndexConfig {
-            end_marks: false,
-            ..IndexConfig::default()
-        });
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (off, mut st) = marks(false);
         off.record(&mut st, &t1, None, 2, 0);
         let k = off.lookup(&st, &chain(5, 44, 9, 60), 1000).unwrap();
         assert_eq!((k.depth, k.entry.is_end()), (40, false));
@@ -1619,13 +1429,11 @@ mod tests {
 
     #[test]
     fn the_last_block_mark_costs_no_set_and_finds_short_first_turns() {
-        let idx = PrefixIndex::new(IndexConfig::default());
-        let plain = PrefixIndex::new(IndexConfig {
+        let (idx, mut st) = table(IndexConfig::default());
+        let (plain, mut st_plain) = table(IndexConfig {
             last_mark: false,
             ..IndexConfig::default()
         });
-        let mut st = VecStore::new(IndexConfig::default().slots);
-        let mut st_plain = VecStore::new(IndexConfig::default().slots);
         // Turn 1: a system prompt (4 blocks) and a short question (1 block).
         let t1 = chain(3, 4, 1, 5);
         let sets = idx.record(&mut st, &t1, None, 2, 0);
@@ -1639,7 +1447,7 @@ mod tests {
         assert_eq!((k.depth, k.entry.is_end()), (5, false));
         // A pending record writes the same mark (its confirmation then
         // changes no tag); an exact repeat keeps it.
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = table(IndexConfig::default());
         idx.record_pending(&mut st, &t1, None, 2, (0, 600_000));
         let k = idx.lookup(&st, &t2, 1000).unwrap();
         assert_eq!((k.depth, k.entry.is_end()), (5, true));
@@ -1657,11 +1465,7 @@ mod tests {
 
     #[test]
     fn a_shared_block_loses_its_end_mark() {
-        let idx = PrefixIndex::new(IndexConfig {
-            end_marks: true,
-            ..IndexConfig::default()
-        });
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let (idx, mut st) = marks(true);
         // A short prompt ends just after a 3-block system prompt: its mark
         // lands on the system prompt's last block.
         let x = chain(7, 3, 1, 4);
@@ -1781,8 +1585,7 @@ mod tests {
                     skipping = probe;
                     written += 1;
                 }
-                let k = idx.lookup(&always, blocks, now);
-                idx.record(&mut always, blocks, k.as_ref(), r, now);
+                route(&idx, &mut always, blocks, r, now);
                 // Same answers, ages within the bound.
                 for q in &prefixes {
                     let (a, b) = (idx.lookup(&always, q, now), idx.lookup(&skipping, q, now));

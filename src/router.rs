@@ -274,10 +274,8 @@ impl Router {
     /// At routing: a pending record ([`PrefixIndex::record_pending`]) of a
     /// request `choice` placed cold or spilled (nothing for a warm or keyless
     /// one, or with `record_pending` off), so that the same new prefix
-    /// arriving before the response meets it on `choice.primary`; and for
-    /// a spill, its new holder in the overflow entry of the deepest known
-    /// block ([`PrefixIndex::record_spill`], with `record_pending` off too).
-    /// Returns the sets (≤ `max_writes + 3`: no end mark).
+    /// arriving before the response meets it on `choice.primary`. Returns
+    /// the sets (≤ `max_writes + 2`: no end mark).
     pub fn record_pending<S: SlotStore>(
         &self,
         store: &mut S,
@@ -286,23 +284,13 @@ impl Router {
         choice: &Choice,
         now_ms: u64,
     ) -> usize {
-        // A spill's new holder goes to the overflow entry (≤ 1 get + 1 set,
-        // [`PrefixIndex::record_spill`]), pending record or not.
-        let spilled = if choice.reason == Reason::Spill {
-            self.index
-                .record_spill(store, blocks, known, choice.primary, now_ms)
-        } else {
-            0
-        };
         let placed = matches!(choice.reason, Reason::Cold | Reason::Spill);
         if !(self.affinity.record_pending && placed) {
-            return spilled;
+            return 0;
         }
         let at = (now_ms, self.affinity.max_age_ms);
-        spilled
-            + self
-                .index
-                .record_pending(store, blocks, known, choice.primary, at)
+        self.index
+            .record_pending(store, blocks, known, choice.primary, at)
     }
 
     /// [`crate::share::pressure_for`] with this router's configuration.

@@ -848,11 +848,6 @@ impl Gateways {
         let exception = c.reason != Reason::Cold || Some(c.primary) != first_choice;
         let record = !mode.exceptions || exception;
         let placed = matches!(c.reason, Reason::Cold | Reason::Spill);
-        if record && c.reason == Reason::Spill {
-            // The overflow entry (`Router::record_pending`): local only.
-            self.index
-                .record_spill(&mut g.store, &key.blocks, known.as_ref(), c.primary, now_ms);
-        }
         if record && !self.knobs.record_at_route && self.cfg.record_pending && placed {
             // The filter's pending record: local only, unless `pub_pending`.
             let at = (now_ms, self.cfg.max_age_ms);

@@ -148,7 +148,6 @@ impl OursParams {
             "queue" | "queued_prefill" => self.queued_prefill = v == "1" || v == "true",
             "end_marks" => self.index.end_marks = v == "1" || v == "true",
             "last_mark" => self.index.last_mark = v == "1" || v == "true",
-            "overflow" => self.index.overflow = v == "1" || v == "true",
             "merge_record" => self.index.merge_record = v == "1" || v == "true",
             "continuation" => self.affinity.continuation = v == "1" || v == "true",
             "pressure" | "spread_cold" => self.affinity.spread_cold = v == "1" || v == "true",
@@ -378,17 +377,6 @@ impl Policy for Ours {
             self.class.resize(idx as usize + 1, 0);
         }
         self.class[idx as usize] = class;
-        if c.reason == Reason::Spill {
-            // The spill's new holder in the overflow entry, as the filter
-            // does (`Router::record_pending`).
-            self.index.record_spill(
-                &mut self.store,
-                &key.blocks,
-                known.as_ref(),
-                c.primary,
-                now_ms,
-            );
-        }
         if !self.record_at_route
             && self.cfg.record_pending
             && matches!(c.reason, Reason::Cold | Reason::Spill)
