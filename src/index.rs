@@ -43,7 +43,15 @@
 //! bound of the shared prefix, within a factor 1 + 2^(1 − ladder_bits) (1.25
 //! for 3 bits). Entry age is not used during the search (deep entries are
 //! refreshed more often than shallow ones); the caller judges the age of the
-//! entry found.
+//! entry found. When the peers publish only a coarser ladder
+//! ([`IndexConfig::peer_bits`], `peers.publish_bits`), a prefix learned from
+//! them has no fine positions between the coarse ones: the lookup then
+//! probes the deepest ladder position, searches the coarse positions the
+//! same way, then the fine ones between the coarse hit and the coarse miss;
+//! the depth found is at least the deepest coarse position at or below the
+//! shared prefix (a factor `1 + 2^(1 − peer_bits)`), and on a table with
+//! the full ladder it is the plain search's depth, with as many gets within
+//! 1 % (unit test `a_coarse_peer_ladder_is_found_within_one_coarse_step`).
 //!
 //! **Record** ([`PrefixIndex::record`]): after routing to replica `r`, write
 //! (sets only, no get):

@@ -32,7 +32,9 @@
 //! (same tag, same holders, a recent time) and reorders (the same set of
 //! holders with another one in front: a hot prefix served by its second
 //! holder) are not logged: they would tell peers nothing they use. New blocks are published only for records that add a long
-//! enough new extent (see [`Publishing`]).
+//! enough new extent (see [`Publishing`]), and only the blocks a peer's
+//! lookup can use ([`PeerLadder`]: not a non-ladder last block with
+//! `peers.ladder_last`, only the coarse ladder with `peers.publish_bits`).
 //!
 //! Costs: publishing a record = 1 CAS increment + 1 set per news write (+ 1
 //! get per write, for the news test); serving a batch = 1 get of `head` + 1
