@@ -364,6 +364,16 @@ impl PeerLadder {
     }
 }
 
+/// A block [`Publishing::withhold`] keeps local.
+#[derive(Debug, Clone, Copy)]
+struct Withheld {
+    /// Its slot and tag.
+    at: (u32, u64),
+    /// For the deepest known block: slot and tag of the deepest published
+    /// ladder block below it.
+    stand_in: Option<(u32, u64)>,
+}
+
 /// A [`SlotStore`] that collects the news among the writes going through it
 /// (wrap the raw table, under [`crate::cluster::view::AddrSlots`], so that
 /// logged entries hold address ids, the same in every gateway).
@@ -380,8 +390,10 @@ pub struct Publishing<'a, S: SlotStore> {
     inner: &'a mut S,
     rule: NewsRule,
     enabled: bool,
-    /// Slot and tag of the blocks kept local ([`Publishing::withhold`]).
-    withheld: Vec<(u32, u64)>,
+    /// Slot and tag of the blocks kept local ([`Publishing::withhold`]),
+    /// each with the slot and tag of its stand-in: the deepest published
+    /// ladder block below it.
+    withheld: Vec<Withheld>,
     /// News writes, in order, with their kind.
     pub writes: Vec<(u32, SlotValue, News)>,
 }
@@ -406,29 +418,56 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
     }
 
     /// Keep the blocks of `blocks` that `ladder` does not publish out of
-    /// the outbox (they are still written to the local table). Cost: one
-    /// keyed hash per withheld block (≤ the ladder positions + 1), nothing
-    /// when `ladder` publishes everything or the wrapper is not enabled.
-    pub fn withhold(&mut self, index: &PrefixIndex, blocks: &[u64], ladder: PeerLadder) {
+    /// the outbox (they are still written to the local table). `known`:
+    /// the depth the request's lookup found (0: none). When the deepest
+    /// known block (rewritten by the record) is withheld, its **placement**
+    /// (a refresh past the horizon, a new holder set, or a confirmed move
+    /// to another replica: what a warm exact repeat writes, and nothing
+    /// else) is published under its **stand-in**, the deepest published
+    /// ladder block below it (same holders and time, no mark): the peers
+    /// find the prompt there, so their copy stays fresh and learns the new
+    /// holder. Cost: one keyed hash per withheld block (≤ the ladder
+    /// positions + 1) and one for the stand-in, one pass over the
+    /// positions; nothing when `ladder` publishes everything or the wrapper
+    /// is not enabled.
+    pub fn withhold(
+        &mut self,
+        index: &PrefixIndex,
+        blocks: &[u64],
+        known: usize,
+        ladder: PeerLadder,
+    ) {
         if !self.enabled || ladder.publishes_all() {
             return;
         }
         let n = blocks.len();
-        self.withheld = blocks
-            .iter()
-            .enumerate()
-            .filter(|&(p, _)| !ladder.publishes(p, n))
-            .map(|(_, &key)| index.place(key))
-            .collect();
+        let mut stand_in = None;
+        self.withheld.clear();
+        for (p, &key) in blocks.iter().enumerate() {
+            if !ladder.publishes(p, n) {
+                self.withheld.push(Withheld {
+                    at: index.place(key),
+                    stand_in: stand_in
+                        .filter(|_| p + 1 == known)
+                        .map(|q: usize| index.place(blocks[q])),
+                });
+            } else if on_ladder(p, ladder.ladder_bits) {
+                stand_in = Some(p);
+            }
+        }
     }
 
-    fn withheld(&self, slot: u32, value: &SlotValue) -> bool {
-        !self.withheld.is_empty()
-            && Entry::decode(value).is_some_and(|e| {
-                self.withheld
-                    .iter()
-                    .any(|&(s, t)| s == slot && t == e.key_tag())
-            })
+    /// The stand-in of `slot`'s write when it is a withheld block
+    /// (`Some(None)`: withheld, no stand-in); `None`: not withheld.
+    fn withheld(&self, slot: u32, value: &SlotValue) -> Option<Option<(u32, u64)>> {
+        if self.withheld.is_empty() {
+            return None;
+        }
+        let tag = Entry::decode(value)?.key_tag();
+        self.withheld
+            .iter()
+            .find(|w| w.at == (slot, tag))
+            .map(|w| w.stand_in)
     }
 
     /// The writes to publish for a record that added `new_chars` characters
@@ -443,14 +482,25 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
         let blocks = new_chars >= min_new_chars;
         self.writes
             .iter()
-            .filter(|w| !self.withheld(w.0, &w.1))
             .filter(|w| match w.2 {
                 News::Placement => true,
                 News::Block => blocks,
                 News::Confirmed => blocks || moved,
                 News::None | News::Reorder => false,
             })
-            .map(|w| (w.0, w.1))
+            .filter_map(|w| match self.withheld(w.0, &w.1) {
+                None => Some((w.0, w.1)),
+                // The deepest known block's placement moves to the
+                // stand-in; new blocks have their ladder blocks published
+                // with them.
+                Some(Some((slot, tag)))
+                    if w.2 == News::Placement || (w.2 == News::Confirmed && moved) =>
+                {
+                    let e = Entry::decode(&w.1)?;
+                    Some((slot, Entry { tag, ..e }.encode()))
+                }
+                Some(_) => None,
+            })
             .collect()
     }
 }
@@ -478,7 +528,7 @@ impl<S: SlotStore> SlotStore for Publishing<'_, S> {
 mod tests {
     use super::*;
     use crate::cluster::shared::MockShared;
-    use crate::index::{ladder, IndexConfig, PrefixIndex, VecStore};
+    use crate::index::{ladder, IndexConfig, Known, PrefixIndex, VecStore};
     use crate::peers::{self, decode, encode, entry, layout, merge};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -644,7 +694,7 @@ mod tests {
         let publish = |ladder: PeerLadder, blocks: &[u64]| {
             let mut table = VecStore::new(1 << 16);
             let mut p = Publishing::new(&mut table, 1200, true);
-            p.withhold(&idx, blocks, ladder);
+            p.withhold(&idx, blocks, 0, ladder);
             idx.record(&mut p, blocks, None, 3, 10_000);
             let out = p.outbox(usize::MAX, 0, false);
             let mut peer = VecStore::new(1 << 16);
@@ -697,6 +747,69 @@ mod tests {
         let (_, peer_mark) = publish(coarse, &blocks[..40]);
         let k = tolerant.lookup(&peer_mark, &longer, 0);
         assert_eq!(k.map(|k| (k.depth, k.entry.is_end())), Some((40, true)));
+    }
+
+    #[test]
+    fn an_exact_repeat_moves_its_placement_to_the_stand_in() {
+        let idx = PrefixIndex::new(IndexConfig {
+            slots: 1 << 16,
+            ..IndexConfig::default()
+        });
+        let ladder = PeerLadder {
+            ladder_bits: 3,
+            publish_bits: 0,
+            ladder_last: true,
+        };
+        // 45 blocks: the last one (44) is withheld, its stand-in is 39.
+        let blocks: Vec<u64> = (1..=45u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x77)
+            .collect();
+        let (mut table, mut peer) = (VecStore::new(1 << 16), VecStore::new(1 << 16));
+        let send = |table: &mut VecStore,
+                    peer: &mut VecStore,
+                    known: Option<&Known>,
+                    r: usize,
+                    at: u64| {
+            let mut p = Publishing::new(table, 1200, true);
+            p.withhold(&idx, &blocks, known.map_or(0, |k| k.depth), ladder);
+            idx.record(&mut p, &blocks, known, r, at);
+            let moved = known.is_some_and(|k| k.entry.holders().next() != Some(r));
+            let out = p.outbox(usize::MAX, 0, moved);
+            for (slot, v) in &out {
+                peers::merge(peer, *slot, v);
+            }
+            out.len()
+        };
+        send(&mut table, &mut peer, None, 3, 10_000);
+        let at_peer = |peer: &VecStore| {
+            idx.lookup(peer, &blocks, 20_000)
+                .map(|k| (k.depth, k.entry))
+        };
+        assert_eq!(at_peer(&peer).map(|k| k.0), Some(40));
+        // The same prompt served by replica 5 (a spill): one write, under
+        // block 39, with the new holder in front and no mark.
+        let known = idx.lookup(&table, &blocks, 11_000);
+        assert_eq!(known.map(|k| k.depth), Some(45));
+        assert_eq!(send(&mut table, &mut peer, known.as_ref(), 5, 11_000), 1);
+        let (_, e) = at_peer(&peer).unwrap();
+        assert_eq!(
+            (e.holders[0], e.holders[1], e.is_end()),
+            (Some(5), Some(3), false)
+        );
+        // A warm repeat past the refresh horizon (120 s) refreshes it there.
+        let known = idx.lookup(&table, &blocks, 200_000);
+        assert_eq!(send(&mut table, &mut peer, known.as_ref(), 5, 200_000), 1);
+        assert_eq!(at_peer(&peer).unwrap().1.time, crate::index::decis(200_000));
+        // A warm repeat within the horizon sends nothing.
+        let known = idx.lookup(&table, &blocks, 201_000);
+        assert_eq!(send(&mut table, &mut peer, known.as_ref(), 5, 201_000), 0);
+        // The local table still has the last block (an exact repeat: one get).
+        let before = table.gets();
+        assert_eq!(
+            idx.lookup(&table, &blocks, 201_000).map(|k| k.depth),
+            Some(45)
+        );
+        assert_eq!(table.gets() - before, 1);
     }
 
     #[test]

@@ -521,7 +521,8 @@ impl RouterHttp {
             let rule = super::peers::news_rule(p);
             let mut publishing = Publishing::with_rule(&mut slots, rule, p.peers.is_some());
             if let Some(c) = p.config().peers.as_ref() {
-                publishing.withhold(index, blocks, super::peers::peer_ladder(c, index));
+                let depth = known.as_ref().map_or(0, |k| k.depth);
+                publishing.withhold(index, blocks, depth, super::peers::peer_ladder(c, index));
             }
             {
                 let mut by_addr = AddrSlots::new(&mut publishing, &view, &[]);

@@ -855,7 +855,8 @@ impl Gateways {
             if mode.peer && self.knobs.pub_pending {
                 let ladder = peer_ladder(&self.index, &self.knobs);
                 let mut p = Publishing::with_rule(&mut g.store, self.rule, true);
-                p.withhold(&self.index, &key.blocks, ladder);
+                let depth = known.as_ref().map_or(0, |k| k.depth);
+                p.withhold(&self.index, &key.blocks, depth, ladder);
                 self.index
                     .record_pending(&mut p, &key.blocks, known.as_ref(), c.primary, at);
                 let new_chars = new_chars(key, known.as_ref());
@@ -930,9 +931,11 @@ impl Gateways {
         self.c.records += 1;
         let seq = g.log.next_seq();
         let mut p = Publishing::with_rule(&mut g.store, self.rule, peer);
+        let depth = known.map_or(0, |k| k.depth);
         p.withhold(
             &self.index,
             &key.blocks,
+            depth,
             peer_ladder(&self.index, &self.knobs),
         );
         let sets = self
