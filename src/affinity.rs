@@ -122,6 +122,20 @@
 //! default load factor the slack decides only below a mean of 6 in flight
 //! per replica.
 //!
+//! **Holder at the threshold** (`soft_threshold`, on): a holder whose
+//! in-flight count reached `concurrency_threshold` while some replica is
+//! still under it is not acceptable for step 1, but within the relative
+//! load bound it stays a warm candidate; it is kept only if the spill test
+//! of step 3 passes with its expected delay (`max(spill_extra, delay(h) −
+//! delay(a))`, queued prefill included, as for the light-load slack). In an
+//! overloaded fleet (`uniqmix` at 7 replicas, a mean of 180–230 in flight
+//! against a threshold of 256) the threshold alone sent 87–90 % of the
+//! spills off their holders, each re-prefilling a conversation on a
+//! replica whose queue was nearly as long: 1.8–2.1 points of the 2.4–2.7
+//! lost to the bound (`docs/benchmarks.md`, "Ninth session"). Priced by the
+//! in-flight gap alone (no delay) the holder kept its request into a
+//! longer queue: +324 ± 178 ms of `agent` p90 at 7 replicas.
+//!
 //! Cost: O(N) for the load sums plus a ring walk of a few points; no shared
 //! data access (the index lookup and record are done by the caller;
 //! [`choose_tiered`] decides twice when it asks for the second tier).
@@ -192,6 +206,12 @@ pub struct AffinityConfig {
     /// holder is over the load bound, the new holder may be a replica that
     /// holds a shallower part of the prefix, priced by what it holds.
     pub tier: bool,
+    /// A holder at or over `concurrency_threshold` but within the load
+    /// bounds stays a warm candidate, kept only if the spill rule priced by
+    /// its expected delay (queue included) says so (module docs, "Holder
+    /// at the threshold"). Off: such a holder is not acceptable and the
+    /// request spills while any replica is under the threshold.
+    pub soft_threshold: bool,
 }
 
 impl Default for AffinityConfig {
@@ -214,6 +234,7 @@ impl Default for AffinityConfig {
             light_slack: DEFAULT_LIGHT_SLACK,
             queue_wait_cap: true,
             tier: true,
+            soft_threshold: true,
         }
     }
 }
@@ -632,6 +653,16 @@ fn decide(
             mean1 * (1.0 + (cfg.load_factor - 1.0).max(0.0) * (2.0 * coverage).min(1.0)) + 1.0,
         );
         let in_bound = |h: usize| v.acceptable(h) && f64::from(v.load(h)) + 1.0 <= warm_cap;
+        // A holder at the concurrency threshold (`soft_threshold`): within
+        // the load bounds it stays a candidate; the spill rule prices it by
+        // its expected delay (below).
+        let at_threshold = |h: usize| cfg.soft_threshold && v.load(h) >= v.threshold;
+        let holder_bound = |h: usize| {
+            in_bound(h)
+                || (at_threshold(h)
+                    && v.available(h)
+                    && f64::from(v.load(h)) + 1.0 <= v.cap.min(warm_cap))
+        };
         // Light load: within `light_slack` requests of the mean (scaled by
         // value like the relative slack) a holder is not over the bound,
         // whatever the ratio; kept only if its extra expected delay, queue
@@ -642,7 +673,7 @@ fn decide(
                 && f64::from(v.load(h)) + 1.0
                     <= mean1 - 1.0 + cfg.light_slack * (2.0 * coverage).min(1.0)
         };
-        let load_ok = |h: usize| in_bound(h) || light(h);
+        let load_ok = |h: usize| holder_bound(h) || light(h);
         // Holders within both bounds; equal loads go to the smaller share.
         let best_ok = holders
             .iter()
@@ -700,7 +731,8 @@ fn decide(
                 let mut extra = spill_extra(cost, &v, h, a, cfg);
                 if !in_bound(h) {
                     // Kept over the relative bound by the light-load slack
-                    // only: its queued prefill counts too.
+                    // only, or at the concurrency threshold: its queued
+                    // prefill counts too.
                     extra = extra.max(v.delay(h).saturating_sub(v.delay(a)) as f64);
                 }
                 let penalty = cost.prefill_ms(cached).min(cfg.routing_budget_ms);
@@ -1066,6 +1098,49 @@ mod tests {
         let c = pick(&k, Some(&known(64, &[2, 4], 0)), &loads);
         assert_eq!(c.reason, Reason::Spill);
         assert!(c.primary != 2 && c.primary != 4);
+    }
+
+    #[test]
+    fn a_holder_at_the_threshold_is_kept_while_its_delay_is_below_the_penalty() {
+        // 8192 tokens known (penalty 245 ms). The holder at the threshold
+        // (256), the others at 250: the gap (6 requests, 60 ms) is below
+        // the penalty, so the holder keeps its request.
+        let k = key(7, 128);
+        let kn = known(128, &[3], 0);
+        let mut loads = [250u32; 7];
+        loads[3] = 256;
+        let c = pick(&k, Some(&kn), &loads);
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        // Off: the threshold alone makes it spill.
+        let hard = AffinityConfig {
+            soft_threshold: false,
+            ..AffinityConfig::default()
+        };
+        let req = request(&k, Some(&kn), Loads::new(&loads));
+        let c = choose(&ring(7), &req, &cost(), &hard);
+        assert_eq!(c.reason, Reason::Spill);
+        assert_ne!(c.primary, 3);
+        // Its queued prefill counts: 30 000 tokens queued (900 ms) spill.
+        let mut queued = [0u32; 7];
+        queued[3] = 30_000;
+        let req = Request {
+            queued_prefill: Some(&queued),
+            shallow: None,
+            ..request(&k, Some(&kn), Loads::new(&loads))
+        };
+        let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
+        assert_eq!(c.reason, Reason::Spill);
+        assert_ne!(c.primary, 3);
+        // The same queue under the threshold (255 in flight, within the
+        // relative bound): the queue does not decide (module docs, "Queue").
+        loads[3] = 255;
+        let req = Request {
+            queued_prefill: Some(&queued),
+            shallow: None,
+            ..request(&k, Some(&kn), Loads::new(&loads))
+        };
+        let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
     }
 
     #[test]

@@ -156,6 +156,7 @@ impl OursParams {
             "share_settled" => self.affinity.share_settled = f()?,
             "light_slack" => self.affinity.light_slack = f()?,
             "queue_wait_cap" => self.affinity.queue_wait_cap = v == "1" || v == "true",
+            "soft_threshold" => self.affinity.soft_threshold = v == "1" || v == "true",
             "tier" => self.affinity.tier = v == "1" || v == "true",
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
