@@ -964,6 +964,20 @@ mod tests {
         assert_eq!(c, choose(&r, &req, &cost(), &AffinityConfig::default()));
     }
 
+    /// [`request`] with a queue picture.
+    fn request_queued<'a>(
+        k: &'a RoutingKey,
+        kn: Option<&'a Known>,
+        loads: &'a [u32],
+        queued: &'a [u32],
+    ) -> Request<'a> {
+        Request {
+            queued_prefill: Some(queued),
+            shallow: None,
+            ..request(k, kn, Loads::new(loads))
+        }
+    }
+
     fn pick(k: &RoutingKey, kn: Option<&Known>, loads: &[u32]) -> Choice {
         pick_with(k, kn, loads, None)
     }
@@ -1146,89 +1160,69 @@ mod tests {
         assert!(!off.wants_pending(Reason::Warm, 2, 4));
     }
 
-    #[test]
-    fn a_holder_at_the_threshold_is_kept_while_its_delay_is_below_the_penalty() {
-        // 8192 tokens known (penalty 245 ms). The holder at the threshold
-        // (256), the others at 250: the gap (6 requests, 60 ms) is below
-        // the penalty, so the holder keeps its request.
+    /// Replica 3 holds 8192 tokens of the request (penalty 245 ms): with
+    /// `loads` it keeps the request under the default configuration, loses
+    /// it to another replica under `off`, and loses it too with 30 000
+    /// tokens (900 ms) queued on it. Returns the key, what is known and
+    /// that queue for further checks.
+    fn kept_unless(loads: &[u32], off: &AffinityConfig) -> (RoutingKey, Known, [u32; 7]) {
         let k = key(7, 128);
         let kn = known(128, &[3], 0);
+        let c = pick(&k, Some(&kn), loads);
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        let req = request(&k, Some(&kn), Loads::new(loads));
+        let c = choose(&ring(7), &req, &cost(), off);
+        assert_eq!(c.reason, Reason::Spill);
+        assert_ne!(c.primary, 3);
+        let mut queued = [0u32; 7];
+        queued[3] = 30_000;
+        let req = request_queued(&k, Some(&kn), loads, &queued);
+        let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
+        assert_eq!(c.reason, Reason::Spill);
+        assert_ne!(c.primary, 3);
+        (k, kn, queued)
+    }
+
+    #[test]
+    fn a_holder_at_the_threshold_is_kept_while_its_delay_is_below_the_penalty() {
+        // The holder at the threshold (256), the others at 250: the gap (6
+        // requests, 60 ms) is below the penalty, so the holder keeps its
+        // request; with `soft_threshold` off the threshold alone makes it
+        // spill; its queued prefill counts.
         let mut loads = [250u32; 7];
         loads[3] = 256;
-        let c = pick(&k, Some(&kn), &loads);
-        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
-        // Off: the threshold alone makes it spill.
         let hard = AffinityConfig {
             soft_threshold: false,
             ..AffinityConfig::default()
         };
-        let req = request(&k, Some(&kn), Loads::new(&loads));
-        let c = choose(&ring(7), &req, &cost(), &hard);
-        assert_eq!(c.reason, Reason::Spill);
-        assert_ne!(c.primary, 3);
-        // Its queued prefill counts: 30 000 tokens queued (900 ms) spill.
-        let mut queued = [0u32; 7];
-        queued[3] = 30_000;
-        let req = Request {
-            queued_prefill: Some(&queued),
-            shallow: None,
-            ..request(&k, Some(&kn), Loads::new(&loads))
-        };
-        let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
-        assert_eq!(c.reason, Reason::Spill);
-        assert_ne!(c.primary, 3);
+        let (k, kn, queued) = kept_unless(&loads, &hard);
         // The same queue under the threshold (255 in flight, within the
         // relative bound): the queue does not decide (module docs, "Queue").
         loads[3] = 255;
-        let req = Request {
-            queued_prefill: Some(&queued),
-            shallow: None,
-            ..request(&k, Some(&kn), Loads::new(&loads))
-        };
+        let req = request_queued(&k, Some(&kn), &loads, &queued);
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
         assert_eq!((c.primary, c.reason), (3, Reason::Warm));
     }
 
     #[test]
     fn light_load_keeps_a_holder_within_the_absolute_slack() {
-        // 8192 tokens known (penalty 245 ms). Mean 11 / 7 ≈ 1.6: the
-        // relative bound 2 × 2.6 = 5.1 puts the holder (5 in flight) over
-        // it, the absolute slack (mean + 8 ≈ 9.6) does not.
-        let k = key(7, 128);
-        let kn = known(128, &[3], 0);
+        // Mean 11 / 7 ≈ 1.6: the relative bound 2 × 2.6 = 5.1 puts the
+        // holder (5 in flight) over it, the absolute slack (mean + 8 ≈ 9.6)
+        // does not; without the slack it spills; kept over the relative
+        // bound only while its queued prefill does not outweigh the penalty.
         let mut loads = [1u32; 7];
         loads[3] = 5;
-        let c = pick(&k, Some(&kn), &loads);
-        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
         let strict = AffinityConfig {
             light_slack: 0.0,
             ..AffinityConfig::default()
         };
-        let req = request(&k, Some(&kn), Loads::new(&loads));
-        let c = choose(&ring(7), &req, &cost(), &strict);
-        assert_eq!(c.reason, Reason::Spill);
-        assert_ne!(c.primary, 3);
-        // Kept over the relative bound only while its queued prefill does
-        // not outweigh the penalty: 30 000 tokens queued (900 ms) spill.
-        let mut queued = [0u32; 7];
-        queued[3] = 30_000;
-        let req = Request {
-            queued_prefill: Some(&queued),
-            shallow: None,
-            ..request(&k, Some(&kn), Loads::new(&loads))
-        };
-        let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
-        assert_eq!(c.reason, Reason::Spill);
+        let (k, kn, queued) = kept_unless(&loads, &strict);
         // Within the relative bound the queue does not decide the spill
         // (module docs, "Queue"): 3 in flight (bound 2 × 2.3 = 4.6) keeps
         // the holder.
         let mut loads4 = loads;
         loads4[3] = 3;
-        let req = Request {
-            queued_prefill: Some(&queued),
-            shallow: None,
-            ..request(&k, Some(&kn), Loads::new(&loads4))
-        };
+        let req = request_queued(&k, Some(&kn), &loads4, &queued);
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
         assert_eq!((c.primary, c.reason), (3, Reason::Warm));
         // Heavier load: mean 78 / 7 ≈ 11.1, the holder at 30 is over both
@@ -1293,11 +1287,7 @@ mod tests {
         assert_ne!(c.primary, 3);
         // The cap never raises the price: the configured model (10 ms per
         // request, 100 ms here) keeps the holder whatever the queue.
-        let req = Request {
-            queued_prefill: Some(&queued),
-            shallow: None,
-            ..request(&k, Some(&kn), Loads::new(&loads))
-        };
+        let req = request_queued(&k, Some(&kn), &loads, &queued);
         assert_eq!(choose(&ring(7), &req, &cost(), &on).reason, Reason::Warm);
     }
 
