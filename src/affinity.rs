@@ -122,6 +122,24 @@
 //! default load factor the slack decides only below a mean of 6 in flight
 //! per replica.
 //!
+//! **Holder at the threshold** (`soft_threshold`, on): a holder whose
+//! in-flight count reached `concurrency_threshold` while some replica is
+//! still under it is not acceptable for step 1, but within the relative
+//! load bound it stays a warm candidate; it is kept only if the spill test
+//! of step 3 passes with its expected delay (`max(spill_extra, delay(h) −
+//! delay(a))`, queued prefill included, as for the light-load slack). In an
+//! overloaded fleet (`uniqmix` at 7 replicas, a mean of 180–230 in flight
+//! against a threshold of 256) the threshold alone sent 87–90 % of the
+//! spills off their holders, each re-prefilling a conversation on a
+//! replica whose queue was nearly as long: 1.8–2.1 points of the 2.4–2.7
+//! lost to the bound (`docs/benchmarks.md`, "Ninth session"). Priced by the
+//! in-flight gap alone (no delay) the holder kept its request into a
+//! longer queue: +324 ± 178 ms of `agent` p90 at 7 replicas. Not priced:
+//! the wait for a sequence slot above the threshold. A hot document whose
+//! penalty is the whole `routing_budget_ms` stays on its holder past 256
+//! and gets its second holder later (`longdoc` at 7 replicas: −0.28 ±
+//! 0.21 points, +593 ± 543 ms of p90; still within the criterion).
+//!
 //! Cost: O(N) for the load sums plus a ring walk of a few points; no shared
 //! data access (the index lookup and record are done by the caller;
 //! [`choose_tiered`] decides twice when it asks for the second tier).
@@ -192,6 +210,35 @@ pub struct AffinityConfig {
     /// holder is over the load bound, the new holder may be a replica that
     /// holds a shallower part of the prefix, priced by what it holds.
     pub tier: bool,
+    /// A holder at or over `concurrency_threshold` but within the load
+    /// bounds stays a warm candidate, kept only if the spill rule priced by
+    /// its expected delay (queue included) says so (module docs, "Holder
+    /// at the threshold"). Off: such a holder is not acceptable and the
+    /// request spills while any replica is under the threshold.
+    pub soft_threshold: bool,
+    /// Also write the pending record at routing
+    /// ([`crate::index::PrefixIndex::record_pending`]) for a warm request
+    /// whose prompt goes beyond the known prefix (the next turn of a
+    /// conversation), so that a later turn arriving before its response
+    /// finds the deeper prefix on its replica. Off: measured +0.12 ± 0.12
+    /// points on `uniqmix` at 7 replicas for +2.2–2.5 sets per request
+    /// (`docs/benchmarks.md`, "Ninth session").
+    pub pending_warm: bool,
+}
+
+impl AffinityConfig {
+    /// Does a request decided for `reason`, whose lookup knew `known_depth`
+    /// of its `blocks` blocks, get a pending record at routing? Cold and
+    /// spilled requests (with `record_pending`), and with `pending_warm` a
+    /// warm one that extends its known prefix. Cost: O(1).
+    pub fn wants_pending(&self, reason: Reason, known_depth: usize, blocks: usize) -> bool {
+        self.record_pending
+            && match reason {
+                Reason::Cold | Reason::Spill => true,
+                Reason::Warm => self.pending_warm && known_depth < blocks,
+                Reason::NoKey => false,
+            }
+    }
 }
 
 impl Default for AffinityConfig {
@@ -214,6 +261,8 @@ impl Default for AffinityConfig {
             light_slack: DEFAULT_LIGHT_SLACK,
             queue_wait_cap: true,
             tier: true,
+            soft_threshold: true,
+            pending_warm: false,
         }
     }
 }
@@ -632,6 +681,16 @@ fn decide(
             mean1 * (1.0 + (cfg.load_factor - 1.0).max(0.0) * (2.0 * coverage).min(1.0)) + 1.0,
         );
         let in_bound = |h: usize| v.acceptable(h) && f64::from(v.load(h)) + 1.0 <= warm_cap;
+        // A holder at the concurrency threshold (`soft_threshold`): within
+        // the load bounds it stays a candidate; the spill rule prices it by
+        // its expected delay (below).
+        let at_threshold = |h: usize| cfg.soft_threshold && v.load(h) >= v.threshold;
+        let holder_bound = |h: usize| {
+            in_bound(h)
+                || (at_threshold(h)
+                    && v.available(h)
+                    && f64::from(v.load(h)) + 1.0 <= v.cap.min(warm_cap))
+        };
         // Light load: within `light_slack` requests of the mean (scaled by
         // value like the relative slack) a holder is not over the bound,
         // whatever the ratio; kept only if its extra expected delay, queue
@@ -642,7 +701,7 @@ fn decide(
                 && f64::from(v.load(h)) + 1.0
                     <= mean1 - 1.0 + cfg.light_slack * (2.0 * coverage).min(1.0)
         };
-        let load_ok = |h: usize| in_bound(h) || light(h);
+        let load_ok = |h: usize| holder_bound(h) || light(h);
         // Holders within both bounds; equal loads go to the smaller share.
         let best_ok = holders
             .iter()
@@ -700,7 +759,8 @@ fn decide(
                 let mut extra = spill_extra(cost, &v, h, a, cfg);
                 if !in_bound(h) {
                     // Kept over the relative bound by the light-load slack
-                    // only: its queued prefill counts too.
+                    // only, or at the concurrency threshold: its queued
+                    // prefill counts too.
                     extra = extra.max(v.delay(h).saturating_sub(v.delay(a)) as f64);
                 }
                 let penalty = cost.prefill_ms(cached).min(cfg.routing_budget_ms);
@@ -908,6 +968,20 @@ mod tests {
         assert_eq!(c, choose(&r, &req, &cost(), &AffinityConfig::default()));
     }
 
+    /// [`request`] with a queue picture.
+    fn request_queued<'a>(
+        k: &'a RoutingKey,
+        kn: Option<&'a Known>,
+        loads: &'a [u32],
+        queued: &'a [u32],
+    ) -> Request<'a> {
+        Request {
+            queued_prefill: Some(queued),
+            shallow: None,
+            ..request(k, kn, Loads::new(loads))
+        }
+    }
+
     fn pick(k: &RoutingKey, kn: Option<&Known>, loads: &[u32]) -> Choice {
         pick_with(k, kn, loads, None)
     }
@@ -1069,45 +1143,90 @@ mod tests {
     }
 
     #[test]
-    fn light_load_keeps_a_holder_within_the_absolute_slack() {
-        // 8192 tokens known (penalty 245 ms). Mean 11 / 7 ≈ 1.6: the
-        // relative bound 2 × 2.6 = 5.1 puts the holder (5 in flight) over
-        // it, the absolute slack (mean + 8 ≈ 9.6) does not.
+    fn pending_records_follow_the_reason_and_the_known_depth() {
+        let cfg = AffinityConfig::default();
+        assert!(cfg.wants_pending(Reason::Cold, 0, 4));
+        assert!(cfg.wants_pending(Reason::Spill, 4, 4));
+        assert!(!cfg.wants_pending(Reason::Warm, 2, 4));
+        assert!(!cfg.wants_pending(Reason::NoKey, 0, 4));
+        let warm = AffinityConfig {
+            pending_warm: true,
+            ..cfg
+        };
+        assert!(warm.wants_pending(Reason::Warm, 2, 4));
+        // Nothing beyond the known prefix: nothing to write.
+        assert!(!warm.wants_pending(Reason::Warm, 4, 4));
+        let off = AffinityConfig {
+            record_pending: false,
+            ..warm
+        };
+        assert!(!off.wants_pending(Reason::Cold, 0, 4));
+        assert!(!off.wants_pending(Reason::Warm, 2, 4));
+    }
+
+    /// Replica 3 holds 8192 tokens of the request (penalty 245 ms): with
+    /// `loads` it keeps the request under the default configuration, loses
+    /// it to another replica under `off`, and loses it too with 30 000
+    /// tokens (900 ms) queued on it. Returns the key, what is known and
+    /// that queue for further checks.
+    fn kept_unless(loads: &[u32], off: &AffinityConfig) -> (RoutingKey, Known, [u32; 7]) {
         let k = key(7, 128);
         let kn = known(128, &[3], 0);
+        let c = pick(&k, Some(&kn), loads);
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        let req = request(&k, Some(&kn), Loads::new(loads));
+        let c = choose(&ring(7), &req, &cost(), off);
+        assert_eq!(c.reason, Reason::Spill);
+        assert_ne!(c.primary, 3);
+        let mut queued = [0u32; 7];
+        queued[3] = 30_000;
+        let req = request_queued(&k, Some(&kn), loads, &queued);
+        let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
+        assert_eq!(c.reason, Reason::Spill);
+        assert_ne!(c.primary, 3);
+        (k, kn, queued)
+    }
+
+    #[test]
+    fn a_holder_at_the_threshold_is_kept_while_its_delay_is_below_the_penalty() {
+        // The holder at the threshold (256), the others at 250: the gap (6
+        // requests, 60 ms) is below the penalty, so the holder keeps its
+        // request; with `soft_threshold` off the threshold alone makes it
+        // spill; its queued prefill counts.
+        let mut loads = [250u32; 7];
+        loads[3] = 256;
+        let hard = AffinityConfig {
+            soft_threshold: false,
+            ..AffinityConfig::default()
+        };
+        let (k, kn, queued) = kept_unless(&loads, &hard);
+        // The same queue under the threshold (255 in flight, within the
+        // relative bound): the queue does not decide (module docs, "Queue").
+        loads[3] = 255;
+        let req = request_queued(&k, Some(&kn), &loads, &queued);
+        let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+    }
+
+    #[test]
+    fn light_load_keeps_a_holder_within_the_absolute_slack() {
+        // Mean 11 / 7 ≈ 1.6: the relative bound 2 × 2.6 = 5.1 puts the
+        // holder (5 in flight) over it, the absolute slack (mean + 8 ≈ 9.6)
+        // does not; without the slack it spills; kept over the relative
+        // bound only while its queued prefill does not outweigh the penalty.
         let mut loads = [1u32; 7];
         loads[3] = 5;
-        let c = pick(&k, Some(&kn), &loads);
-        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
         let strict = AffinityConfig {
             light_slack: 0.0,
             ..AffinityConfig::default()
         };
-        let req = request(&k, Some(&kn), Loads::new(&loads));
-        let c = choose(&ring(7), &req, &cost(), &strict);
-        assert_eq!(c.reason, Reason::Spill);
-        assert_ne!(c.primary, 3);
-        // Kept over the relative bound only while its queued prefill does
-        // not outweigh the penalty: 30 000 tokens queued (900 ms) spill.
-        let mut queued = [0u32; 7];
-        queued[3] = 30_000;
-        let req = Request {
-            queued_prefill: Some(&queued),
-            shallow: None,
-            ..request(&k, Some(&kn), Loads::new(&loads))
-        };
-        let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
-        assert_eq!(c.reason, Reason::Spill);
+        let (k, kn, queued) = kept_unless(&loads, &strict);
         // Within the relative bound the queue does not decide the spill
         // (module docs, "Queue"): 3 in flight (bound 2 × 2.3 = 4.6) keeps
         // the holder.
         let mut loads4 = loads;
         loads4[3] = 3;
-        let req = Request {
-            queued_prefill: Some(&queued),
-            shallow: None,
-            ..request(&k, Some(&kn), Loads::new(&loads4))
-        };
+        let req = request_queued(&k, Some(&kn), &loads4, &queued);
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
         assert_eq!((c.primary, c.reason), (3, Reason::Warm));
         // Heavier load: mean 78 / 7 ≈ 11.1, the holder at 30 is over both
@@ -1172,11 +1291,7 @@ mod tests {
         assert_ne!(c.primary, 3);
         // The cap never raises the price: the configured model (10 ms per
         // request, 100 ms here) keeps the holder whatever the queue.
-        let req = Request {
-            queued_prefill: Some(&queued),
-            shallow: None,
-            ..request(&k, Some(&kn), Loads::new(&loads))
-        };
+        let req = request_queued(&k, Some(&kn), &loads, &queued);
         assert_eq!(choose(&ring(7), &req, &cost(), &on).reason, Reason::Warm);
     }
 

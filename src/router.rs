@@ -272,10 +272,11 @@ impl Router {
     }
 
     /// At routing: a pending record ([`PrefixIndex::record_pending`]) of a
-    /// request `choice` placed cold or spilled (nothing for a warm or keyless
-    /// one, or with `record_pending` off), so that the same new prefix
-    /// arriving before the response meets it on `choice.primary`. Returns
-    /// the sets (≤ `max_writes + 2`: no end mark).
+    /// request `choice` placed cold or spilled (nothing for a keyless one, a
+    /// warm one unless `pending_warm` and it extends its known prefix, or
+    /// with `record_pending` off; [`AffinityConfig::wants_pending`]), so
+    /// that the same new prefix arriving before the response meets it on
+    /// `choice.primary`. Returns the sets (≤ `max_writes + 2`: no end mark).
     pub fn record_pending<S: SlotStore>(
         &self,
         store: &mut S,
@@ -284,8 +285,11 @@ impl Router {
         choice: &Choice,
         now_ms: u64,
     ) -> usize {
-        let placed = matches!(choice.reason, Reason::Cold | Reason::Spill);
-        if !(self.affinity.record_pending && placed) {
+        let depth = known.map_or(0, |k| k.depth);
+        if !self
+            .affinity
+            .wants_pending(choice.reason, depth, blocks.len())
+        {
             return 0;
         }
         let at = (now_ms, self.affinity.max_age_ms);

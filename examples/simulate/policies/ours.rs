@@ -156,6 +156,8 @@ impl OursParams {
             "share_settled" => self.affinity.share_settled = f()?,
             "light_slack" => self.affinity.light_slack = f()?,
             "queue_wait_cap" => self.affinity.queue_wait_cap = v == "1" || v == "true",
+            "soft_threshold" => self.affinity.soft_threshold = v == "1" || v == "true",
+            "pending_warm" => self.affinity.pending_warm = v == "1" || v == "true",
             "tier" => self.affinity.tier = v == "1" || v == "true",
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
@@ -378,8 +380,11 @@ impl Policy for Ours {
         }
         self.class[idx as usize] = class;
         if !self.record_at_route
-            && self.cfg.record_pending
-            && matches!(c.reason, Reason::Cold | Reason::Spill)
+            && self.cfg.wants_pending(
+                c.reason,
+                known.as_ref().map_or(0, |k| k.depth),
+                key.blocks.len(),
+            )
         {
             let at = (now_ms, self.cfg.max_age_ms);
             self.index
