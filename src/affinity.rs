@@ -1318,6 +1318,55 @@ mod tests {
     }
 
     #[test]
+    fn the_spill_price_floor_counts_a_replica_request_per_own_count() {
+        // Behind 4 gateways counting their own requests, one count stands
+        // for 4 requests, and the learned price (100 ms per count) for
+        // 4 × 25: the floor of the cap is 40 ms per count.
+        let mut learned = CostModel::new(CostConfig {
+            learn: true,
+            forget: 0.999,
+            ..cost().config()
+        });
+        for i in 0..4000u32 {
+            let (u, l) = (f64::from(i * 7919 % 9000), f64::from(i * 31 % 40));
+            learned.observe(u, l, 20.0 + 0.03 * u + 100.0 * l);
+        }
+        // 8192 tokens known (penalty 245 ms); the holder 10 counts above
+        // the others, equal queues: the floor decides.
+        let k = key(7, 128);
+        let kn = known(128, &[3], 0);
+        let mut loads = [40u32; 7];
+        loads[3] = 50;
+        let queued = [50_000u32; 7];
+        let req = Request {
+            queued_prefill: Some(&queued),
+            shallow: None,
+            ..request(&k, Some(&kn), Loads::new(&loads))
+        };
+        let scaled = |load_scale: f64| AffinityConfig {
+            load_scale,
+            ..AffinityConfig::default()
+        };
+        // One gateway: 100 ms, kept.
+        let c = choose(&ring(7), &req, &learned, &scaled(1.0));
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        // Four: 400 ms, spilled.
+        let c = choose(&ring(7), &req, &learned, &scaled(4.0));
+        assert_eq!(c.reason, Reason::Spill);
+        assert_ne!(c.primary, 3);
+        // A scale below 1 (or not a number) counts as 1.
+        for s in [0.0, 0.5, f64::NAN] {
+            let c = choose(&ring(7), &req, &learned, &scaled(s));
+            assert_eq!((c.primary, c.reason), (3, Reason::Warm), "{s}");
+        }
+        // The floor never raises the price above the learned one: at the
+        // configured 10 ms per count (100 ms here) the holder stays at
+        // any scale.
+        let c = choose(&ring(7), &req, &cost(), &scaled(4.0));
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+    }
+
+    #[test]
     fn a_short_shared_prefix_gets_less_slack_than_a_long_one() {
         // Mean load 4 (bound 2 × 5 = 10): a holder at 7 in flight.
         let mut loads = [4u32; 7];
