@@ -465,6 +465,19 @@ fn write_exchange(p: &Plugin, s: &Shared, ex: &Exchange) {
 /// fresh ones at routing, extrapolated ([`Exchange::estimate`]; a table
 /// older than 3 pull periods is ignored). `None` (use `own`) without
 /// `share_queued` or without a fresh peer.
+/// Requests of a replica one in-flight count of the picture stands for
+/// ([`crate::affinity::AffinityConfig::load_scale`], the floor of the
+/// spill price): with `peers` and no `engine` block each gateway counts
+/// only its own requests, so this one and its peers (as last listed);
+/// else 1 (one gateway, or loads raised by the engines' own counts).
+/// Cost: at most one shared-data get per second per VM.
+pub fn load_scale(p: &Plugin) -> f64 {
+    match (&p.config().engine, p.peers.as_ref()) {
+        (None, Some(s)) => (s.peer_count() + 1) as f64,
+        _ => 1.0,
+    }
+}
+
 pub fn with_peer_queues(p: &Plugin, view: &View, own: &[u32], now_ms: u64) -> Option<Vec<u32>> {
     let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
         return None;
