@@ -250,11 +250,17 @@ impl Router {
         };
         // The second tier ([`crate::index::PrefixIndex::lookup_shallow`]):
         // ≤ 3 more gets, only when the spill rule asks for it.
-        let cfg = AffinityConfig {
-            load_scale,
-            ..self.affinity
+        let scaled;
+        let cfg = if load_scale > 1.0 {
+            scaled = AffinityConfig {
+                load_scale,
+                ..self.affinity
+            };
+            &scaled
+        } else {
+            &self.affinity
         };
-        let choice = affinity::choose_tiered(&self.ring, &request, cost, &cfg, |deep| {
+        let choice = affinity::choose_tiered(&self.ring, &request, cost, cfg, |deep| {
             self.index
                 .lookup_shallow(store, &key.blocks, deep, now_ms)
                 .map(|k| horizons.filter(k))

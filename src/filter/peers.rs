@@ -252,7 +252,11 @@ impl Shared {
     /// listed them, in shared data) but this one; read at most once a
     /// second per VM.
     fn peer_count(&self) -> usize {
-        let now = host::now_nanos() / 1_000_000;
+        self.peer_count_at(host::now_nanos() / 1_000_000)
+    }
+
+    /// [`Self::peer_count`] at `now` ms (a clock the caller already read).
+    fn peer_count_at(&self, now: u64) -> usize {
         let (at, n) = self.peers.get();
         if at != 0 && now.saturating_sub(at) < 1000 {
             return n;
@@ -470,10 +474,11 @@ fn write_exchange(p: &Plugin, s: &Shared, ex: &Exchange) {
 /// spill price): with `peers` and no `engine` block each gateway counts
 /// only its own requests, so this one and its peers (as last listed);
 /// else 1 (one gateway, or loads raised by the engines' own counts).
-/// Cost: at most one shared-data get per second per VM.
-pub fn load_scale(p: &Plugin) -> f64 {
+/// `now_ms`: the request's clock. Cost: at most one shared-data get per
+/// second per VM, no clock read.
+pub fn load_scale(p: &Plugin, now_ms: u64) -> f64 {
     match (&p.config().engine, p.peers.as_ref()) {
-        (None, Some(s)) => (s.peer_count() + 1) as f64,
+        (None, Some(s)) => (s.peer_count_at(now_ms) + 1) as f64,
         _ => 1.0,
     }
 }
