@@ -1260,10 +1260,9 @@ mod tests {
         assert_ne!(c.primary, 3);
     }
 
-    #[test]
-    fn a_learned_wait_above_the_prior_needs_the_queue_to_spill() {
-        // A model that learned 100 ms per in-flight request (configured 10):
-        // TTFT = 20 + 30 ms per 1000 tokens + 100 ms per request.
+    /// A model that learned 100 ms per in-flight request (configured 10):
+    /// TTFT = 20 + 30 ms per 1000 tokens + 100 ms per request.
+    fn learned_100ms_per_request() -> CostModel {
         let mut learned = CostModel::new(CostConfig {
             learn: true,
             forget: 0.999,
@@ -1273,6 +1272,12 @@ mod tests {
             let (u, l) = (f64::from(i * 7919 % 9000), f64::from(i * 31 % 40));
             learned.observe(u, l, 20.0 + 0.03 * u + 100.0 * l);
         }
+        learned
+    }
+
+    #[test]
+    fn a_learned_wait_above_the_prior_needs_the_queue_to_spill() {
+        let learned = learned_100ms_per_request();
         assert!(
             (learned.wait_ms(1.0) - 100.0).abs() < 5.0,
             "{}",
@@ -1322,15 +1327,7 @@ mod tests {
         // Behind 4 gateways counting their own requests, one count stands
         // for 4 requests, and the learned price (100 ms per count) for
         // 4 × 25: the floor of the cap is 40 ms per count.
-        let mut learned = CostModel::new(CostConfig {
-            learn: true,
-            forget: 0.999,
-            ..cost().config()
-        });
-        for i in 0..4000u32 {
-            let (u, l) = (f64::from(i * 7919 % 9000), f64::from(i * 31 % 40));
-            learned.observe(u, l, 20.0 + 0.03 * u + 100.0 * l);
-        }
+        let learned = learned_100ms_per_request();
         // 8192 tokens known (penalty 245 ms); the holder 10 counts above
         // the others, equal queues: the floor decides.
         let k = key(7, 128);
