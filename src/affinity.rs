@@ -88,6 +88,19 @@
 //! towards the queue spilled more and cost 0.3–1.1 points of hit on the
 //! same traces at 16 and 32 replicas).
 //!
+//! **Own counts** (`load_scale`): behind N gateways that each count only
+//! their own requests, an in-flight count stands for about N requests on
+//! the replica. The learned price follows (it is learned against the same
+//! counts: 47 ms per own request at N = 4 on the shipped trace against 11
+//! at one gateway), the configured one does not, so the floor of the spill
+//! price is `cost.wait_ms_per_request × load_scale` per counted request. With
+//! the floor at the configured price per own request, the cap cut the price
+//! of 2 165 of 6 776 spill tests at N = 4 (952 of 6 773 at one gateway),
+//! mostly to 10–20 ms against a learned 80–300 with no queue on either
+//! side, and kept requests on holders 2–3 own requests busier
+//! (`docs/multi-gateway.md`, "Ninth session: the spill price at N
+//! gateways").
+//!
 //! **Second tier** (`tier`, on; [`choose_tiered`]): when every holder of
 //! the known prefix is over the load bound (the spill of step 3 to
 //! `a = place(holders)`), the caller looks up a shallower ladder block of
@@ -224,6 +237,12 @@ pub struct AffinityConfig {
     /// points on `uniqmix` at 7 replicas for +2.2–2.5 sets per request
     /// (`docs/benchmarks.md`, "Ninth session").
     pub pending_warm: bool,
+    /// Requests on a replica that one in-flight count of [`Request::loads`]
+    /// stands for: 1 when the counts are the replica's (one gateway, an
+    /// engine's scrape, peers' counts added), the number of gateways when
+    /// each counts only its own requests. Scales the configured wait price
+    /// in the floor of the spill price (module docs, "Own counts").
+    pub load_scale: f64,
 }
 
 impl AffinityConfig {
@@ -263,6 +282,7 @@ impl Default for AffinityConfig {
             tier: true,
             soft_threshold: true,
             pending_warm: false,
+            load_scale: 1.0,
         }
     }
 }
@@ -467,8 +487,10 @@ fn saturated_threshold(threshold: u32, n: usize, load_of: impl Fn(usize) -> Opti
 /// of moving to `a` (module docs, "Spill price"): `wait_ms(in_flight[h] −
 /// in_flight[a])` at the learned price, but what the learned price adds
 /// above the configured one only as far as the queued prefill difference
-/// `prefill_ms(queued[h] − queued[a])` backs it. Without a queue picture,
-/// or with `queue_wait_cap` off, the learned price alone. Cost: O(1).
+/// `prefill_ms(queued[h] − queued[a])` backs it. The configured price is
+/// per request of the replica, so per counted request it is `load_scale`
+/// times it (module docs, "Own counts"). Without a queue picture, or with
+/// `queue_wait_cap` off, the learned price alone. Cost: O(1).
 fn spill_extra(cost: &CostModel, v: &View<'_>, h: usize, a: usize, cfg: &AffinityConfig) -> f64 {
     let more = f64::from(v.load(h).saturating_sub(v.load(a)));
     let learned = cost.wait_ms(more);
@@ -477,7 +499,7 @@ fn spill_extra(cost: &CostModel, v: &View<'_>, h: usize, a: usize, cfg: &Affinit
     };
     let tokens = |i: usize| f64::from(q.get(i).copied().unwrap_or(0));
     let queue = cost.prefill_ms((tokens(h) - tokens(a)).max(0.0));
-    let prior = cost.config().wait_ms_per_request * more;
+    let prior = cost.config().wait_ms_per_request * cfg.load_scale.max(1.0) * more;
     learned.min(prior.max(queue))
 }
 
@@ -1238,10 +1260,9 @@ mod tests {
         assert_ne!(c.primary, 3);
     }
 
-    #[test]
-    fn a_learned_wait_above_the_prior_needs_the_queue_to_spill() {
-        // A model that learned 100 ms per in-flight request (configured 10):
-        // TTFT = 20 + 30 ms per 1000 tokens + 100 ms per request.
+    /// A model that learned 100 ms per in-flight request (configured 10):
+    /// TTFT = 20 + 30 ms per 1000 tokens + 100 ms per request.
+    fn learned_100ms_per_request() -> CostModel {
         let mut learned = CostModel::new(CostConfig {
             learn: true,
             forget: 0.999,
@@ -1251,6 +1272,12 @@ mod tests {
             let (u, l) = (f64::from(i * 7919 % 9000), f64::from(i * 31 % 40));
             learned.observe(u, l, 20.0 + 0.03 * u + 100.0 * l);
         }
+        learned
+    }
+
+    #[test]
+    fn a_learned_wait_above_the_prior_needs_the_queue_to_spill() {
+        let learned = learned_100ms_per_request();
         assert!(
             (learned.wait_ms(1.0) - 100.0).abs() < 5.0,
             "{}",
@@ -1293,6 +1320,47 @@ mod tests {
         // request, 100 ms here) keeps the holder whatever the queue.
         let req = request_queued(&k, Some(&kn), &loads, &queued);
         assert_eq!(choose(&ring(7), &req, &cost(), &on).reason, Reason::Warm);
+    }
+
+    #[test]
+    fn the_spill_price_floor_counts_a_replica_request_per_own_count() {
+        // Behind 4 gateways counting their own requests, one count stands
+        // for 4 requests, and the learned price (100 ms per count) for
+        // 4 × 25: the floor of the cap is 40 ms per count.
+        let learned = learned_100ms_per_request();
+        // 8192 tokens known (penalty 245 ms); the holder 10 counts above
+        // the others, equal queues: the floor decides.
+        let k = key(7, 128);
+        let kn = known(128, &[3], 0);
+        let mut loads = [40u32; 7];
+        loads[3] = 50;
+        let queued = [50_000u32; 7];
+        let req = Request {
+            queued_prefill: Some(&queued),
+            shallow: None,
+            ..request(&k, Some(&kn), Loads::new(&loads))
+        };
+        let scaled = |load_scale: f64| AffinityConfig {
+            load_scale,
+            ..AffinityConfig::default()
+        };
+        // One gateway: 100 ms, kept.
+        let c = choose(&ring(7), &req, &learned, &scaled(1.0));
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+        // Four: 400 ms, spilled.
+        let c = choose(&ring(7), &req, &learned, &scaled(4.0));
+        assert_eq!(c.reason, Reason::Spill);
+        assert_ne!(c.primary, 3);
+        // A scale below 1 (or not a number) counts as 1.
+        for s in [0.0, 0.5, f64::NAN] {
+            let c = choose(&ring(7), &req, &learned, &scaled(s));
+            assert_eq!((c.primary, c.reason), (3, Reason::Warm), "{s}");
+        }
+        // The floor never raises the price above the learned one: at the
+        // configured 10 ms per count (100 ms here) the holder stays at
+        // any scale.
+        let c = choose(&ring(7), &req, &cost(), &scaled(4.0));
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
     }
 
     #[test]

@@ -353,6 +353,7 @@ impl RouterHttp {
             .as_deref()
             .and_then(|q| super::peers::with_peer_queues(p, view, q, self.routed_at_ms));
         let queued = with_peers.as_deref().or(pic.queued.as_deref());
+        let load_scale = super::peers::load_scale(p, self.routed_at_ms);
         let (d, choice, known) = {
             let mut by_addr = AddrSlots::new(&mut slots, view, &pic.usable).with_shares(shares);
             let chosen = p.delivered.with_horizons(self.routed_at_ms, view, |h| {
@@ -365,6 +366,7 @@ impl RouterHttp {
                     (self.routed_at_ms, ticket),
                     h,
                     queued,
+                    load_scale,
                 )
             });
             // A new placement is written at once as pending (the 2xx record

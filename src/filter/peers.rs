@@ -252,7 +252,11 @@ impl Shared {
     /// listed them, in shared data) but this one; read at most once a
     /// second per VM.
     fn peer_count(&self) -> usize {
-        let now = host::now_nanos() / 1_000_000;
+        self.peer_count_at(host::now_nanos() / 1_000_000)
+    }
+
+    /// [`Self::peer_count`] at `now` ms (a clock the caller already read).
+    fn peer_count_at(&self, now: u64) -> usize {
         let (at, n) = self.peers.get();
         if at != 0 && now.saturating_sub(at) < 1000 {
             return n;
@@ -465,6 +469,20 @@ fn write_exchange(p: &Plugin, s: &Shared, ex: &Exchange) {
 /// fresh ones at routing, extrapolated ([`Exchange::estimate`]; a table
 /// older than 3 pull periods is ignored). `None` (use `own`) without
 /// `share_queued` or without a fresh peer.
+/// Requests of a replica one in-flight count of the picture stands for
+/// ([`crate::affinity::AffinityConfig::load_scale`], the floor of the
+/// spill price): with `peers` and no `engine` block each gateway counts
+/// only its own requests, so this one and its peers (as last listed);
+/// else 1 (one gateway, or loads raised by the engines' own counts).
+/// `now_ms`: the request's clock. Cost: at most one shared-data get per
+/// second per VM, no clock read.
+pub fn load_scale(p: &Plugin, now_ms: u64) -> f64 {
+    match (&p.config().engine, p.peers.as_ref()) {
+        (None, Some(s)) => (s.peer_count_at(now_ms) + 1) as f64,
+        _ => 1.0,
+    }
+}
+
 pub fn with_peer_queues(p: &Plugin, view: &View, own: &[u32], now_ms: u64) -> Option<Vec<u32>> {
     let (Some(params), Some(s)) = (p.config().peers.as_ref(), p.peers.as_ref()) else {
         return None;

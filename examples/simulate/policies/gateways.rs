@@ -130,6 +130,11 @@ pub struct Knobs {
     /// most this many significant bits are published (0: all), and every
     /// gateway's lookup tolerates the coarser ladder (`peer_bits`).
     pub publish_bits: u32,
+    /// With each gateway's own in-flight counts as the load (no engine
+    /// block, no exchanged counts, no `scale_load`): tell the core that a
+    /// count stands for N requests (`AffinityConfig::load_scale`, the floor
+    /// of the spill price). Off: 1, the core before `gwcap11`.
+    pub own_scale: bool,
 }
 
 impl Default for Knobs {
@@ -158,6 +163,7 @@ impl Default for Knobs {
             push_tokens: 0,
             ladder_last: shipped_peers().4,
             publish_bits: shipped_peers().5,
+            own_scale: true,
         }
     }
 }
@@ -179,6 +185,7 @@ impl Knobs {
             "record_at_route" => self.record_at_route = v == "1" || v == "true",
             "shared_pressure" => self.shared_pressure = v == "1" || v == "true",
             "scale_load" => self.scale_load = v == "1" || v == "true",
+            "own_scale" => self.own_scale = v == "1" || v == "true",
             "budget_bp" => self.budget_bp = u().ok_or_else(bad)? as u32,
             "engine" => {
                 self.engine = match v {
@@ -757,6 +764,8 @@ impl Gateways {
             };
         };
         let mode = self.spec.mode;
+        // Requests of a replica one count of `loads` stands for.
+        let mut load_scale = 1.0;
         let loads: Vec<u32> = if mode.engine_load {
             let g = &self.gws[k];
             self.scraped
@@ -772,7 +781,14 @@ impl Gateways {
             let n = self.gws.len() as u32;
             self.gws[k].in_flight.iter().map(|x| x * n).collect()
         } else {
+            if self.knobs.own_scale {
+                load_scale = self.gws.len() as f64;
+            }
             self.gws[k].in_flight.clone()
+        };
+        let cfg = AffinityConfig {
+            load_scale,
+            ..self.cfg
         };
         let anchored;
         let rkey = if mode.anchor {
@@ -826,7 +842,7 @@ impl Gateways {
         };
         // The filter's second lookup tier, on this gateway's table.
         let (index, store) = (&self.index, &g.store);
-        let c = affinity::choose_tiered(self.router.ring(), &request, &g.cost, &self.cfg, |d| {
+        let c = affinity::choose_tiered(self.router.ring(), &request, &g.cost, &cfg, |d| {
             index.lookup_shallow(store, &key.blocks, d, now_ms)
         });
         Share::note(&mut g.store, n, c.primary, &self.cfg);
