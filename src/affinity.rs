@@ -243,6 +243,18 @@ pub struct AffinityConfig {
     /// each counts only its own requests. Scales the configured wait price
     /// in the floor of the spill price (module docs, "Own counts").
     pub load_scale: f64,
+    /// A fresh known prefix under `min_match` (a system prompt under a long
+    /// prompt) whose holders are available makes them warm candidates
+    /// under the coverage-scaled load bound (`warm_cap`): the least-delay
+    /// holder is kept only if its expected delay, queued prefill included,
+    /// exceeds the cold choice's by at most the prefill of the known
+    /// tokens; otherwise the request is placed as cold (the cold key
+    /// unchanged, no spill to a new holder). Either way its reason stays
+    /// [`Reason::Cold`] (it gets the pending record of a cold request, so
+    /// that its next turn finds the deeper prefix where it went); kept on
+    /// a holder, `expected_cached_tokens` is the known prefix. Off: such a
+    /// request is placed by the cold rule alone.
+    pub short_warm: bool,
 }
 
 impl AffinityConfig {
@@ -283,6 +295,7 @@ impl Default for AffinityConfig {
             soft_threshold: true,
             pending_warm: false,
             load_scale: 1.0,
+            short_warm: false,
         }
     }
 }
@@ -666,6 +679,7 @@ fn decide(
             tier_wanted: false,
         };
     };
+    let mean1 = total as f64 / count.max(1) as f64 + 1.0;
     let ring_key = if cfg.anchor_cold && !key.blocks.is_empty() {
         // The first block reaching `min_match` of the window (blocks are
         // uneven: by units, not by count).
@@ -698,10 +712,7 @@ fn decide(
         // does not pull its traffic onto a few replicas, while a prefix that
         // is most of the prompt keeps the full bound.
         let coverage = coverage.clamp(0.0, 1.0);
-        let mean1 = total as f64 / count.max(1) as f64 + 1.0;
-        let warm_cap = v.cap.min(
-            mean1 * (1.0 + (cfg.load_factor - 1.0).max(0.0) * (2.0 * coverage).min(1.0)) + 1.0,
-        );
+        let warm_cap = warm_cap(&v, cfg, mean1, coverage);
         let in_bound = |h: usize| v.acceptable(h) && f64::from(v.load(h)) + 1.0 <= warm_cap;
         // A holder at the concurrency threshold (`soft_threshold`): within
         // the load bounds it stays a candidate; the spill rule prices it by
@@ -829,6 +840,22 @@ fn decide(
         };
     }
     let primary = place(ring, ring_key, &v, &[], cfg.cold_choices, false).unwrap_or(0);
+    let short = if cfg.short_warm {
+        short_holder(key, known, &v, cfg, cost, primary, prompt_tokens, mean1)
+    } else {
+        None
+    };
+    if let Some((h, cached)) = short {
+        return Choice {
+            primary: h,
+            secondary: secondary_of(ring_key, h),
+            // Still cold by `min_match` (pending record, cold counts).
+            reason: Reason::Cold,
+            expected_cached_tokens: cached,
+            prompt_tokens,
+            tier_wanted: false,
+        };
+    }
     Choice {
         primary,
         secondary: secondary_of(ring_key, primary),
@@ -837,6 +864,58 @@ fn decide(
         prompt_tokens,
         tier_wanted: false,
     }
+}
+
+/// The load bound of a warm holder whose prefix covers `coverage` of the
+/// window (`mean1`: mean in-flight + 1): the relative bound `v.cap`, its
+/// slack over the mean scaled by the coverage (full from half the window).
+/// Cost: O(1).
+fn warm_cap(v: &View<'_>, cfg: &AffinityConfig, mean1: f64, coverage: f64) -> f64 {
+    v.cap
+        .min(mean1 * (1.0 + (cfg.load_factor - 1.0).max(0.0) * (2.0 * coverage).min(1.0)) + 1.0)
+}
+
+/// [`AffinityConfig::short_warm`]: for a request whose fresh known prefix
+/// is under `min_match`, the holder to keep instead of the cold choice `c`,
+/// with the tokens it holds. Candidates: available holders within the
+/// coverage-scaled load bound (`warm_cap` of [`decide`]) and the share
+/// bound, the least expected delay first; kept if its extra delay over `c`
+/// (queued prefill included, and at least the spill rule's
+/// [`spill_extra`]) is at most the prefill of the known tokens (capped by
+/// `routing_budget_ms`). `None`: place cold. A cold choice that is itself a
+/// holder is kept by the caller as it is. Cost: O(holders).
+fn short_holder(
+    key: &RoutingKey,
+    known: Option<&Known>,
+    v: &View<'_>,
+    cfg: &AffinityConfig,
+    cost: &CostModel,
+    c: usize,
+    prompt_tokens: f64,
+    mean1: f64,
+) -> Option<(usize, f64)> {
+    let k = known.filter(|k| k.age_ms <= cfg.max_age_ms && k.depth > 0)?;
+    let cpt = cfg.chars_per_token.max(0.1);
+    let units = key.units.max(1) as f64;
+    let seen = key.units_at(k.depth).min(key.units) as f64;
+    let coverage = (seen / units).clamp(0.0, 1.0);
+    let cached = (seen / cpt).min(prompt_tokens);
+    let warm_cap = warm_cap(v, cfg, mean1, coverage);
+    let h = k
+        .entry
+        .holders()
+        .filter(|&h| {
+            v.available(h)
+                && v.acceptable(h)
+                && f64::from(v.load(h)) + 1.0 <= warm_cap
+                && !v.over_share(h)
+        })
+        .min_by_key(|&h| v.holder_rank(h))?;
+    if h == c {
+        return None;
+    }
+    let extra = spill_extra(cost, v, h, c, cfg).max(v.delay(h).saturating_sub(v.delay(c)) as f64);
+    (extra <= cost.prefill_ms(cached).min(cfg.routing_budget_ms)).then_some((h, cached))
 }
 
 #[cfg(test)]
