@@ -1100,6 +1100,57 @@ mod tests {
     }
 
     #[test]
+    fn short_warm_keeps_a_holder_of_a_prefix_under_min_match_while_it_is_cheap() {
+        // 10 of 128 blocks known (640 tokens, 19 ms of prefill at 30 ms per
+        // 1000): under `min_match`, so cold without the knob.
+        let r = ring(7);
+        let k = key(7, 128);
+        let on = AffinityConfig {
+            share_factor: 0.0,
+            short_warm: true,
+            ..AffinityConfig::default()
+        };
+        let off = AffinityConfig {
+            short_warm: false,
+            ..on
+        };
+        let idle = [0u32; 7];
+        let none = [0u32; 7];
+        let decide = |cfg: &AffinityConfig, kn: &Known, loads: &[u32], queued: &[u32]| {
+            let req = Request {
+                queued_prefill: Some(queued),
+                ..request(&k, Some(kn), Loads::new(loads))
+            };
+            choose(&r, &req, &cost(), cfg)
+        };
+        let cold = decide(&off, &known(10, &[], 0), &idle, &none).primary;
+        let h = (cold + 1) % 7;
+        let kn = known(10, &[h as u16], 0);
+        let c = decide(&off, &kn, &idle, &none);
+        assert_eq!((c.primary, c.reason), (cold, Reason::Cold));
+        assert_eq!(c.expected_cached_tokens, 0.0);
+        // On: the idle holder is kept; still cold by `min_match`.
+        let c = decide(&on, &kn, &idle, &none);
+        assert_eq!((c.primary, c.reason), (h, Reason::Cold));
+        assert!((c.expected_cached_tokens - 640.0).abs() < 1e-9);
+        // Its queued prefill (2 000 tokens: 60 ms) costs more than the
+        // known prefix saves: the cold choice.
+        let mut queued = [0u32; 7];
+        queued[h] = 2000;
+        let c = decide(&on, &kn, &idle, &queued);
+        assert_eq!((c.primary, c.reason), (cold, Reason::Cold));
+        // Over the coverage-scaled bound (5 in flight, mean 0.7): cold.
+        let mut loads = [0u32; 7];
+        loads[h] = 5;
+        let c = decide(&on, &kn, &loads, &none);
+        assert_eq!((c.primary, c.reason), (cold, Reason::Cold));
+        // At 1 in flight it is within the bound and the wait (10 ms) is
+        // under the prefill saved.
+        loads[h] = 1;
+        assert_eq!(decide(&on, &kn, &loads, &none).primary, h);
+    }
+
+    #[test]
     fn cold_placement_is_consistent_and_load_aware() {
         let r = ring(5);
         let k = key(0xfeed, 8);
