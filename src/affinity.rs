@@ -840,11 +840,16 @@ fn decide(
         };
     }
     let primary = place(ring, ring_key, &v, &[], cfg.cold_choices, false).unwrap_or(0);
-    let short = if cfg.short_warm {
-        short_holder(key, known, &v, cfg, cost, primary, prompt_tokens, mean1)
-    } else {
-        None
-    };
+    // `short_warm`: a fresh known prefix under `min_match`.
+    let short = known
+        .filter(|k| cfg.short_warm && k.age_ms <= cfg.max_age_ms && k.depth > 0)
+        .and_then(|k| {
+            let seen = key.units_at(k.depth).min(key.units) as f64;
+            let coverage = (seen / key.units.max(1) as f64).clamp(0.0, 1.0);
+            let cached = (seen / cpt).min(prompt_tokens);
+            let cap = warm_cap(&v, cfg, mean1, coverage);
+            short_holder(&v, cfg, cost, k, primary, cached, cap)
+        });
     if let Some((h, cached)) = short {
         return Choice {
             primary: h,
@@ -876,31 +881,26 @@ fn warm_cap(v: &View<'_>, cfg: &AffinityConfig, mean1: f64, coverage: f64) -> f6
 }
 
 /// [`AffinityConfig::short_warm`]: for a request whose fresh known prefix
-/// is under `min_match`, the holder to keep instead of the cold choice `c`,
-/// with the tokens it holds. Candidates: available holders within the
-/// coverage-scaled load bound (`warm_cap` of [`decide`]) and the share
+/// `k` (`cached` tokens) is under `min_match`, the holder to keep instead
+/// of the cold choice `c`, with `cached`. Candidates: available holders
+/// within the coverage-scaled load bound `warm_cap` ([`warm_cap`]) and the share
 /// bound, the least expected delay first; kept if its extra delay over `c`
 /// (queued prefill included, and at least the spill rule's
 /// [`spill_extra`]) is at most the prefill of the known tokens (capped by
-/// `routing_budget_ms`). `None`: place cold. A cold choice that is itself a
-/// holder is kept by the caller as it is. Cost: O(holders).
+/// `routing_budget_ms`). `None` (place cold) also when `c` is a holder.
+/// Cost: O(holders).
 fn short_holder(
-    key: &RoutingKey,
-    known: Option<&Known>,
     v: &View<'_>,
     cfg: &AffinityConfig,
     cost: &CostModel,
+    k: &Known,
     c: usize,
-    prompt_tokens: f64,
-    mean1: f64,
+    cached: f64,
+    warm_cap: f64,
 ) -> Option<(usize, f64)> {
-    let k = known.filter(|k| k.age_ms <= cfg.max_age_ms && k.depth > 0)?;
-    let cpt = cfg.chars_per_token.max(0.1);
-    let units = key.units.max(1) as f64;
-    let seen = key.units_at(k.depth).min(key.units) as f64;
-    let coverage = (seen / units).clamp(0.0, 1.0);
-    let cached = (seen / cpt).min(prompt_tokens);
-    let warm_cap = warm_cap(v, cfg, mean1, coverage);
+    if k.entry.holders().any(|h| h == c) {
+        return None;
+    }
     let h = k
         .entry
         .holders()
@@ -911,9 +911,6 @@ fn short_holder(
                 && !v.over_share(h)
         })
         .min_by_key(|&h| v.holder_rank(h))?;
-    if h == c {
-        return None;
-    }
     let extra = spill_extra(cost, v, h, c, cfg).max(v.delay(h).saturating_sub(v.delay(c)) as f64);
     (extra <= cost.prefill_ms(cached).min(cfg.routing_budget_ms)).then_some((h, cached))
 }
