@@ -34,6 +34,13 @@
 //!    when loads tie (idle or sequential clients), where the ring alone can
 //!    put most of a few prefixes on one replica. If none is acceptable: the
 //!    least loaded available replica.
+//!    **Short known prefix** ([`AffinityConfig::short_warm`]): a fresh
+//!    known prefix under `min_match` (a system prompt) whose best holder is
+//!    within the coverage-scaled load bound and the share bound replaces
+//!    the cold choice `c` when its extra expected delay over `c` (queued
+//!    prefill included) is at most the prefill of the known tokens; the
+//!    reason stays [`Reason::Cold`] (pending record) and the cold key is
+//!    unchanged.
 //! 3. **Warm**: when the index knows a fresh prefix (`age ≤ max_age_ms`)
 //!    covering at least `min_match` of the hashed window (the first
 //!    `prefix_length` characters), the holders (replicas that
