@@ -34,6 +34,13 @@
 //!    when loads tie (idle or sequential clients), where the ring alone can
 //!    put most of a few prefixes on one replica. If none is acceptable: the
 //!    least loaded available replica.
+//!    **Short known prefix** ([`AffinityConfig::short_warm`]): a fresh
+//!    known prefix under `min_match` (a system prompt) whose best holder is
+//!    within the coverage-scaled load bound and the share bound replaces
+//!    the cold choice `c` when its extra expected delay over `c` (queued
+//!    prefill included) is at most the prefill of the known tokens; the
+//!    reason stays [`Reason::Cold`] (pending record) and the cold key is
+//!    unchanged.
 //! 3. **Warm**: when the index knows a fresh prefix (`age ≤ max_age_ms`)
 //!    covering at least `min_match` of the hashed window (the first
 //!    `prefix_length` characters), the holders (replicas that
@@ -243,6 +250,20 @@ pub struct AffinityConfig {
     /// each counts only its own requests. Scales the configured wait price
     /// in the floor of the spill price (module docs, "Own counts").
     pub load_scale: f64,
+    /// A fresh known prefix under `min_match` (a system prompt under a long
+    /// prompt) whose holders are available makes them warm candidates
+    /// under the coverage-scaled load bound (`warm_cap`): the least-delay
+    /// holder is kept only if its expected delay, queued prefill included,
+    /// exceeds the cold choice's by at most the prefill of the known
+    /// tokens; otherwise the request is placed as cold (the cold key
+    /// unchanged, no spill to a new holder). Either way its reason stays
+    /// [`Reason::Cold`] (it gets the pending record of a cold request, so
+    /// that its next turn finds the deeper prefix where it went); kept on
+    /// a holder, `expected_cached_tokens` is the known prefix. Off: such a
+    /// request is placed by the cold rule alone. On by default: +0.11 ±
+    /// 0.05 points over 26 held-out runs (`docs/benchmarks.md`, "Ninth
+    /// session: short known prefixes").
+    pub short_warm: bool,
 }
 
 impl AffinityConfig {
@@ -283,6 +304,7 @@ impl Default for AffinityConfig {
             soft_threshold: true,
             pending_warm: false,
             load_scale: 1.0,
+            short_warm: true,
         }
     }
 }
@@ -666,6 +688,7 @@ fn decide(
             tier_wanted: false,
         };
     };
+    let mean1 = total as f64 / count.max(1) as f64 + 1.0;
     let ring_key = if cfg.anchor_cold && !key.blocks.is_empty() {
         // The first block reaching `min_match` of the window (blocks are
         // uneven: by units, not by count).
@@ -698,10 +721,7 @@ fn decide(
         // does not pull its traffic onto a few replicas, while a prefix that
         // is most of the prompt keeps the full bound.
         let coverage = coverage.clamp(0.0, 1.0);
-        let mean1 = total as f64 / count.max(1) as f64 + 1.0;
-        let warm_cap = v.cap.min(
-            mean1 * (1.0 + (cfg.load_factor - 1.0).max(0.0) * (2.0 * coverage).min(1.0)) + 1.0,
-        );
+        let warm_cap = warm_cap(&v, cfg, mean1, coverage);
         let in_bound = |h: usize| v.acceptable(h) && f64::from(v.load(h)) + 1.0 <= warm_cap;
         // A holder at the concurrency threshold (`soft_threshold`): within
         // the load bounds it stays a candidate; the spill rule prices it by
@@ -829,6 +849,27 @@ fn decide(
         };
     }
     let primary = place(ring, ring_key, &v, &[], cfg.cold_choices, false).unwrap_or(0);
+    // `short_warm`: a fresh known prefix under `min_match`.
+    let short = known
+        .filter(|k| cfg.short_warm && k.age_ms <= cfg.max_age_ms && k.depth > 0)
+        .and_then(|k| {
+            let seen = key.units_at(k.depth).min(key.units) as f64;
+            let coverage = (seen / key.units.max(1) as f64).clamp(0.0, 1.0);
+            let cached = (seen / cpt).min(prompt_tokens);
+            let cap = warm_cap(&v, cfg, mean1, coverage);
+            short_holder(&v, cfg, cost, k, primary, cached, cap)
+        });
+    if let Some((h, cached)) = short {
+        return Choice {
+            primary: h,
+            secondary: secondary_of(ring_key, h),
+            // Still cold by `min_match` (pending record, cold counts).
+            reason: Reason::Cold,
+            expected_cached_tokens: cached,
+            prompt_tokens,
+            tier_wanted: false,
+        };
+    }
     Choice {
         primary,
         secondary: secondary_of(ring_key, primary),
@@ -837,6 +878,50 @@ fn decide(
         prompt_tokens,
         tier_wanted: false,
     }
+}
+
+/// The load bound of a warm holder whose prefix covers `coverage` of the
+/// window (`mean1`: mean in-flight + 1): the relative bound `v.cap`, its
+/// slack over the mean scaled by the coverage (full from half the window).
+/// Cost: O(1).
+fn warm_cap(v: &View<'_>, cfg: &AffinityConfig, mean1: f64, coverage: f64) -> f64 {
+    v.cap
+        .min(mean1 * (1.0 + (cfg.load_factor - 1.0).max(0.0) * (2.0 * coverage).min(1.0)) + 1.0)
+}
+
+/// [`AffinityConfig::short_warm`]: for a request whose fresh known prefix
+/// `k` (`cached` tokens) is under `min_match`, the holder to keep instead
+/// of the cold choice `c`, with `cached`. Candidates: available holders
+/// within the coverage-scaled load bound `warm_cap` ([`warm_cap`]) and the share
+/// bound, the least expected delay first; kept if its extra delay over `c`
+/// (queued prefill included, and at least the spill rule's
+/// [`spill_extra`]) is at most the prefill of the known tokens (capped by
+/// `routing_budget_ms`). `None` (place cold) also when `c` is a holder.
+/// Cost: O(holders).
+fn short_holder(
+    v: &View<'_>,
+    cfg: &AffinityConfig,
+    cost: &CostModel,
+    k: &Known,
+    c: usize,
+    cached: f64,
+    warm_cap: f64,
+) -> Option<(usize, f64)> {
+    if k.entry.holders().any(|h| h == c) {
+        return None;
+    }
+    let h = k
+        .entry
+        .holders()
+        .filter(|&h| {
+            v.available(h)
+                && v.acceptable(h)
+                && f64::from(v.load(h)) + 1.0 <= warm_cap
+                && !v.over_share(h)
+        })
+        .min_by_key(|&h| v.holder_rank(h))?;
+    let extra = spill_extra(cost, v, h, c, cfg).max(v.delay(h).saturating_sub(v.delay(c)) as f64);
+    (extra <= cost.prefill_ms(cached).min(cfg.routing_budget_ms)).then_some((h, cached))
 }
 
 #[cfg(test)]
@@ -1018,6 +1103,57 @@ mod tests {
             ..AffinityConfig::default()
         };
         choose(&ring(loads.len()), &req, &cost(), &cfg)
+    }
+
+    #[test]
+    fn short_warm_keeps_a_holder_of_a_prefix_under_min_match_while_it_is_cheap() {
+        // 10 of 128 blocks known (640 tokens, 19 ms of prefill at 30 ms per
+        // 1000): under `min_match`, so cold without the knob.
+        let r = ring(7);
+        let k = key(7, 128);
+        let on = AffinityConfig {
+            share_factor: 0.0,
+            short_warm: true,
+            ..AffinityConfig::default()
+        };
+        let off = AffinityConfig {
+            short_warm: false,
+            ..on
+        };
+        let idle = [0u32; 7];
+        let none = [0u32; 7];
+        let decide = |cfg: &AffinityConfig, kn: &Known, loads: &[u32], queued: &[u32]| {
+            let req = Request {
+                queued_prefill: Some(queued),
+                ..request(&k, Some(kn), Loads::new(loads))
+            };
+            choose(&r, &req, &cost(), cfg)
+        };
+        let cold = decide(&off, &known(10, &[], 0), &idle, &none).primary;
+        let h = (cold + 1) % 7;
+        let kn = known(10, &[h as u16], 0);
+        let c = decide(&off, &kn, &idle, &none);
+        assert_eq!((c.primary, c.reason), (cold, Reason::Cold));
+        assert_eq!(c.expected_cached_tokens, 0.0);
+        // On: the idle holder is kept; still cold by `min_match`.
+        let c = decide(&on, &kn, &idle, &none);
+        assert_eq!((c.primary, c.reason), (h, Reason::Cold));
+        assert!((c.expected_cached_tokens - 640.0).abs() < 1e-9);
+        // Its queued prefill (2 000 tokens: 60 ms) costs more than the
+        // known prefix saves: the cold choice.
+        let mut queued = [0u32; 7];
+        queued[h] = 2000;
+        let c = decide(&on, &kn, &idle, &queued);
+        assert_eq!((c.primary, c.reason), (cold, Reason::Cold));
+        // Over the coverage-scaled bound (5 in flight, mean 0.7): cold.
+        let mut loads = [0u32; 7];
+        loads[h] = 5;
+        let c = decide(&on, &kn, &loads, &none);
+        assert_eq!((c.primary, c.reason), (cold, Reason::Cold));
+        // At 1 in flight it is within the bound and the wait (10 ms) is
+        // under the prefill saved.
+        loads[h] = 1;
+        assert_eq!(decide(&on, &kn, &loads, &none).primary, h);
     }
 
     #[test]
