@@ -34,7 +34,7 @@
 //!    when loads tie (idle or sequential clients), where the ring alone can
 //!    put most of a few prefixes on one replica. If none is acceptable: the
 //!    least loaded available replica.
-//!    **Short known prefix** ([`AffinityConfig::short_warm`]): a fresh
+//!    **Short known prefix** ([`AffinityConfig::short_warm`], off): a fresh
 //!    known prefix under `min_match` (a system prompt) whose best holder is
 //!    within the coverage-scaled load bound and the share bound replaces
 //!    the cold choice `c` when its extra expected delay over `c` (queued
@@ -259,10 +259,12 @@ pub struct AffinityConfig {
     /// unchanged, no spill to a new holder). Either way its reason stays
     /// [`Reason::Cold`] (it gets the pending record of a cold request, so
     /// that its next turn finds the deeper prefix where it went); kept on
-    /// a holder, `expected_cached_tokens` is the known prefix. Off: such a
-    /// request is placed by the cold rule alone. On by default: +0.11 ±
-    /// 0.05 points over 26 held-out runs (`docs/benchmarks.md`, "Ninth
-    /// session: short known prefixes").
+    /// a holder, `expected_cached_tokens` is the known prefix. Off (the
+    /// default): such a request is placed by the cold rule alone. Measured
+    /// on: +0.11 ± 0.05 points of hit over 26 held-out runs, but light-load
+    /// p90 on small-block traces up by up to 1.9 ms, which made 4 of 8
+    /// `nsblocks` runs lose the p90 comparison with SGLang/GIE instead of 2
+    /// (`docs/benchmarks.md`, "Ninth session: short known prefixes").
     pub short_warm: bool,
 }
 
@@ -304,7 +306,7 @@ impl Default for AffinityConfig {
             soft_threshold: true,
             pending_warm: false,
             load_scale: 1.0,
-            short_warm: true,
+            short_warm: false,
         }
     }
 }
