@@ -266,18 +266,6 @@ pub struct AffinityConfig {
     /// `nsblocks` runs lose the p90 comparison with SGLang/GIE instead of 2
     /// (`docs/benchmarks.md`, "Ninth session: short known prefixes").
     pub short_warm: bool,
-    /// A holder within the load bounds is kept only if its extra expected
-    /// delay over the spill candidate, queued prefill included
-    /// (`wait_ms(in-flight) + prefill_ms(queued)`, the difference), is at
-    /// most the prefill of its cached tokens, as for a holder kept by the
-    /// light-load slack or at the threshold (module docs, "Spill price").
-    /// Off: within the bounds the extra is [`spill_extra`] alone, whose
-    /// queued part never exceeds the learned wait price of the in-flight
-    /// difference (about 1 ms a request at light load), so a request whose
-    /// only holder is prefilling another prompt of 2 000–3 000 tokens
-    /// (60–100 ms) waits for it to save the prefill of a shorter cached
-    /// prefix.
-    pub queue_spill: bool,
 }
 
 impl AffinityConfig {
@@ -319,7 +307,6 @@ impl Default for AffinityConfig {
             pending_warm: false,
             load_scale: 1.0,
             short_warm: false,
-            queue_spill: false,
         }
     }
 }
@@ -814,10 +801,10 @@ fn decide(
             (Some(h), None) => (h, Reason::Warm),
             (Some(h), Some(a)) => {
                 let mut extra = spill_extra(cost, &v, h, a, cfg);
-                if cfg.queue_spill || !in_bound(h) {
+                if !in_bound(h) {
                     // Kept over the relative bound by the light-load slack
-                    // only, or at the concurrency threshold (or any holder
-                    // with `queue_spill`): its queued prefill counts too.
+                    // only, or at the concurrency threshold: its queued
+                    // prefill counts too.
                     extra = extra.max(v.delay(h).saturating_sub(v.delay(a)) as f64);
                 }
                 let penalty = cost.prefill_ms(cached).min(cfg.routing_budget_ms);
@@ -1737,43 +1724,6 @@ mod tests {
         let lone = known(64, &[order[0] as u16], 0);
         let c = go(Some(&lone), &loads, Some(&queued));
         assert_eq!((c.primary, c.reason), (order[0], Reason::Warm));
-    }
-
-    #[test]
-    fn queue_spill_prices_a_holder_in_bound_by_its_queued_prefill() {
-        let r = ring(7);
-        let k = key(0xfeed, 64);
-        let owner = r.candidates(0xfeed).next().unwrap_or(0);
-        let lone = known(64, &[owner as u16], 0);
-        let loads = [1u32; 7];
-        let go = |cfg: &AffinityConfig, queued_tokens: u32| {
-            let mut queued = [0u32; 7];
-            queued[owner] = queued_tokens;
-            let req = request_queued(&k, Some(&lone), &loads, &queued);
-            let c = choose(&r, &req, &cost(), cfg);
-            (c.primary == owner, c.reason)
-        };
-        let on = AffinityConfig {
-            queue_spill: true,
-            ..AffinityConfig::default()
-        };
-        let off = AffinityConfig::default();
-        // The holder's prefix: 64 blocks of 256 characters, 4096 tokens,
-        // 123 ms of prefill at 30 ms per 1000 tokens.
-        let cached = lone_cached(&k, &lone, &off);
-        assert!((cached - 4096.0).abs() < 1.0, "{cached}");
-        // 30 000 queued tokens (900 ms): off, kept (equal in-flight counts);
-        // on, the request moves.
-        assert_eq!(go(&off, 30_000), (true, Reason::Warm));
-        assert_eq!(go(&on, 30_000), (false, Reason::Spill));
-        // 3 000 queued tokens (90 ms) are worth less than the prefix: kept.
-        assert_eq!(go(&on, 3_000), (true, Reason::Warm));
-    }
-
-    /// The cached tokens `choose` expects from `kn` on a warm decision.
-    fn lone_cached(k: &RoutingKey, kn: &Known, cfg: &AffinityConfig) -> f64 {
-        let req = request(k, Some(kn), Loads::new(&[0; 7]));
-        choose(&ring(7), &req, &cost(), cfg).expected_cached_tokens
     }
 
     #[test]
