@@ -369,6 +369,20 @@ pub struct IndexConfig {
     /// Rewrite the known ladder blocks too (repairs collisions), not only the
     /// new ones.
     pub rewrite_known: bool,
+    /// **New holder of a known prefix** ([`PrefixIndex::record`],
+    /// [`PrefixIndex::record_pending`]): a record for a replica that is not
+    /// a holder of the deepest known block (a spill, a cold placement under
+    /// a known prefix) also writes the replica, first, into the known ladder
+    /// blocks below that block, merged with their current holders (one get
+    /// and one set each, within `max_writes`). That replica now caches the
+    /// whole known prefix; without it only the deepest known block and the
+    /// deeper ones list it, so a later request that shares a shallower part
+    /// of the prefix (a system prompt and a document under another
+    /// question) sees the old holders alone and waits behind them while
+    /// the new holder is idle. Records to an existing holder are unchanged,
+    /// so the extra writes are those of spills and known-prefix cold
+    /// placements only.
+    pub new_holder_known: bool,
     /// Seed of the keyed slot hash (per process; see the module docs).
     pub secret: u64,
     /// Write end marks ([`Entry::is_end`]) with their search paths. Off by
@@ -407,6 +421,7 @@ impl Default for IndexConfig {
             max_writes: 32,
             ladder_bits: 3,
             rewrite_known: false,
+            new_holder_known: false,
             secret: 0,
             end_marks: false,
             last_mark: true,
@@ -892,6 +907,11 @@ impl PrefixIndex {
         let mut sets = 0;
         let depth = known.map_or(0, |k| k.depth.min(n));
         let bits = self.cfg.ladder_bits;
+        // `new_holder_known`: `r` takes the known prefix over; its shallower
+        // ladder blocks get `r` too, merged (a read even in a pending record).
+        let spread = self.cfg.new_holder_known
+            && depth > 1
+            && known.is_some_and(|k| !k.entry.holders().any(|h| h == replica));
         // The end mark goes on the last block, position `n − 1` (it ends at
         // a message boundary, so the next turn shares it), and on the one
         // before, `n − 2` (the last whole block when the last one is a
@@ -924,15 +944,16 @@ impl PrefixIndex {
         for p in (0..n - 1)
             .rev()
             .filter(|&p| on_ladder(p, bits) && p + 1 != depth)
-            .filter(|&p| self.cfg.rewrite_known || p >= depth)
+            .filter(|&p| self.cfg.rewrite_known || spread || p >= depth)
         {
             if budget == 0 {
                 break;
             }
-            // A known ladder block (`rewrite_known`) keeps its current
-            // holders behind `r` with the merge (one get each).
+            // A known ladder block (`rewrite_known`, `new_holder_known`)
+            // keeps its current holders behind `r` with the merge (one get
+            // each).
             let holders = if p < depth {
-                self.merged_front(store, blocks[p], &alone, r, merge)
+                self.merged_front(store, blocks[p], &alone, r, merge || spread)
             } else {
                 fresh
             };
@@ -1212,6 +1233,43 @@ mod tests {
                 ([Some(0), None, None], gets == 0)
             };
             assert_eq!((e.depth, e.entry.holders, gets), (8, want, true));
+        }
+    }
+
+    #[test]
+    fn a_new_holder_of_a_known_prefix_is_written_under_its_depth() {
+        // Replica 2 holds a 40-block prefix; a request under it goes to 5
+        // (a spill), then one sharing only its first 24 blocks looks up.
+        let shallow = chain(1, 24, 300, 30);
+        for on in [false, true] {
+            let (idx, mut st) = table(IndexConfig {
+                new_holder_known: on,
+                ..IndexConfig::default()
+            });
+            idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
+            let b = under(200);
+            let k = idx.lookup(&st, &b, 500).unwrap();
+            assert_eq!(k.depth, 40);
+            let sets = idx.record_pending(&mut st, &b, Some(&k), 5, (600, 600_000));
+            let e = idx.lookup(&st, &shallow, 700).unwrap();
+            let want = if on {
+                [Some(5), Some(2), None]
+            } else {
+                [Some(2), None, None]
+            };
+            assert_eq!((e.depth, e.entry.holders), (24, want));
+            // The confirming record merges again: no holder lost.
+            idx.record(&mut st, &b, Some(&k), 5, 1000);
+            let e = idx.lookup(&st, &shallow, 1100).unwrap();
+            assert_eq!(e.entry.holders, want);
+            // Extra sets only for the known ladder blocks below 40 (16).
+            let base = if on { sets - 16 } else { sets };
+            assert_eq!(base, 2, "the deepest known block and the last one");
+            // A record to an existing holder writes nothing below its depth.
+            let k = idx.lookup(&st, &under(400), 1200).unwrap();
+            let g = st.gets();
+            idx.record(&mut st, &under(400), Some(&k), 2, 1300);
+            assert_eq!(st.gets() - g, 1, "the merge's read of block 39 only");
         }
     }
 

@@ -121,6 +121,7 @@ impl OursParams {
             "max_writes" => self.index.max_writes = u()? as usize,
             "ladder_bits" => self.index.ladder_bits = u()? as u32,
             "rewrite_known" => self.index.rewrite_known = v == "1" || v == "true",
+            "new_holder_known" => self.index.new_holder_known = v == "1" || v == "true",
             "concurrency_threshold" => self.affinity.concurrency_threshold = u()? as u32,
             "load_factor" => self.affinity.load_factor = f()?,
             "min_match" => self.affinity.min_match = f()?,
@@ -310,6 +311,16 @@ impl Ours {
             c.expected_cached_tokens,
             (0..n).map(queued).min().unwrap_or(0),
         );
+        if std::env::var_os("SIM_DECIDE_HOLDERS").is_some() {
+            let hs: Vec<String> = known
+                .map(|k| k.entry.holders().map(|h| h.to_string()).collect())
+                .unwrap_or_default();
+            eprintln!(
+                "HOL,{idx},{},{}",
+                known.map_or(0, |k| k.depth),
+                hs.join("/")
+            );
+        }
     }
 }
 
