@@ -265,6 +265,9 @@ impl Router {
                 .lookup_shallow(store, &key.blocks, deep, now_ms)
                 .map(|k| horizons.filter(k))
         });
+        // The record reads the decision from the lookup it is given
+        // (`IndexConfig::new_holder_known`).
+        let found = found.map(|k| k.spilled(choice.reason == Reason::Spill));
         (self.affinity_decision(key, &choice), choice, found)
     }
 
