@@ -1278,7 +1278,11 @@ mod tests {
         let shallow = chain(1, 24, 300, 30);
         for on in [false, true] {
             let (idx, mut st) = table(IndexConfig {
-                new_holder_known: if on { NewHolder::Placed } else { NewHolder::Off },
+                new_holder_known: if on {
+                    NewHolder::Placed
+                } else {
+                    NewHolder::Off
+                },
                 ..IndexConfig::default()
             });
             idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
@@ -1305,6 +1309,40 @@ mod tests {
             let g = st.gets();
             idx.record(&mut st, &under(400), Some(&k), 2, 1300);
             assert_eq!(st.gets() - g, 1, "the merge's read of block 39 only");
+        }
+    }
+
+    #[test]
+    fn a_new_holder_is_written_under_its_depth_for_spills_only() {
+        // `NewHolder::Spill`: the same records as above, once as a cold
+        // placement under the known prefix (the lookup unmarked), once as
+        // a spill (marked by the caller); `Placed` writes both.
+        let shallow = chain(1, 24, 300, 30);
+        for (mode, spill, spread) in [
+            (NewHolder::Spill, false, false),
+            (NewHolder::Spill, true, true),
+            (NewHolder::Placed, false, true),
+            (NewHolder::Off, true, false),
+        ] {
+            let (idx, mut st) = table(IndexConfig {
+                new_holder_known: mode,
+                ..IndexConfig::default()
+            });
+            idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
+            let b = under(200);
+            let k = idx.lookup(&st, &b, 500).unwrap();
+            assert!(!k.spill, "a lookup is never a spill");
+            let k = k.spilled(spill);
+            let sets = idx.record_pending(&mut st, &b, Some(&k), 5, (600, 600_000));
+            idx.record(&mut st, &b, Some(&k), 5, 1000);
+            let e = idx.lookup(&st, &shallow, 1100).unwrap();
+            let want = if spread {
+                [Some(5), Some(2), None]
+            } else {
+                [Some(2), None, None]
+            };
+            assert_eq!(e.entry.holders, want, "{mode:?} spill {spill}");
+            assert_eq!(sets, if spread { 18 } else { 2 }, "{mode:?} spill {spill}");
         }
     }
 
