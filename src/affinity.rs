@@ -966,6 +966,7 @@ mod tests {
                 holders: h,
             },
             age_ms,
+            spill: false,
         }
     }
 

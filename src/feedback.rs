@@ -218,6 +218,7 @@ mod tests {
                 holders,
             },
             age_ms: 0,
+            spill: false,
         }
     }
 

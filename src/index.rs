@@ -339,6 +339,11 @@ pub struct Known {
     pub entry: Entry,
     /// Its age, milliseconds.
     pub age_ms: u64,
+    /// The routing decision made of this lookup was a spill
+    /// ([`crate::affinity::Reason::Spill`], the second tier's included):
+    /// set by the caller after the decision ([`Known::spilled`]), read by
+    /// the record ([`NewHolder::Spill`]). False from a lookup.
+    pub spill: bool,
 }
 
 impl Known {
@@ -348,8 +353,32 @@ impl Known {
             depth,
             entry,
             age_ms: u64::from(decis(now_ms).wrapping_sub(entry.time)) * 100,
+            spill: false,
         }
     }
+
+    /// This lookup with the decision made of it: `spill` when the request
+    /// was routed as a spill, to be passed to [`PrefixIndex::record`] and
+    /// [`PrefixIndex::record_pending`] ([`IndexConfig::new_holder_known`]).
+    pub fn spilled(self, spill: bool) -> Known {
+        Known { spill, ..self }
+    }
+}
+
+/// Which records write their new holder into the shallower known ladder
+/// blocks ([`IndexConfig::new_holder_known`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NewHolder {
+    /// None (the default).
+    #[default]
+    Off,
+    /// Every record to a replica that does not hold the deepest known
+    /// block: spills and cold placements under a known prefix.
+    Placed,
+    /// Spills only ([`Known::spill`]): a cold placement under a known
+    /// short prefix (a new holder the rule did not pick for that prefix)
+    /// writes nothing below its depth.
+    Spill,
 }
 
 /// Gets of [`PrefixIndex::lookup_shallow`] at most (the ladder positions
@@ -381,8 +410,9 @@ pub struct IndexConfig {
     /// question) sees the old holders alone and waits behind them while
     /// the new holder is idle. Records to an existing holder are unchanged,
     /// so the extra writes are those of spills and known-prefix cold
-    /// placements only.
-    pub new_holder_known: bool,
+    /// placements ([`NewHolder::Placed`]) or of spills only
+    /// ([`NewHolder::Spill`]: the caller marks the lookup, [`Known::spilled`]).
+    pub new_holder_known: NewHolder,
     /// Seed of the keyed slot hash (per process; see the module docs).
     pub secret: u64,
     /// Write end marks ([`Entry::is_end`]) with their search paths. Off by
@@ -421,7 +451,7 @@ impl Default for IndexConfig {
             max_writes: 32,
             ladder_bits: 3,
             rewrite_known: false,
-            new_holder_known: false,
+            new_holder_known: NewHolder::Off,
             secret: 0,
             end_marks: false,
             last_mark: true,
@@ -909,9 +939,14 @@ impl PrefixIndex {
         let bits = self.cfg.ladder_bits;
         // `new_holder_known`: `r` takes the known prefix over; its shallower
         // ladder blocks get `r` too, merged (a read even in a pending record).
-        let spread = self.cfg.new_holder_known
-            && depth > 1
-            && known.is_some_and(|k| !k.entry.holders().any(|h| h == replica));
+        let spread = known.is_some_and(|k| {
+            let rule = match self.cfg.new_holder_known {
+                NewHolder::Off => false,
+                NewHolder::Placed => true,
+                NewHolder::Spill => k.spill,
+            };
+            rule && depth > 1 && !k.entry.holders().any(|h| h == replica)
+        });
         // The end mark goes on the last block, position `n − 1` (it ends at
         // a message boundary, so the next turn shares it), and on the one
         // before, `n − 2` (the last whole block when the last one is a
@@ -1243,7 +1278,11 @@ mod tests {
         let shallow = chain(1, 24, 300, 30);
         for on in [false, true] {
             let (idx, mut st) = table(IndexConfig {
-                new_holder_known: on,
+                new_holder_known: if on {
+                    NewHolder::Placed
+                } else {
+                    NewHolder::Off
+                },
                 ..IndexConfig::default()
             });
             idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
@@ -1270,6 +1309,40 @@ mod tests {
             let g = st.gets();
             idx.record(&mut st, &under(400), Some(&k), 2, 1300);
             assert_eq!(st.gets() - g, 1, "the merge's read of block 39 only");
+        }
+    }
+
+    #[test]
+    fn a_new_holder_is_written_under_its_depth_for_spills_only() {
+        // `NewHolder::Spill`: the same records as above, once as a cold
+        // placement under the known prefix (the lookup unmarked), once as
+        // a spill (marked by the caller); `Placed` writes both.
+        let shallow = chain(1, 24, 300, 30);
+        for (mode, spill, spread) in [
+            (NewHolder::Spill, false, false),
+            (NewHolder::Spill, true, true),
+            (NewHolder::Placed, false, true),
+            (NewHolder::Off, true, false),
+        ] {
+            let (idx, mut st) = table(IndexConfig {
+                new_holder_known: mode,
+                ..IndexConfig::default()
+            });
+            idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
+            let b = under(200);
+            let k = idx.lookup(&st, &b, 500).unwrap();
+            assert!(!k.spill, "a lookup is never a spill");
+            let k = k.spilled(spill);
+            let sets = idx.record_pending(&mut st, &b, Some(&k), 5, (600, 600_000));
+            idx.record(&mut st, &b, Some(&k), 5, 1000);
+            let e = idx.lookup(&st, &shallow, 1100).unwrap();
+            let want = if spread {
+                [Some(5), Some(2), None]
+            } else {
+                [Some(2), None, None]
+            };
+            assert_eq!(e.entry.holders, want, "{mode:?} spill {spill}");
+            assert_eq!(sets, if spread { 18 } else { 2 }, "{mode:?} spill {spill}");
         }
     }
 

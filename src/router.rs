@@ -265,6 +265,9 @@ impl Router {
                 .lookup_shallow(store, &key.blocks, deep, now_ms)
                 .map(|k| horizons.filter(k))
         });
+        // The record reads the decision from the lookup it is given
+        // (`IndexConfig::new_holder_known`).
+        let found = found.map(|k| k.spilled(choice.reason == Reason::Spill));
         (self.affinity_decision(key, &choice), choice, found)
     }
 
@@ -734,6 +737,11 @@ mod tests {
         let (_, c2, known2) = decide(&store, 2, &loads);
         let y = c2.primary;
         assert!(y != x && c2.reason == crate::affinity::Reason::Spill);
+        // The lookup carries the decision to the records (`new_holder_known`).
+        assert_eq!(
+            (stale.map(|k| k.spill), known2.map(|k| k.spill)),
+            (Some(false), Some(true))
+        );
         r.record_pending(&mut store, &key(2).blocks, known2.as_ref(), &c2, 1500);
         r.record_affinity(&mut store, &key(2).blocks, known2.as_ref(), y, 2000);
         // Request 1's record, from its stale view (`x` alone), reads the

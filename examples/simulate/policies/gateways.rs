@@ -845,6 +845,8 @@ impl Gateways {
         let c = affinity::choose_tiered(self.router.ring(), &request, &g.cost, &cfg, |d| {
             index.lookup_shallow(store, &key.blocks, d, now_ms)
         });
+        // The records read the decision from the lookup (`new_holder_known`).
+        let known = known.map(|k| k.spilled(c.reason == Reason::Spill));
         Share::note(&mut g.store, n, c.primary, &self.cfg);
         // The filter's `Queued::start`: this gateway's own count.
         let queued_tokens = c.expected_uncached_tokens().round() as u32;

@@ -13,7 +13,7 @@
 use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::{CostConfig, CostModel};
 use prefix_router::engine::load::{host_load, LoadRule};
-use prefix_router::index::{IndexConfig, Known, PrefixIndex, VecStore};
+use prefix_router::index::{IndexConfig, Known, NewHolder, PrefixIndex, VecStore};
 use prefix_router::pressure::Pressure;
 use prefix_router::share::{self, Share};
 use prefix_router::{Config, Loads, Router};
@@ -121,7 +121,13 @@ impl OursParams {
             "max_writes" => self.index.max_writes = u()? as usize,
             "ladder_bits" => self.index.ladder_bits = u()? as u32,
             "rewrite_known" => self.index.rewrite_known = v == "1" || v == "true",
-            "new_holder_known" => self.index.new_holder_known = v == "1" || v == "true",
+            "new_holder_known" => {
+                self.index.new_holder_known = match v {
+                    "1" | "true" | "placed" => NewHolder::Placed,
+                    "spill" => NewHolder::Spill,
+                    _ => NewHolder::Off,
+                }
+            }
             "concurrency_threshold" => self.affinity.concurrency_threshold = u()? as u32,
             "load_factor" => self.affinity.load_factor = f()?,
             "min_match" => self.affinity.min_match = f()?,
@@ -367,6 +373,8 @@ impl Policy for Ours {
         let c = affinity::choose_tiered(self.router.ring(), &request, &self.cost, &self.cfg, |k| {
             index.lookup_shallow(store, &key.blocks, k, now_ms)
         });
+        // The records read the decision from the lookup (`new_holder_known`).
+        let known = known.map(|k| k.spilled(c.reason == Reason::Spill));
         Share::note(&mut self.store, n, c.primary, &self.cfg);
         if self.decide_log {
             self.log_decision(idx, &c, known.as_ref(), view);
