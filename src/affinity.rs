@@ -527,6 +527,14 @@ fn spill_extra(cost: &CostModel, v: &View<'_>, h: usize, a: usize, cfg: &Affinit
     learned.min(prior.max(queue))
 }
 
+/// [`spill_extra`] with the queued prefill counted too: `max(spill_extra,
+/// delay(h) − delay(a))`, the price of keeping `h` when the load bound alone
+/// does not vouch for it (light-load slack, the concurrency threshold, a
+/// second-tier or short-prefix holder). Cost: O(1).
+fn queued_extra(cost: &CostModel, v: &View<'_>, h: usize, a: usize, cfg: &AffinityConfig) -> f64 {
+    spill_extra(cost, v, h, a, cfg).max(v.delay(h).saturating_sub(v.delay(a)) as f64)
+}
+
 /// What is known about one request at decision time.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
@@ -778,11 +786,7 @@ fn decide(
         // shallower part (`tier`) is worth its extra wait over `a` up to
         // what it saves.
         let new_holder = |a: usize, tier: Option<(usize, f64)>, moved: &mut f64| match tier {
-            Some((s, held))
-                if spill_extra(cost, &v, s, a, cfg)
-                    .max(v.delay(s).saturating_sub(v.delay(a)) as f64)
-                    <= cost.prefill_ms(held) =>
-            {
+            Some((s, held)) if queued_extra(cost, &v, s, a, cfg) <= cost.prefill_ms(held) => {
                 *moved = held;
                 (s, Reason::Spill)
             }
@@ -800,13 +804,14 @@ fn decide(
             },
             (Some(h), None) => (h, Reason::Warm),
             (Some(h), Some(a)) => {
-                let mut extra = spill_extra(cost, &v, h, a, cfg);
-                if !in_bound(h) {
-                    // Kept over the relative bound by the light-load slack
-                    // only, or at the concurrency threshold: its queued
-                    // prefill counts too.
-                    extra = extra.max(v.delay(h).saturating_sub(v.delay(a)) as f64);
-                }
+                // Kept over the relative bound by the light-load slack
+                // only, or at the concurrency threshold: its queued
+                // prefill counts too.
+                let extra = if in_bound(h) {
+                    spill_extra(cost, &v, h, a, cfg)
+                } else {
+                    queued_extra(cost, &v, h, a, cfg)
+                };
                 let penalty = cost.prefill_ms(cached).min(cfg.routing_budget_ms);
                 if extra <= penalty {
                     (h, Reason::Warm)
@@ -922,7 +927,7 @@ fn short_holder(
                 && !v.over_share(h)
         })
         .min_by_key(|&h| v.holder_rank(h))?;
-    let extra = spill_extra(cost, v, h, c, cfg).max(v.delay(h).saturating_sub(v.delay(c)) as f64);
+    let extra = queued_extra(cost, v, h, c, cfg);
     (extra <= cost.prefill_ms(cached).min(cfg.routing_budget_ms)).then_some((h, cached))
 }
 
