@@ -129,6 +129,19 @@
 //! cost 0.5–2.6 points of hit on `uniqmix` (`docs/benchmarks.md`,
 //! "Eighth session").
 //!
+//! **Past the window** (`beyond_window`, 1): the router hashes only the
+//! first `prefix_length` characters (65 536, ≈ 16 000 tokens). When the
+//! index knows the whole window and the prompt is longer, the holder's
+//! cached tokens are the window plus `beyond_window` of the rest (the
+//! prompt size comes from the body, [`crate::router::prompt_chars`]): a
+//! fully known window is a continuation or a repeat far more often than a
+//! divergence just past it. Counting the window only, a 191 000-token
+//! prompt with 190 000 tokens cached on its holder was priced as a
+//! 16 000-token spill and moved (16.6 s of TTFT against 0.3 s), and the
+//! queued prefill of every long repeat after it was overstated by
+//! everything past the window (the public Mooncake `synthetic_trace`, 7
+//! replicas: 53.5 → 54.7 % hit; `docs/benchmarks.md`, "Tenth session").
+//!
 //! **Light load** (`light_slack`, 8 requests): a holder is over the load
 //! bound of step 3 only when it is also more than `light_slack × min(1, 2 ×
 //! coverage)` requests above the mean. At a light load the relative bound
@@ -266,6 +279,10 @@ pub struct AffinityConfig {
     /// `nsblocks` runs lose the p90 comparison with SGLang/GIE instead of 2
     /// (`docs/benchmarks.md`, "Ninth session: short known prefixes").
     pub short_warm: bool,
+    /// Share of the prompt past the hashed window (`prefix_length`) that a
+    /// holder of the whole window is expected to have cached (module docs,
+    /// "Past the window"; 0 = only the window counts).
+    pub beyond_window: f64,
 }
 
 impl AffinityConfig {
@@ -307,6 +324,7 @@ impl Default for AffinityConfig {
             pending_warm: false,
             load_scale: 1.0,
             short_warm: false,
+            beyond_window: 1.0,
         }
     }
 }
@@ -714,7 +732,7 @@ fn decide(
     };
     let warm = known.and_then(|k| {
         let coverage = warm_coverage(key, Some(k), cfg)?;
-        let cached = (key.units_at(k.depth) as f64 / cpt).min(prompt_tokens);
+        let cached = known_tokens(key, k, prompt_tokens, cpt, cfg);
         let mut holders = [0usize; crate::index::MAX_HOLDERS];
         let mut m = 0;
         for h in k.entry.holders().filter(|&h| v.available(h)) {
@@ -887,6 +905,26 @@ fn decide(
     }
 }
 
+/// Tokens a holder of the known prefix `k` is expected to have cached: the
+/// known part of the hashed window, and, when the whole window is known and
+/// the prompt goes on past it, `beyond_window` of the rest (module docs,
+/// "Past the window"). Cost: O(log blocks).
+fn known_tokens(
+    key: &RoutingKey,
+    k: &Known,
+    prompt_tokens: f64,
+    cpt: f64,
+    cfg: &AffinityConfig,
+) -> f64 {
+    let seen = key.units_at(k.depth);
+    let cached = (seen as f64 / cpt).min(prompt_tokens);
+    if k.depth >= key.blocks.len() && seen >= key.units {
+        cached + cfg.beyond_window.clamp(0.0, 1.0) * (prompt_tokens - cached).max(0.0)
+    } else {
+        cached
+    }
+}
+
 /// The load bound of a warm holder whose prefix covers `coverage` of the
 /// window (`mean1`: mean in-flight + 1): the relative bound `v.cap`, its
 /// slack over the mean scaled by the coverage (full from half the window).
@@ -997,6 +1035,53 @@ mod tests {
             queued_prefill: None,
             shallow: None,
         }
+    }
+
+    #[test]
+    fn a_fully_known_window_counts_the_prompt_past_it() {
+        let r = ring(8);
+        // The whole 64-block window (16 384 characters, 4 096 tokens) known
+        // on replica 0, which has 6 requests queued; the prompt goes on to
+        // 400 000 characters (100 000 tokens) past the window.
+        let k = key(9, 64);
+        let kn = known(64, &[0], 0);
+        let loads = [6, 1, 1, 1, 1, 1, 1, 1];
+        let queued = [20_000, 0, 0, 0, 0, 0, 0, 0];
+        let decide = |prompt_chars: usize, beyond_window: f64| {
+            let req = Request {
+                prompt_chars,
+                queued_prefill: Some(&queued),
+                ..request(&k, Some(&kn), Loads::new(&loads))
+            };
+            let cfg = AffinityConfig {
+                beyond_window,
+                ..AffinityConfig::default()
+            };
+            choose(&r, &req, &cost(), &cfg)
+        };
+        // Counting the window only, the holder's 600 ms of queue (20 000
+        // tokens at 30 ms per 1000) exceed the 123 ms prefill of what it
+        // holds: spilled, re-prefilling 100 000 tokens (3 s) elsewhere.
+        let c = decide(400_000, 0.0);
+        assert_eq!(c.reason, Reason::Spill);
+        // Counting the prompt past the window: kept, 100 000 tokens cached.
+        let c = decide(400_000, 1.0);
+        assert_eq!((c.primary, c.reason), (0, Reason::Warm));
+        assert_eq!(c.expected_cached_tokens.round(), 100_000.0);
+        assert!(c.expected_uncached_tokens() < 1.0);
+        // Half of it: 52 048 tokens.
+        let c = decide(400_000, 0.5);
+        assert_eq!(c.expected_cached_tokens.round(), 52_048.0);
+        // A prompt that ends within the window is not extended.
+        let short = key(9, 64);
+        let part = known(40, &[0], 0);
+        let req = Request {
+            prompt_chars: 400_000,
+            queued_prefill: Some(&queued),
+            ..request(&short, Some(&part), Loads::new(&loads))
+        };
+        let c = choose(&r, &req, &cost(), &AffinityConfig::default());
+        assert!(c.expected_cached_tokens <= (short.units_at(40) as f64 / 4.0) + 0.5);
     }
 
     #[test]

@@ -74,10 +74,18 @@ impl RoutingKey {
 }
 
 /// The prompt size the `affinity` policy and the cost model reason about:
-/// the extracted text for the JSON APIs (bounded by `prefix_length`; media,
-/// tools and JSON syntax are not prompt text), the body length otherwise.
-pub fn prompt_chars(key: &RoutingKey, body_len: usize) -> usize {
+/// the extracted text for the JSON APIs (media, tools and JSON syntax are
+/// not prompt text), the body length otherwise. The text is extracted only
+/// up to the hashed window (`window`: `prefix_length` characters); when it
+/// filled the window the prompt may go on, so the body length stands for
+/// it (an upper bound: JSON syntax and escapes count too). Without this a
+/// 190 000-token prompt was priced as its first 16 000 tokens
+/// ([`crate::affinity::AffinityConfig::beyond_window`]). Cost: O(1).
+pub fn prompt_chars(key: &RoutingKey, body_len: usize, window: usize) -> usize {
     match key.source {
+        KeySource::Chat | KeySource::Completions | KeySource::Responses if key.units >= window => {
+            key.units.max(body_len)
+        }
         KeySource::Chat | KeySource::Completions | KeySource::Responses => key.units,
         _ => body_len,
     }
@@ -630,11 +638,19 @@ mod tests {
             r#"{{"messages":[{{"role":"user","content":[{{"type":"image_url","image_url":{{"url":"data:image/png;base64,{image}"}}}},{{"type":"text","text":"describe"}}]}}],"tools":[{{"type":"function","function":{{"name":"f","description":"{image}"}}}}]}}"#
         );
         let k = r.key(Body::Complete(body.as_bytes()), None);
-        assert_eq!(prompt_chars(&k, body.len()), "describe".len());
+        let window = r.config().prefix_length;
+        assert_eq!(prompt_chars(&k, body.len(), window), "describe".len());
         // Raw and oversize bodies: their length.
         let raw = "plain text ".repeat(10);
         let k = r.key(Body::Complete(raw.as_bytes()), None);
-        assert_eq!(prompt_chars(&k, raw.len()), raw.len());
+        assert_eq!(prompt_chars(&k, raw.len(), window), raw.len());
+        // Text that fills the window: the body stands for the rest.
+        let long = "word ".repeat(window / 2);
+        let body = format!(r#"{{"messages":[{{"role":"user","content":"{long}"}}]}}"#);
+        let k = r.key(Body::Complete(body.as_bytes()), None);
+        assert_eq!(k.units, window);
+        assert_eq!(prompt_chars(&k, body.len(), window), body.len());
+        assert!(prompt_chars(&k, body.len(), window) > window + window / 2);
     }
 
     #[test]

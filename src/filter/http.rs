@@ -238,7 +238,7 @@ impl RouterHttp {
                 branch: Branch::Hit,
             }
         } else if cfg.strategy == Strategy::Affinity {
-            let chars = prompt_chars(&key, body_len);
+            let chars = prompt_chars(&key, body_len, cfg.prefix_length);
             let mut d = self.select_affinity(&p, &view, &key, chars, &pic, ticket);
             // Counted in the request share by the take ([`crate::share`]).
             joined.share = cfg.affinity.share_factor > 0.0;

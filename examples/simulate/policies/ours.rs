@@ -132,6 +132,7 @@ impl OursParams {
             "load_factor" => self.affinity.load_factor = f()?,
             "min_match" => self.affinity.min_match = f()?,
             "routing_budget_ms" => self.affinity.routing_budget_ms = f()?,
+            "beyond_window" => self.affinity.beyond_window = f()?,
             "max_age_s" => self.affinity.max_age_ms = (f()? * 1000.0) as u64,
             "cold_choices" => self.affinity.cold_choices = u()? as usize,
             "anchor_cold" => self.affinity.anchor_cold = v == "1" || v == "true",
