@@ -95,12 +95,12 @@
 //! towards the queue spilled more and cost 0.3–1.1 points of hit on the
 //! same traces at 16 and 32 replicas).
 //!
-//! **Own counts** (`load_scale`): behind N gateways that each count only
+//! **Own counts** ([`Loads::per_count`]): behind N gateways that each count only
 //! their own requests, an in-flight count stands for about N requests on
 //! the replica. The learned price follows (it is learned against the same
 //! counts: 47 ms per own request at N = 4 on the shipped trace against 11
 //! at one gateway), the configured one does not, so the floor of the spill
-//! price is `cost.wait_ms_per_request × load_scale` per counted request. With
+//! price is `cost.wait_ms_per_request × per_count` per counted request. With
 //! the floor at the configured price per own request, the cap cut the price
 //! of 2 165 of 6 776 spill tests at N = 4 (952 of 6 773 at one gateway),
 //! mostly to 10–20 ms against a learned 80–300 with no queue on either
@@ -257,12 +257,6 @@ pub struct AffinityConfig {
     /// points on `uniqmix` at 7 replicas for +2.2–2.5 sets per request
     /// (`docs/benchmarks.md`, "Ninth session").
     pub pending_warm: bool,
-    /// Requests on a replica that one in-flight count of [`Request::loads`]
-    /// stands for: 1 when the counts are the replica's (one gateway, an
-    /// engine's scrape, peers' counts added), the number of gateways when
-    /// each counts only its own requests. Scales the configured wait price
-    /// in the floor of the spill price (module docs, "Own counts").
-    pub load_scale: f64,
     /// A fresh known prefix under `min_match` (a system prompt under a long
     /// prompt) whose holders are available makes them warm candidates
     /// under the coverage-scaled load bound (`warm_cap`): the least-delay
@@ -322,7 +316,6 @@ impl Default for AffinityConfig {
             tier: true,
             soft_threshold: true,
             pending_warm: false,
-            load_scale: 1.0,
             short_warm: false,
             beyond_window: 1.0,
         }
@@ -530,8 +523,8 @@ fn saturated_threshold(threshold: u32, n: usize, load_of: impl Fn(usize) -> Opti
 /// in_flight[a])` at the learned price, but what the learned price adds
 /// above the configured one only as far as the queued prefill difference
 /// `prefill_ms(queued[h] − queued[a])` backs it. The configured price is
-/// per request of the replica, so per counted request it is `load_scale`
-/// times it (module docs, "Own counts"). Without a queue picture, or with
+/// per request of the replica, so per counted request it is
+/// [`Loads::per_count`] times it (module docs, "Own counts"). Without a queue picture, or with
 /// `queue_wait_cap` off, the learned price alone. Cost: O(1).
 fn spill_extra(cost: &CostModel, v: &View<'_>, h: usize, a: usize, cfg: &AffinityConfig) -> f64 {
     let more = f64::from(v.load(h).saturating_sub(v.load(a)));
@@ -541,7 +534,7 @@ fn spill_extra(cost: &CostModel, v: &View<'_>, h: usize, a: usize, cfg: &Affinit
     };
     let tokens = |i: usize| f64::from(q.get(i).copied().unwrap_or(0));
     let queue = cost.prefill_ms((tokens(h) - tokens(a)).max(0.0));
-    let prior = cost.config().wait_ms_per_request * cfg.load_scale.max(1.0) * more;
+    let prior = cost.config().wait_ms_per_request * v.loads.per_count() * more;
     learned.min(prior.max(queue))
 }
 
@@ -1564,31 +1557,28 @@ mod tests {
         let mut loads = [40u32; 7];
         loads[3] = 50;
         let queued = [50_000u32; 7];
-        let req = Request {
+        let scaled = |per_count: f64| Request {
             queued_prefill: Some(&queued),
             shallow: None,
-            ..request(&k, Some(&kn), Loads::new(&loads))
+            ..request(&k, Some(&kn), Loads::new(&loads).scaled(per_count))
         };
-        let scaled = |load_scale: f64| AffinityConfig {
-            load_scale,
-            ..AffinityConfig::default()
-        };
+        let cfg = AffinityConfig::default();
         // One gateway: 100 ms, kept.
-        let c = choose(&ring(7), &req, &learned, &scaled(1.0));
+        let c = choose(&ring(7), &scaled(1.0), &learned, &cfg);
         assert_eq!((c.primary, c.reason), (3, Reason::Warm));
         // Four: 400 ms, spilled.
-        let c = choose(&ring(7), &req, &learned, &scaled(4.0));
+        let c = choose(&ring(7), &scaled(4.0), &learned, &cfg);
         assert_eq!(c.reason, Reason::Spill);
         assert_ne!(c.primary, 3);
         // A scale below 1 (or not a number) counts as 1.
         for s in [0.0, 0.5, f64::NAN] {
-            let c = choose(&ring(7), &req, &learned, &scaled(s));
+            let c = choose(&ring(7), &scaled(s), &learned, &cfg);
             assert_eq!((c.primary, c.reason), (3, Reason::Warm), "{s}");
         }
         // The floor never raises the price above the learned one: at the
         // configured 10 ms per count (100 ms here) the holder stays at
         // any scale.
-        let c = choose(&ring(7), &req, &cost(), &scaled(4.0));
+        let c = choose(&ring(7), &scaled(4.0), &cost(), &cfg);
         assert_eq!((c.primary, c.reason), (3, Reason::Warm));
     }
 
@@ -1823,10 +1813,7 @@ mod tests {
         let order: Vec<usize> = ring(3).candidates(5).collect();
         let mut avail = [true; 3];
         avail[order[0]] = false;
-        let loads = Loads {
-            in_flight: &[0; 3],
-            available: Some(&avail),
-        };
+        let loads = Loads::with_available(&[0; 3], &avail);
         let c = choose(
             &ring(3),
             &request(&k, None, loads),

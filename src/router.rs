@@ -210,7 +210,6 @@ impl Router {
             (now_ms, ticket),
             &Horizons::default(),
             None,
-            1.0,
         )
     }
 
@@ -221,9 +220,7 @@ impl Router {
     /// to [`Router::record_affinity`], it is rewritten for the served
     /// replica. `at` = (now ms, ticket). `queued`: prompt tokens queued
     /// for prefill per replica ([`crate::affinity::Request::queued_prefill`]).
-    /// `load_scale`: requests of a replica one count of `loads` stands for
-    /// ([`AffinityConfig::load_scale`]; 1 when the counts are the
-    /// replica's).
+    /// `loads` says what one count stands for ([`Loads::per_count`]).
     #[allow(clippy::too_many_arguments)]
     pub fn choose_affinity_fed<S: SlotStore>(
         &self,
@@ -235,7 +232,6 @@ impl Router {
         at: (u64, u64),
         horizons: &Horizons,
         queued: Option<&[u32]>,
-        load_scale: f64,
     ) -> (Decision, Choice, Option<Known>) {
         let (now_ms, ticket) = at;
         let found = self
@@ -258,17 +254,7 @@ impl Router {
         };
         // The second tier ([`crate::index::PrefixIndex::lookup_shallow`]):
         // ≤ 3 more gets, only when the spill rule asks for it.
-        let scaled;
-        let cfg = if load_scale > 1.0 {
-            scaled = AffinityConfig {
-                load_scale,
-                ..self.affinity
-            };
-            &scaled
-        } else {
-            &self.affinity
-        };
-        let choice = affinity::choose_tiered(&self.ring, &request, cost, cfg, |deep| {
+        let choice = affinity::choose_tiered(&self.ring, &request, cost, &self.affinity, |deep| {
             self.index
                 .lookup_shallow(store, &key.blocks, deep, now_ms)
                 .map(|k| horizons.filter(k))

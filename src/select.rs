@@ -30,6 +30,12 @@ pub struct Loads<'a> {
     pub in_flight: &'a [u32],
     /// Optional availability per endpoint (health); `None` = all available.
     pub available: Option<&'a [bool]>,
+    /// Requests on an endpoint that one count of `in_flight` stands for: 1
+    /// when the counts are the endpoint's (one gateway, an engine's scrape,
+    /// peers' counts added), the number of gateways when each counts only
+    /// its own requests ([`Loads::scaled`]; read by
+    /// [`crate::affinity`]'s spill price, module docs "Own counts").
+    per_count: f64,
 }
 
 impl<'a> Loads<'a> {
@@ -38,6 +44,30 @@ impl<'a> Loads<'a> {
         Loads {
             in_flight,
             available: None,
+            per_count: 1.0,
+        }
+    }
+
+    /// With availability per endpoint (health).
+    pub fn with_available(in_flight: &'a [u32], available: &'a [bool]) -> Loads<'a> {
+        Loads {
+            available: Some(available),
+            ..Loads::new(in_flight)
+        }
+    }
+
+    /// Each count stands for `per_count` requests of its endpoint (below 1
+    /// or not a number: 1).
+    pub fn scaled(self, per_count: f64) -> Loads<'a> {
+        Loads { per_count, ..self }
+    }
+
+    /// Requests of an endpoint one count stands for (≥ 1).
+    pub fn per_count(&self) -> f64 {
+        if self.per_count >= 1.0 {
+            self.per_count
+        } else {
+            1.0
         }
     }
 
@@ -59,8 +89,8 @@ impl<'a> Loads<'a> {
             self
         } else {
             Loads {
-                in_flight: self.in_flight,
                 available: None,
+                ..self
             }
         }
     }
@@ -323,27 +353,11 @@ mod tests {
         let owner = r.owner(key).unwrap();
         let mut avail = [true; 3];
         avail[owner] = false;
-        let d = bounded(
-            &r,
-            key,
-            Loads {
-                in_flight: &[0; 3],
-                available: Some(&avail),
-            },
-            B,
-        );
+        let d = bounded(&r, key, Loads::with_available(&[0; 3], &avail), B);
         assert_ne!(d.primary, owner);
         assert_ne!(d.secondary, Some(owner));
         let none = [false; 3];
-        let d = bounded(
-            &r,
-            key,
-            Loads {
-                in_flight: &[0; 3],
-                available: Some(&none),
-            },
-            B,
-        );
+        let d = bounded(&r, key, Loads::with_available(&[0; 3], &none), B);
         assert_eq!((d.primary, d.branch), (owner, Branch::Hit));
     }
 

@@ -728,10 +728,7 @@ mod tests {
             let key = view.router.key(Body::Complete(body.as_bytes()), None);
             let cost = CostModel::new(view.router.cost_config());
             let mut slots = AddrSlots::new(&mut self.index, &view, &p.usable);
-            let loads = Loads {
-                in_flight: &p.loads,
-                available: Some(&p.usable),
-            };
+            let loads = Loads::with_available(&p.loads, &p.usable);
             let (d, _) =
                 view.router
                     .select_affinity(&key, body.len(), loads, &mut slots, &cost, now, 0);
@@ -948,10 +945,7 @@ mod tests {
             assert!(p.queued.is_some() && p.shares.is_some());
             let mut st =
                 AddrSlots::new(&mut folded, &view, &p.usable).with_shares(p.shares.as_deref());
-            let l = Loads {
-                in_flight: &p.loads,
-                available: Some(&p.usable),
-            };
+            let l = Loads::with_available(&p.loads, &p.usable);
             let (_, c, known) =
                 view.router
                     .choose_affinity(&key, body.len(), l, &st, &cost, now, i);

@@ -355,10 +355,7 @@ mod tests {
             v2.router.select_affinity(
                 &key,
                 body.len(),
-                Loads {
-                    in_flight: &loads,
-                    available: Some(&usable),
-                },
+                Loads::with_available(&loads, &usable),
                 &mut s,
                 &cost,
                 100,
@@ -375,10 +372,7 @@ mod tests {
         assert_ne!(succ, hp);
         let mut pick = |usable: &[bool], loads: &[u32], t: u64| {
             let mut s = AddrSlots::new(&mut store, &v2, usable);
-            let l = Loads {
-                in_flight: loads,
-                available: Some(usable),
-            };
+            let l = Loads::with_available(loads, usable);
             v2.router
                 .select_affinity(&key, body.len(), l, &mut s, &cost, 200 + t, t)
                 .0

@@ -215,10 +215,7 @@ impl RouterHttp {
             p.stats.engine_effect(e);
         }
         let ticket = self.ticket(&p);
-        let l = Loads {
-            in_flight: &pic.loads,
-            available: Some(&pic.usable),
-        };
+        let l = Loads::with_available(&pic.loads, &pic.usable);
 
         let pinned = match body {
             Body::Complete(b) if key.source == KeySource::Responses => {
@@ -324,10 +321,7 @@ impl RouterHttp {
         pic: &Picture,
         ticket: u64,
     ) -> Decision {
-        let loads = Loads {
-            in_flight: &pic.loads,
-            available: Some(&pic.usable),
-        };
+        let loads = Loads::with_available(&pic.loads, &pic.usable);
         // The VM is single-threaded, so the cost model is never borrowed twice;
         // if it somehow were, use the configured prices rather than panic.
         let fallback;
@@ -360,13 +354,12 @@ impl RouterHttp {
                 view.router.choose_affinity_fed(
                     key,
                     prompt_chars,
-                    loads,
+                    loads.scaled(load_scale),
                     &by_addr,
                     &cost,
                     (self.routed_at_ms, ticket),
                     h,
                     queued,
-                    load_scale,
                 )
             });
             // A new placement is written at once as pending (the 2xx record

@@ -470,7 +470,7 @@ fn write_exchange(p: &Plugin, s: &Shared, ex: &Exchange) {
 /// older than 3 pull periods is ignored). `None` (use `own`) without
 /// `share_queued` or without a fresh peer.
 /// Requests of a replica one in-flight count of the picture stands for
-/// ([`crate::affinity::AffinityConfig::load_scale`], the floor of the
+/// ([`crate::select::Loads::per_count`], the floor of the
 /// spill price): with `peers` and no `engine` block each gateway counts
 /// only its own requests, so this one and its peers (as last listed);
 /// else 1 (one gateway, or loads raised by the engines' own counts).

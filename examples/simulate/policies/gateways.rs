@@ -132,7 +132,7 @@ pub struct Knobs {
     pub publish_bits: u32,
     /// With each gateway's own in-flight counts as the load (no engine
     /// block, no exchanged counts, no `scale_load`): tell the core that a
-    /// count stands for N requests (`AffinityConfig::load_scale`, the floor
+    /// count stands for N requests (`Loads::per_count`, the floor
     /// of the spill price). Off: 1, the core before `gwcap11`.
     pub own_scale: bool,
 }
@@ -786,10 +786,6 @@ impl Gateways {
             }
             self.gws[k].in_flight.clone()
         };
-        let cfg = AffinityConfig {
-            load_scale,
-            ..self.cfg
-        };
         let anchored;
         let rkey = if mode.anchor {
             anchored = RoutingKey {
@@ -833,7 +829,7 @@ impl Gateways {
             key: rkey,
             prompt_chars: req.body_chars as usize,
             known: known.as_ref(),
-            loads: Loads::new(&loads),
+            loads: Loads::new(&loads).scaled(load_scale),
             ticket: g.ticket,
             pressure: pressure.as_ref(),
             share: share.as_ref(),
@@ -842,7 +838,7 @@ impl Gateways {
         };
         // The filter's second lookup tier, on this gateway's table.
         let (index, store) = (&self.index, &g.store);
-        let c = affinity::choose_tiered(self.router.ring(), &request, &g.cost, &cfg, |d| {
+        let c = affinity::choose_tiered(self.router.ring(), &request, &g.cost, &self.cfg, |d| {
             index.lookup_shallow(store, &key.blocks, d, now_ms)
         });
         // The records read the decision from the lookup (`new_holder_known`).
