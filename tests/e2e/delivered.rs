@@ -57,6 +57,56 @@ fn prometheus(w: &World) -> String {
     w.envoy.admin("/stats/prometheus")
 }
 
+/// A prompt past the hashed window (`prefix_length`, 65 536 characters by default): a
+/// 120 000-character system prompt (30 000 tokens) repeated with new questions. The
+/// router hashes only the window, but a holder of the whole window is expected to hold
+/// the rest too, sized from the body (`AffinityConfig::beyond_window`,
+/// `router::prompt_chars`): once warm, the prediction matches what the replica delivered
+/// within 5 % (counting the window only, it was 16 384 tokens against ≈ 30 000).
+#[test]
+fn a_prompt_past_the_window_is_predicted_whole() {
+    let w = World::start("delivered-window", &World::replicas(3), |c| {
+        c.with("strategy", json!("affinity"))
+    });
+    let system = text("longdoc", 120_000);
+    let body = |i: usize| {
+        json!({
+            "model": MODEL,
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": format!("question {i}: what now?")}
+            ],
+            "max_tokens": 4
+        })
+        .to_string()
+    };
+    let mut warm = None;
+    for i in 0..6 {
+        if i == 2 {
+            warm = Some(w.envoy.wait_idle());
+        }
+        let reply = w.chat(&body(i));
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    let s = w.envoy.wait_idle();
+    let warm = warm.unwrap();
+    let steady = |name: &str| s.get(name) - warm.get(name);
+    let cached = steady("prefix_router.delivered.cached_tokens");
+    let predicted = steady("prefix_router.delivered.predicted_tokens");
+    // Four warm requests, each ≈ 30 000 tokens cached: far past the window's 16 384.
+    assert!(cached > 4 * 25_000, "the repeats hit: {cached}");
+    let err = (predicted as f64 - cached as f64).abs() / cached as f64;
+    assert!(
+        err <= 0.05,
+        "predicted {predicted} vs delivered {cached} cached tokens: {:.1} % apart",
+        err * 100.0
+    );
+    eprintln!(
+        "past the window: predicted {predicted} vs delivered {cached} cached tokens ({:.2} %)",
+        err * 100.0
+    );
+}
+
 /// Six groups, five requests each, half of them streamed with `include_usage`: the filter
 /// reads every response's usage (JSON and SSE); once each group has been seen twice (the
 /// engine's first hit confirms the exact shared depth) its prediction matches what the
