@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::harness::client::Client;
+use crate::harness::stats::Stats;
 use crate::harness::procs::wait_for;
 use crate::harness::workload::{text, MODEL};
 use crate::harness::World;
@@ -53,6 +54,23 @@ fn cached_in(body: &str) -> Option<u64> {
         .find_map(|v| from(&v))
 }
 
+/// Cached tokens the replicas delivered and the filter predicted between two stats snapshots,
+/// asserting that more than `min_cached` were delivered and that the two are within `tol`
+/// (relative); returns (predicted, delivered, relative gap).
+fn steady_prediction(s: &Stats, warm: &Stats, min_cached: u64, tol: f64) -> (u64, u64, f64) {
+    let steady = |name: &str| s.get(name) - warm.get(name);
+    let cached = steady("prefix_router.delivered.cached_tokens");
+    let predicted = steady("prefix_router.delivered.predicted_tokens");
+    assert!(cached > min_cached, "the repeats hit: {cached}");
+    let err = (predicted as f64 - cached as f64).abs() / cached as f64;
+    assert!(
+        err <= tol,
+        "predicted {predicted} vs delivered {cached} cached tokens: {:.1} % apart",
+        err * 100.0
+    );
+    (predicted, cached, err)
+}
+
 fn prometheus(w: &World) -> String {
     w.envoy.admin("/stats/prometheus")
 }
@@ -90,17 +108,8 @@ fn a_prompt_past_the_window_is_predicted_whole() {
     }
     let s = w.envoy.wait_idle();
     let warm = warm.unwrap();
-    let steady = |name: &str| s.get(name) - warm.get(name);
-    let cached = steady("prefix_router.delivered.cached_tokens");
-    let predicted = steady("prefix_router.delivered.predicted_tokens");
     // Four warm requests, each ≈ 30 000 tokens cached: far past the window's 16 384.
-    assert!(cached > 4 * 25_000, "the repeats hit: {cached}");
-    let err = (predicted as f64 - cached as f64).abs() / cached as f64;
-    assert!(
-        err <= 0.05,
-        "predicted {predicted} vs delivered {cached} cached tokens: {:.1} % apart",
-        err * 100.0
-    );
+    let (predicted, cached, err) = steady_prediction(&s, &warm, 4 * 25_000, 0.05);
     eprintln!(
         "past the window: predicted {predicted} vs delivered {cached} cached tokens ({:.2} %)",
         err * 100.0
@@ -146,16 +155,7 @@ fn predicted_matches_delivered_on_a_steady_workload() {
         cached, delivered_by_client,
         "the filter read what the client got"
     );
-    let steady = |name: &str| s.get(name) - warm.get(name);
-    let cached = steady("prefix_router.delivered.cached_tokens");
-    let predicted = steady("prefix_router.delivered.predicted_tokens");
-    assert!(cached > 18 * 1000, "the groups hit: {cached}");
-    let err = (predicted as f64 - cached as f64).abs() / cached as f64;
-    assert!(
-        err <= 0.02,
-        "steady state: predicted {predicted} vs delivered {cached} cached tokens: {:.1} % apart",
-        err * 100.0
-    );
+    let (predicted, cached, err) = steady_prediction(&s, &warm, 18 * 1000, 0.02);
     eprintln!(
         "steady state: predicted {predicted} vs delivered {cached} cached tokens ({:.2} %); all 30: predicted {} delivered {}",
         err * 100.0,
