@@ -231,6 +231,14 @@ pub struct AffinityConfig {
     /// New prefixes per routed request below which the share floor may act
     /// ([`crate::share::SETTLED`]). 0: no floor.
     pub share_settled: f64,
+    /// The share bound does not move a warm request that extends a prompt
+    /// recorded before past its known depth (the next turn of a
+    /// conversation: moving it re-prefills its history and buys nothing
+    /// that a new conversation's placement would not): the caller probes
+    /// at most this many blocks after the known depth, only when the bound
+    /// would move the request ([`crate::index::PrefixIndex::extends_recorded`],
+    /// module docs, "Request share"). 0: every request may be moved.
+    pub share_turn_probes: usize,
     /// Absolute slack of a warm holder, requests: a holder is over the load
     /// bound only when it is also more than this many requests above the
     /// mean (module docs, "Light load"). 0: the relative bound alone.
@@ -311,6 +319,7 @@ impl Default for AffinityConfig {
             share_factor: DEFAULT_SHARE_FACTOR,
             share_light_load: crate::share::LIGHT_LOAD,
             share_settled: crate::share::SETTLED,
+            share_turn_probes: crate::share::TURN_PROBES,
             light_slack: DEFAULT_LIGHT_SLACK,
             queue_wait_cap: true,
             tier: true,
@@ -615,35 +624,50 @@ pub fn choose(
 /// spill that would use it ([`Choice::tier_wanted`]), `shallow(known)` is
 /// asked for it there (the caller's
 /// [`crate::index::PrefixIndex::lookup_shallow`]: a few gets) and the
-/// spill is priced with what it finds. Cost: one [`choose`] (O(N)) and at
-/// most one `shallow` call, only on that path. Same decision as
-/// [`choose`] given [`Request::shallow`] = `shallow(known)` when the tier
-/// is wanted (everything before the spill rule is independent of it).
+/// spill is priced with what it finds. Likewise `extends(known)` (the
+/// caller's [`crate::index::PrefixIndex::extends_recorded`]) is asked only
+/// when the share bound would move a warm request to a new holder (module
+/// docs, "Request share": a continuation is not moved). Cost: one
+/// [`choose`] (O(N)) and at most one call of each, only on those paths.
+/// Same decision as [`choose`] given [`Request::shallow`] =
+/// `shallow(known)` when the tier is wanted (everything before the spill
+/// rule is independent of it) and no share move asked about.
 pub fn choose_tiered(
     ring: &HashRing,
     req: &Request<'_>,
     cost: &CostModel,
     cfg: &AffinityConfig,
     shallow: impl FnOnce(&Known) -> Option<Known>,
+    extends: impl FnOnce(&Known) -> bool,
 ) -> Choice {
     let mut shallow = Some(shallow);
     let mut once = |k: &Known| shallow.take().and_then(|f| f(k));
-    decide(ring, req, cost, cfg, Some(&mut once))
+    let mut extends = Some(extends);
+    let mut ext = |k: &Known| extends.take().is_some_and(|f| f(k));
+    decide(ring, req, cost, cfg, Some((&mut once, &mut ext)))
 }
 
-/// The second tier's lookup as [`decide`] takes it.
-type TierLookup<'a> = &'a mut dyn FnMut(&Known) -> Option<Known>;
+/// The caller's lookups as [`decide`] takes them: the second tier's, and
+/// whether the request extends a recorded prompt past its known depth.
+type Lookups<'a> = (
+    &'a mut dyn FnMut(&Known) -> Option<Known>,
+    &'a mut dyn FnMut(&Known) -> bool,
+);
 
-/// [`choose`], with `lookup` the second tier's lookup ([`choose_tiered`])
-/// if the caller has one (called at most once; `dyn`, so that the filter
-/// holds one copy of the decision, not one per caller).
+/// [`choose`], with `lookups` the caller's lookups ([`choose_tiered`]) if
+/// it has them (each called at most once; `dyn`, so that the filter holds
+/// one copy of the decision, not one per caller).
 fn decide(
     ring: &HashRing,
     req: &Request<'_>,
     cost: &CostModel,
     cfg: &AffinityConfig,
-    lookup: Option<TierLookup<'_>>,
+    lookups: Option<Lookups<'_>>,
 ) -> Choice {
+    let (lookup, extends) = match lookups {
+        Some((l, e)) => (Some(l), Some(e)),
+        None => (None, None),
+    };
     let (key, prompt_chars, known, loads, ticket) =
         (req.key, req.prompt_chars, req.known, req.loads, req.ticket);
     let n = ring.len();
@@ -779,8 +803,20 @@ fn decide(
             .filter(|&h| load_ok(h))
             .min_by_key(|&h| v.holder_rank(h));
         let by_share = best_ok.is_none() && share_held.is_some();
-        let hard = share_held.is_some_and(|h| v.over_hard(h));
         let alt = place(ring, ring_key, &v, holders, cfg.cold_choices, by_share);
+        // Over the hard bound, a move to `alt` (under the soft one) is
+        // worth it for a prefix that many requests continue, not for the
+        // next turn of one conversation (`share_turn_probes`, module docs).
+        let hard = share_held.is_some_and(|h| v.over_hard(h))
+            && !(by_share
+                && cfg.share_turn_probes > 0
+                && alt.is_some_and(|a| !v.over_share(a))
+                && known.is_some_and(|k| {
+                    // Its known prefix is a whole prompt recorded before
+                    // (the end mark), or one is deeper in it (a probe).
+                    (k.entry.is_end() && k.depth < key.blocks.len())
+                        || extends.is_some_and(|f| f(k))
+                }));
         // Second tier (module docs): the least loaded acceptable replica
         // that holds a shallower part of the prefix `s` (not a holder of the
         // deep block), with the tokens it holds.
@@ -1135,19 +1171,33 @@ mod tests {
         let loads = [3, 30, 30, 2, 2, 2, 2, 2];
         let req = request(&k, Some(&deep), Loads::new(&loads));
         let asked = std::cell::Cell::new(0);
-        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |_| {
-            asked.set(asked.get() + 1);
-            Some(shallow)
-        });
+        let c = choose_tiered(
+            &r,
+            &req,
+            &cost(),
+            &AffinityConfig::default(),
+            |_| {
+                asked.set(asked.get() + 1);
+                Some(shallow)
+            },
+            |_| false,
+        );
         assert_eq!((c.primary, c.reason, asked.get()), (0, Reason::Warm, 0));
         // Over the bound: asked once, and its answer decides.
         let loads = [30, 30, 30, 2, 2, 6, 2, 2];
         let req = request(&k, Some(&deep), Loads::new(&loads));
-        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |d| {
-            asked.set(asked.get() + 1);
-            assert_eq!(d.depth, 40);
-            Some(shallow)
-        });
+        let c = choose_tiered(
+            &r,
+            &req,
+            &cost(),
+            &AffinityConfig::default(),
+            |d| {
+                asked.set(asked.get() + 1);
+                assert_eq!(d.depth, 40);
+                Some(shallow)
+            },
+            |_| false,
+        );
         assert_eq!((c.primary, asked.get()), (5, 1));
         // The same decision as `choose` given the lookup's answer; with
         // none, the same as without the tier (and still wanted).
@@ -1156,7 +1206,14 @@ mod tests {
             ..req
         };
         assert_eq!(c, choose(&r, &given, &cost(), &AffinityConfig::default()));
-        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |_| None);
+        let c = choose_tiered(
+            &r,
+            &req,
+            &cost(),
+            &AffinityConfig::default(),
+            |_| None,
+            |_| false,
+        );
         assert!(c.tier_wanted);
         assert_eq!(c, choose(&r, &req, &cost(), &AffinityConfig::default()));
     }

@@ -751,6 +751,47 @@ impl PrefixIndex {
         None
     }
 
+    /// Does `blocks` **extend a prompt recorded before** past `deep` (what
+    /// [`PrefixIndex::lookup`] found for it): is one of its blocks after
+    /// the known depth, up to its second-to-last, present? Then an earlier
+    /// request's whole prompt (its last block, always written by
+    /// [`PrefixIndex::record`]) is a prefix of this one: the request is the
+    /// next turn of that conversation, not one more request under a shared
+    /// prefix. Blocks are chained, so a present block at position `p`
+    /// proves some recorded prompt had this request's first `p + 1` blocks.
+    ///
+    /// Why the lookup misses it: it finds the deepest known *ladder*
+    /// position and the blocks on the search path after it; the last block
+    /// of the previous turn is mostly neither, but it lies before the next
+    /// ladder position (the previous request wrote every ladder position it
+    /// reached), so this probes the positions from `deep.depth` to the next
+    /// ladder position (the last block excluded: the lookup probed it),
+    /// ascending, at most `max_probes` gets (≤ 31 for 256 blocks with 3
+    /// ladder bits). `false` for an exact repeat (`deep.depth` = all
+    /// blocks: nothing after it) or `max_probes` 0. No age test: a present
+    /// block proves the shared text, whatever became of its holders.
+    ///
+    /// Cost: only when asked ([`crate::affinity::choose_tiered`] asks when
+    /// the share bound would move a warm request to a new holder).
+    pub fn extends_recorded<S: SlotStore>(
+        &self,
+        store: &S,
+        blocks: &[u64],
+        deep: &Known,
+        max_probes: usize,
+    ) -> bool {
+        let n = blocks.len();
+        let from = deep.depth;
+        if from + 1 >= n {
+            return false;
+        }
+        let to = next_ladder(from + 1, self.cfg.ladder_bits).min(n - 2);
+        (from..=to)
+            .take(max_probes)
+            .filter_map(|p| blocks.get(p))
+            .any(|&key| self.probe(store, key).is_some())
+    }
+
     /// The engine confirmed (its `cached_tokens`) that `replica` holds the
     /// first `depth` blocks of `blocks`: write, with the holders of `known`
     /// (what the request's lookup found) and `r` in front as `record` does,
