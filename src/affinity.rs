@@ -231,6 +231,13 @@ pub struct AffinityConfig {
     /// New prefixes per routed request below which the share floor may act
     /// ([`crate::share::SETTLED`]). 0: no floor.
     pub share_settled: f64,
+    /// The share bound moves a warm request to a new holder only when its
+    /// known prefix fanned out ([`fan_out`]: several requests branched off
+    /// it, a shared prefix), not for the next turn of a conversation, whose
+    /// move re-prefills its history and buys nothing that a new
+    /// conversation's placement would not (module docs, "Request share").
+    /// Off: every request over the hard bound may be moved.
+    pub share_fan_out: bool,
     /// The share bound does not move a warm request that extends a prompt
     /// recorded before past its known depth (the next turn of a
     /// conversation: moving it re-prefills its history and buys nothing
@@ -319,7 +326,8 @@ impl Default for AffinityConfig {
             share_factor: DEFAULT_SHARE_FACTOR,
             share_light_load: crate::share::LIGHT_LOAD,
             share_settled: crate::share::SETTLED,
-            share_turn_probes: crate::share::TURN_PROBES,
+            share_fan_out: true,
+            share_turn_probes: 0,
             light_slack: DEFAULT_LIGHT_SLACK,
             queue_wait_cap: true,
             tier: true,
@@ -805,17 +813,15 @@ fn decide(
         let by_share = best_ok.is_none() && share_held.is_some();
         let alt = place(ring, ring_key, &v, holders, cfg.cold_choices, by_share);
         // Over the hard bound, a move to `alt` (under the soft one) is
-        // worth it for a prefix that many requests continue, not for the
-        // next turn of one conversation (`share_turn_probes`, module docs).
+        // worth it for a prefix that several requests branched off, not for
+        // the next turn of one conversation (`share_fan_out`, module docs).
         let hard = share_held.is_some_and(|h| v.over_hard(h))
             && !(by_share
-                && cfg.share_turn_probes > 0
+                && cfg.share_fan_out
                 && alt.is_some_and(|a| !v.over_share(a))
-                && known.is_some_and(|k| {
-                    // Its known prefix is a whole prompt recorded before
-                    // (the end mark), or one is deeper in it (a probe).
-                    (k.entry.is_end() && k.depth < key.blocks.len())
-                        || extends.is_some_and(|f| f(k))
+                && !known.is_some_and(|k| {
+                    fan_out(key, k, prompt_chars)
+                        && !(cfg.share_turn_probes > 0 && extends.is_some_and(|f| f(k)))
                 }));
         // Second tier (module docs): the least loaded acceptable replica
         // that holds a shallower part of the prefix `s` (not a holder of the
@@ -952,6 +958,30 @@ fn known_tokens(
     } else {
         cached
     }
+}
+
+/// Has the known prefix `k` of `key` (a prompt of `prompt_chars`) **fanned
+/// out**, i.e. is this request one of several branching off it rather than
+/// the next turn of a conversation (module docs, "Request share")?
+/// - a known prefix that ends on an end mark is a whole prompt recorded
+///   before, which this one extends: no;
+/// - its deepest known block carries a length stamp
+///   ([`crate::index::Entry::stamp`]: an earlier request went on past it)
+///   and this request is no longer than that one: yes, it did not extend
+///   it (a conversation's next turn is longer than the turn before); no
+///   stamp (nobody went on past the block before) or longer: no;
+/// - the whole key known: an exact repeat (yes: identical prompts), unless
+///   the prompt goes on past the hashed window (a long conversation's next
+///   turn far more often than a divergence just past it: no).
+///
+/// Cost: O(1), no store access.
+fn fan_out(key: &RoutingKey, k: &Known, prompt_chars: usize) -> bool {
+    let n = key.blocks.len();
+    if k.depth >= n {
+        return prompt_chars <= key.units;
+    }
+    let stamp = usize::from(k.entry.stamp());
+    !k.entry.is_end() && stamp > 0 && n.min(usize::from(u8::MAX)) <= stamp
 }
 
 /// The load bound of a warm holder whose prefix covers `coverage` of the
