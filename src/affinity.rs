@@ -398,12 +398,13 @@ impl Choice {
     }
 }
 
-/// Default [`AffinityConfig::share_factor`]: off. On (1.0, as
-/// `envoy/envoy.yaml` sets it) it meets SageMaker's per-replica share band
-/// end to end but costs chat 1.0–1.3 points of hit rate in the simulator and
-/// moves prefixes off their ring owners at a light load (see
-/// `docs/benchmarks.md`, "With the request-share bound").
-pub const DEFAULT_SHARE_FACTOR: f64 = 0.0;
+/// Default [`AffinityConfig::share_factor`]: on (1.0, as `envoy/envoy.yaml`
+/// sets it): it meets SageMaker's per-replica share band end to end. It was
+/// off while its hard move cost chat 1.0–1.3 points of hit rate in the
+/// simulator by moving the next turns of conversations; it now moves only
+/// requests whose known prefix fanned out ([`AffinityConfig::share_fan_out`];
+/// `docs/benchmarks.md`, "Tenth session: a share bound on by default").
+pub const DEFAULT_SHARE_FACTOR: f64 = 1.0;
 
 const MAX_CHOICES: usize = 8;
 
