@@ -238,14 +238,6 @@ pub struct AffinityConfig {
     /// conversation's placement would not (module docs, "Request share").
     /// Off: every request over the hard bound may be moved.
     pub share_fan_out: bool,
-    /// The share bound does not move a warm request that extends a prompt
-    /// recorded before past its known depth (the next turn of a
-    /// conversation: moving it re-prefills its history and buys nothing
-    /// that a new conversation's placement would not): the caller probes
-    /// at most this many blocks after the known depth, only when the bound
-    /// would move the request ([`crate::index::PrefixIndex::extends_recorded`],
-    /// module docs, "Request share"). 0: every request may be moved.
-    pub share_turn_probes: usize,
     /// Absolute slack of a warm holder, requests: a holder is over the load
     /// bound only when it is also more than this many requests above the
     /// mean (module docs, "Light load"). 0: the relative bound alone.
@@ -327,7 +319,6 @@ impl Default for AffinityConfig {
             share_light_load: crate::share::LIGHT_LOAD,
             share_settled: crate::share::SETTLED,
             share_fan_out: true,
-            share_turn_probes: 0,
             light_slack: DEFAULT_LIGHT_SLACK,
             queue_wait_cap: true,
             tier: true,
@@ -633,50 +624,35 @@ pub fn choose(
 /// spill that would use it ([`Choice::tier_wanted`]), `shallow(known)` is
 /// asked for it there (the caller's
 /// [`crate::index::PrefixIndex::lookup_shallow`]: a few gets) and the
-/// spill is priced with what it finds. Likewise `extends(known)` (the
-/// caller's [`crate::index::PrefixIndex::extends_recorded`]) is asked only
-/// when the share bound would move a warm request to a new holder (module
-/// docs, "Request share": a continuation is not moved). Cost: one
-/// [`choose`] (O(N)) and at most one call of each, only on those paths.
-/// Same decision as [`choose`] given [`Request::shallow`] =
-/// `shallow(known)` when the tier is wanted (everything before the spill
-/// rule is independent of it) and no share move asked about.
+/// spill is priced with what it finds. Cost: one [`choose`] (O(N)) and at
+/// most one `shallow` call, only on that path. Same decision as
+/// [`choose`] given [`Request::shallow`] = `shallow(known)` when the tier
+/// is wanted (everything before the spill rule is independent of it).
 pub fn choose_tiered(
     ring: &HashRing,
     req: &Request<'_>,
     cost: &CostModel,
     cfg: &AffinityConfig,
     shallow: impl FnOnce(&Known) -> Option<Known>,
-    extends: impl FnOnce(&Known) -> bool,
 ) -> Choice {
     let mut shallow = Some(shallow);
     let mut once = |k: &Known| shallow.take().and_then(|f| f(k));
-    let mut extends = Some(extends);
-    let mut ext = |k: &Known| extends.take().is_some_and(|f| f(k));
-    decide(ring, req, cost, cfg, Some((&mut once, &mut ext)))
+    decide(ring, req, cost, cfg, Some(&mut once))
 }
 
-/// The caller's lookups as [`decide`] takes them: the second tier's, and
-/// whether the request extends a recorded prompt past its known depth.
-type Lookups<'a> = (
-    &'a mut dyn FnMut(&Known) -> Option<Known>,
-    &'a mut dyn FnMut(&Known) -> bool,
-);
+/// The second tier's lookup as [`decide`] takes it.
+type TierLookup<'a> = &'a mut dyn FnMut(&Known) -> Option<Known>;
 
-/// [`choose`], with `lookups` the caller's lookups ([`choose_tiered`]) if
-/// it has them (each called at most once; `dyn`, so that the filter holds
-/// one copy of the decision, not one per caller).
+/// [`choose`], with `lookup` the second tier's lookup ([`choose_tiered`])
+/// if the caller has one (called at most once; `dyn`, so that the filter
+/// holds one copy of the decision, not one per caller).
 fn decide(
     ring: &HashRing,
     req: &Request<'_>,
     cost: &CostModel,
     cfg: &AffinityConfig,
-    lookups: Option<Lookups<'_>>,
+    lookup: Option<TierLookup<'_>>,
 ) -> Choice {
-    let (lookup, extends) = match lookups {
-        Some((l, e)) => (Some(l), Some(e)),
-        None => (None, None),
-    };
     let (key, prompt_chars, known, loads, ticket) =
         (req.key, req.prompt_chars, req.known, req.loads, req.ticket);
     let n = ring.len();
@@ -820,10 +796,7 @@ fn decide(
             && !(by_share
                 && cfg.share_fan_out
                 && alt.is_some_and(|a| !v.over_share(a))
-                && !known.is_some_and(|k| {
-                    fan_out(key, k, prompt_chars)
-                        && !(cfg.share_turn_probes > 0 && extends.is_some_and(|f| f(k)))
-                }));
+                && !known.is_some_and(|k| fan_out(key, k, prompt_chars)));
         // Second tier (module docs): the least loaded acceptable replica
         // that holds a shallower part of the prefix `s` (not a holder of the
         // deep block), with the tokens it holds.
@@ -1202,33 +1175,19 @@ mod tests {
         let loads = [3, 30, 30, 2, 2, 2, 2, 2];
         let req = request(&k, Some(&deep), Loads::new(&loads));
         let asked = std::cell::Cell::new(0);
-        let c = choose_tiered(
-            &r,
-            &req,
-            &cost(),
-            &AffinityConfig::default(),
-            |_| {
-                asked.set(asked.get() + 1);
-                Some(shallow)
-            },
-            |_| false,
-        );
+        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |_| {
+            asked.set(asked.get() + 1);
+            Some(shallow)
+        });
         assert_eq!((c.primary, c.reason, asked.get()), (0, Reason::Warm, 0));
         // Over the bound: asked once, and its answer decides.
         let loads = [30, 30, 30, 2, 2, 6, 2, 2];
         let req = request(&k, Some(&deep), Loads::new(&loads));
-        let c = choose_tiered(
-            &r,
-            &req,
-            &cost(),
-            &AffinityConfig::default(),
-            |d| {
-                asked.set(asked.get() + 1);
-                assert_eq!(d.depth, 40);
-                Some(shallow)
-            },
-            |_| false,
-        );
+        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |d| {
+            asked.set(asked.get() + 1);
+            assert_eq!(d.depth, 40);
+            Some(shallow)
+        });
         assert_eq!((c.primary, asked.get()), (5, 1));
         // The same decision as `choose` given the lookup's answer; with
         // none, the same as without the tier (and still wanted).
@@ -1237,14 +1196,7 @@ mod tests {
             ..req
         };
         assert_eq!(c, choose(&r, &given, &cost(), &AffinityConfig::default()));
-        let c = choose_tiered(
-            &r,
-            &req,
-            &cost(),
-            &AffinityConfig::default(),
-            |_| None,
-            |_| false,
-        );
+        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |_| None);
         assert!(c.tier_wanted);
         assert_eq!(c, choose(&r, &req, &cost(), &AffinityConfig::default()));
     }
@@ -1743,6 +1695,69 @@ mod tests {
         counts[5] = 0;
         let c = pick_shared(&k, Some(&known(64, &[3, 5], 0)), &loads, &counts);
         assert_ne!(c.primary, 5);
+    }
+
+    #[test]
+    fn the_share_bound_splits_a_prefix_that_fanned_out_not_a_conversation() {
+        // Replica 3 holds 48 of the request's 64 blocks and is over the
+        // hard bound (as above); replica 6 has the smallest share.
+        let k = key(42, 64);
+        let idle = [0u32; 7];
+        let mut counts = [10u8; 7];
+        counts[3] = 14;
+        counts[6] = 7;
+        let known_at = |depth: usize, stamp: u64, end: bool| {
+            let mut kn = known(depth, &[3], 0);
+            kn.entry.tag = (1 << 8) | stamp | if end { 1 << 47 } else { 0 };
+            kn
+        };
+        let pick_at = |kn: Known, cfg: &AffinityConfig, prompt_chars: usize| {
+            let sh = Share::from_counts(&counts);
+            let req = Request {
+                share: Some(&sh),
+                prompt_chars,
+                ..request(&k, Some(&kn), Loads::new(&idle))
+            };
+            let c = choose(&ring(7), &req, &cost(), cfg);
+            (c.primary, c.reason)
+        };
+        let on = AffinityConfig {
+            share_factor: 1.0,
+            ..AffinityConfig::default()
+        };
+        let units = k.units;
+        // An earlier request of 64 blocks or more went on past the known
+        // block: this one (64) did not extend it, the prefix fanned out.
+        for stamp in [64, 70, 255] {
+            let c = pick_at(known_at(48, stamp, false), &on, units);
+            assert_eq!(c, (6, Reason::Spill), "{stamp}");
+        }
+        // A shorter one did (the next turn of a conversation is longer
+        // than the turn before), nobody did, or the known prefix is a whole
+        // prompt (end mark): kept.
+        for (stamp, end) in [(63, false), (10, false), (0, false), (64, true)] {
+            let c = pick_at(known_at(48, stamp, end), &on, units);
+            assert_eq!(c, (3, Reason::Warm), "{stamp} {end}");
+        }
+        // The whole key known: an exact repeat moves, a window that the
+        // prompt goes on past does not.
+        assert_eq!(
+            pick_at(known_at(64, 0, true), &on, units),
+            (6, Reason::Spill)
+        );
+        assert_eq!(
+            pick_at(known_at(64, 0, true), &on, units + 1),
+            (3, Reason::Warm)
+        );
+        // `share_fan_out` off: every request over the hard bound moves.
+        let off = AffinityConfig {
+            share_fan_out: false,
+            ..on
+        };
+        assert_eq!(
+            pick_at(known_at(48, 0, false), &off, units),
+            (6, Reason::Spill)
+        );
     }
 
     #[test]

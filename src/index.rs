@@ -785,47 +785,6 @@ impl PrefixIndex {
         None
     }
 
-    /// Does `blocks` **extend a prompt recorded before** past `deep` (what
-    /// [`PrefixIndex::lookup`] found for it): is one of its blocks after
-    /// the known depth, up to its second-to-last, present? Then an earlier
-    /// request's whole prompt (its last block, always written by
-    /// [`PrefixIndex::record`]) is a prefix of this one: the request is the
-    /// next turn of that conversation, not one more request under a shared
-    /// prefix. Blocks are chained, so a present block at position `p`
-    /// proves some recorded prompt had this request's first `p + 1` blocks.
-    ///
-    /// Why the lookup misses it: it finds the deepest known *ladder*
-    /// position and the blocks on the search path after it; the last block
-    /// of the previous turn is mostly neither, but it lies before the next
-    /// ladder position (the previous request wrote every ladder position it
-    /// reached), so this probes the positions from `deep.depth` to the next
-    /// ladder position (the last block excluded: the lookup probed it),
-    /// ascending, at most `max_probes` gets (≤ 31 for 256 blocks with 3
-    /// ladder bits). `false` for an exact repeat (`deep.depth` = all
-    /// blocks: nothing after it) or `max_probes` 0. No age test: a present
-    /// block proves the shared text, whatever became of its holders.
-    ///
-    /// Cost: only when asked ([`crate::affinity::choose_tiered`] asks when
-    /// the share bound would move a warm request to a new holder).
-    pub fn extends_recorded<S: SlotStore>(
-        &self,
-        store: &S,
-        blocks: &[u64],
-        deep: &Known,
-        max_probes: usize,
-    ) -> bool {
-        let n = blocks.len();
-        let from = deep.depth;
-        if from + 1 >= n {
-            return false;
-        }
-        let to = next_ladder(from + 1, self.cfg.ladder_bits).min(n - 2);
-        (from..=to)
-            .take(max_probes)
-            .filter_map(|p| blocks.get(p))
-            .any(|&key| self.probe(store, key).is_some())
-    }
-
     /// The engine confirmed (its `cached_tokens`) that `replica` holds the
     /// first `depth` blocks of `blocks`: write, with the holders of `known`
     /// (what the request's lookup found) and `r` in front as `record` does,
@@ -1510,6 +1469,50 @@ mod tests {
         idx.record(&mut st, &a, None, 2, t0 + 500);
         let k = idx.lookup(&st, &a, t0 + PENDING_MS + 200).unwrap();
         assert!(k.age_ms <= max_age, "{}", k.age_ms);
+    }
+
+    #[test]
+    fn the_length_stamp_is_the_block_count_of_the_last_request_past_the_block() {
+        let idx = PrefixIndex::new(IndexConfig::default());
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        // A: 100 shared blocks and one of its own. Its blocks are new: no
+        // stamp on the ladder block 95 that the next lookup finds.
+        let a = chain(7, 100, 1, 101);
+        idx.record(&mut st, &a, None, 1, 0);
+        let b = chain(7, 100, 2, 101);
+        let kb = idx.lookup(&st, &b, 0).unwrap();
+        assert_eq!((kb.depth, kb.entry.stamp()), (96, 0));
+        // B goes on past it: its record stamps block 95 with B's 101 blocks,
+        // and the stamped entry is still found (not a key bit).
+        idx.record(&mut st, &b, Some(&kb), 2, 0);
+        let c = chain(7, 100, 3, 101);
+        let kc = idx.lookup(&st, &c, 0).unwrap();
+        assert_eq!((kc.depth, kc.entry.stamp()), (96, 101));
+        assert_eq!(kc.entry.holders().collect::<Vec<_>>(), vec![2, 1]);
+        // A conversation's next turn (A and 19 more blocks) meets the same
+        // block and stamp; its record stamps its own length, capped at 255.
+        let turn = chain(7, 100, 1, 120);
+        let kt = idx.lookup(&st, &turn, 0).unwrap();
+        assert_eq!((kt.depth, kt.entry.stamp()), (96, 101));
+        let long = chain(7, 100, 4, 300);
+        let kl = idx.lookup(&st, &long, 0).unwrap();
+        idx.record(&mut st, &long, Some(&kl), 3, 0);
+        assert_eq!(idx.lookup(&st, &c, 0).map(|k| k.entry.stamp()), Some(255));
+        // An exact repeat keeps the stamp of its last block; the blocks a
+        // record writes new carry none.
+        let kr = idx.lookup(&st, &long, 0).unwrap();
+        assert_eq!((kr.depth, kr.entry.stamp()), (300, 0));
+        idx.record(&mut st, &c, Some(&kc), 4, 0);
+        let again = idx.lookup(&st, &c, 0).unwrap();
+        assert_eq!((again.depth, again.entry.stamp()), (101, 0));
+        let short = &c[..96];
+        let ks = idx.lookup(&st, short, 0).unwrap();
+        assert_eq!((ks.depth, ks.entry.stamp()), (96, 101));
+        idx.record(&mut st, short, Some(&ks), 5, 0);
+        assert_eq!(
+            idx.lookup(&st, short, 0).map(|k| k.entry.stamp()),
+            Some(101)
+        );
     }
 
     #[test]

@@ -254,24 +254,11 @@ impl Router {
         };
         // The second tier ([`crate::index::PrefixIndex::lookup_shallow`]):
         // ≤ 3 more gets, only when the spill rule asks for it.
-        // A continuation is not moved by the share bound: ≤
-        // `share_turn_probes` gets, only when the bound would move it.
-        let probes = self.affinity.share_turn_probes;
-        let choice = affinity::choose_tiered(
-            &self.ring,
-            &request,
-            cost,
-            &self.affinity,
-            |deep| {
-                self.index
-                    .lookup_shallow(store, &key.blocks, deep, now_ms)
-                    .map(|k| horizons.filter(k))
-            },
-            |deep| {
-                self.index
-                    .extends_recorded(store, &key.blocks, deep, probes)
-            },
-        );
+        let choice = affinity::choose_tiered(&self.ring, &request, cost, &self.affinity, |deep| {
+            self.index
+                .lookup_shallow(store, &key.blocks, deep, now_ms)
+                .map(|k| horizons.filter(k))
+        });
         // The record reads the decision from the lookup it is given
         // (`IndexConfig::new_holder_known`).
         let found = found.map(|k| k.spilled(choice.reason == Reason::Spill));

@@ -161,12 +161,6 @@ pub fn slot_value(counts: &[u8], slot: u32) -> Option<SlotValue> {
 /// New prefixes per routed request (both counts faded alike) below which
 /// placement is settled and the floor may act (module docs, "Floor").
 pub const SETTLED: f64 = 0.1;
-/// Blocks probed after a warm request's known depth, at most, to tell the
-/// next turn of a conversation (not moved by the hard bound) from one more
-/// request under a shared prefix (module docs, "Conversations"): the gap
-/// between two ladder positions is at most 31 blocks for 256 blocks with 3
-/// ladder bits.
-pub const TURN_PROBES: usize = 32;
 /// Mean in-flight requests per available replica below which the bound acts
 /// (see the module docs).
 pub const LIGHT_LOAD: f64 = 1.0;

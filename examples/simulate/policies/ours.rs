@@ -162,7 +162,6 @@ impl OursParams {
             "share_factor" => self.affinity.share_factor = f()?,
             "share_light_load" => self.affinity.share_light_load = f()?,
             "share_settled" => self.affinity.share_settled = f()?,
-            "share_turn_probes" => self.affinity.share_turn_probes = u()? as usize,
             "share_fan_out" => self.affinity.share_fan_out = v == "1" || v == "true",
             "light_slack" => self.affinity.light_slack = f()?,
             "queue_wait_cap" => self.affinity.queue_wait_cap = v == "1" || v == "true",
@@ -373,14 +372,9 @@ impl Policy for Ours {
             shallow: None,
         };
         let (index, store) = (&self.index, &self.store);
-        let c = affinity::choose_tiered(
-            self.router.ring(),
-            &request,
-            &self.cost,
-            &self.cfg,
-            |k| index.lookup_shallow(store, &key.blocks, k, now_ms),
-            |d| index.extends_recorded(store, &key.blocks, d, self.cfg.share_turn_probes),
-        );
+        let c = affinity::choose_tiered(self.router.ring(), &request, &self.cost, &self.cfg, |k| {
+            index.lookup_shallow(store, &key.blocks, k, now_ms)
+        });
         // The records read the decision from the lookup (`new_holder_known`).
         let known = known.map(|k| k.spilled(c.reason == Reason::Spill));
         Share::note(&mut self.store, n, c.primary, &self.cfg);

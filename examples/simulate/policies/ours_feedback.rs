@@ -138,18 +138,11 @@ impl Policy for OursFeedback {
         };
         // The filter's second lookup tier (its holders aged by the horizons).
         let (index, store, horizons) = (&self.index, &gw.store, &gw.horizons);
-        let c = affinity::choose_tiered(
-            self.router.ring(),
-            &request,
-            &gw.cost,
-            &self.cfg,
-            |d| {
-                index
-                    .lookup_shallow(store, &key.blocks, d, now_ms)
-                    .map(|k| horizons.filter(k))
-            },
-            |d| index.extends_recorded(store, &key.blocks, d, self.cfg.share_turn_probes),
-        );
+        let c = affinity::choose_tiered(self.router.ring(), &request, &gw.cost, &self.cfg, |d| {
+            index
+                .lookup_shallow(store, &key.blocks, d, now_ms)
+                .map(|k| horizons.filter(k))
+        });
         let n = self.router.ring().len();
         Share::note(&mut gw.store, n, c.primary, &self.cfg);
         // As the filter: a new placement is written at once as pending.
