@@ -61,7 +61,17 @@
 //!    soft share bound, the least loaded of them is kept (warm) unless it is
 //!    above the hard bound too; then the request goes to `place(holders)`
 //!    ranked by share first (the non-holder with the smallest share), if
-//!    that one is under the soft bound ([`Reason::Spill`]: a new holder).
+//!    that one is under the soft bound ([`Reason::Spill`]: a new holder),
+//!    and only if its known prefix **fanned out** (`share_fan_out`,
+//!    `fan_out`): an earlier request at least as long went on past the
+//!    deepest known block ([`crate::index::Entry::stamp`]) and the prefix
+//!    is not a whole earlier prompt (end mark), so this request is one of
+//!    several branching off a shared prefix. The next turn of a
+//!    conversation (longer than the turn before) is kept: moving it
+//!    re-prefills its history, and new conversations' placement evens the
+//!    counts out for free; on chat in fast mode those moves were the whole
+//!    1.0–1.5 points the bound cost (`docs/benchmarks.md`, "Tenth session:
+//!    a share bound on by default").
 //!    A known prefix that ends on an **end mark** (a recorded prompt's last
 //!    block or last whole block, [`crate::index`]: the request continues that prompt, and
 //!    its holder also cached the answer the index cannot see) is warm
@@ -232,7 +242,7 @@ pub struct AffinityConfig {
     /// ([`crate::share::SETTLED`]). 0: no floor.
     pub share_settled: f64,
     /// The share bound moves a warm request to a new holder only when its
-    /// known prefix fanned out ([`fan_out`]: several requests branched off
+    /// known prefix fanned out (`fan_out`: several requests branched off
     /// it, a shared prefix), not for the next turn of a conversation, whose
     /// move re-prefills its history and buys nothing that a new
     /// conversation's placement would not (module docs, "Request share").

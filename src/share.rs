@@ -32,7 +32,11 @@
 //!   the fewest new prefixes recently ([`Pressure`]: the cache with room;
 //!   with the smallest count only, a replica given a 4th and 5th prefix
 //!   thrashed end to end: 84.6–88.1 % hit instead of 90.6–91.9 %), then the
-//!   smallest count; it becomes a holder: one cold prefill. Hence
+//!   smallest count; it becomes a holder: one cold prefill. Only a
+//!   request whose known prefix fanned out is moved so
+//!   ([`crate::affinity`], "Request share": several requests branched off
+//!   it, by the index's length stamp); the next turn of a conversation
+//!   stays on its holder, whose count new conversations even out. Hence
 //!   [`pressure_for`] reads the pressure for warm requests too while the
 //!   bound is on (one more get).
 //!
