@@ -313,6 +313,20 @@ impl Entry {
         self.tag & TAG_MASK
     }
 
+    /// The stored tag without the length stamp: the key and the end mark
+    /// (what a peer's merge compares, [`crate::peers::merge`]).
+    pub fn marked_key(&self) -> u64 {
+        self.tag & !STAMP_MASK
+    }
+
+    /// The same entry with the length stamp `stamp`.
+    pub fn with_stamp(self, stamp: u8) -> Entry {
+        Entry {
+            tag: self.marked_key() | u64::from(stamp),
+            ..self
+        }
+    }
+
     /// The **length stamp** (module docs): the block count (at most 255)
     /// of the last recorded request that went on past this block as its
     /// deepest known one; 0: none.
