@@ -118,7 +118,9 @@
 //!
 //! Approximation: a slot overwritten by a colliding key hides that block; the
 //! binary search then reports a shallower known prefix (never a false one, up
-//! to 48-bit tag collisions).
+//! to tag collisions: 39 key bits, of which the slot fixes those above bit
+//! 31 for tables up to 2^16 slots, so ≈ 2^-24 per probe of a slot another
+//! key holds).
 
 /// Longest a warm exact repeat leaves its entry's time unrefreshed
 /// ([`PrefixIndex::record_unneeded`], [`refresh_skip_ms`]), milliseconds.
