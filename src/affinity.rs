@@ -634,35 +634,53 @@ pub fn choose(
 /// spill that would use it ([`Choice::tier_wanted`]), `shallow(known)` is
 /// asked for it there (the caller's
 /// [`crate::index::PrefixIndex::lookup_shallow`]: a few gets) and the
-/// spill is priced with what it finds. Cost: one [`choose`] (O(N)) and at
-/// most one `shallow` call, only on that path. Same decision as
-/// [`choose`] given [`Request::shallow`] = `shallow(known)` when the tier
-/// is wanted (everything before the spill rule is independent of it).
+/// spill is priced with what it finds. Likewise `pressure()` (the
+/// caller's [`Pressure::read`]) is asked, when [`Request::pressure`] is
+/// `None`, only for a warm request that the share bound may move to a new
+/// holder (module docs, "Request share"): the new holder is ranked by it.
+/// Cost: one [`choose`] (O(N)) and at most one call of each, only on those
+/// paths. Same decision as [`choose`] given [`Request::shallow`] =
+/// `shallow(known)` when the tier is wanted (everything before the spill
+/// rule is independent of it) and [`Request::pressure`] = `pressure()`
+/// when it is asked.
 pub fn choose_tiered(
     ring: &HashRing,
     req: &Request<'_>,
     cost: &CostModel,
     cfg: &AffinityConfig,
     shallow: impl FnOnce(&Known) -> Option<Known>,
+    pressure: impl FnOnce() -> Option<Pressure>,
 ) -> Choice {
     let mut shallow = Some(shallow);
     let mut once = |k: &Known| shallow.take().and_then(|f| f(k));
-    decide(ring, req, cost, cfg, Some(&mut once))
+    let mut pressure = Some(pressure);
+    let mut read = || pressure.take().and_then(|f| f());
+    decide(ring, req, cost, cfg, Some((&mut once, &mut read)))
 }
 
-/// The second tier's lookup as [`decide`] takes it.
-type TierLookup<'a> = &'a mut dyn FnMut(&Known) -> Option<Known>;
+/// The caller's lookups as [`decide`] takes them: the second tier's, and
+/// the pressure counters.
+type Lookups<'a> = (
+    &'a mut dyn FnMut(&Known) -> Option<Known>,
+    &'a mut dyn FnMut() -> Option<Pressure>,
+);
 
-/// [`choose`], with `lookup` the second tier's lookup ([`choose_tiered`])
-/// if the caller has one (called at most once; `dyn`, so that the filter
-/// holds one copy of the decision, not one per caller).
+/// [`choose`], with `lookups` the caller's lookups ([`choose_tiered`]) if
+/// it has them (each called at most once; `dyn`, so that the filter holds
+/// one copy of the decision, not one per caller).
 fn decide(
     ring: &HashRing,
     req: &Request<'_>,
     cost: &CostModel,
     cfg: &AffinityConfig,
-    lookup: Option<TierLookup<'_>>,
+    lookups: Option<Lookups<'_>>,
 ) -> Choice {
+    let (lookup, read_pressure) = match lookups {
+        Some((l, p)) => (Some(l), Some(p)),
+        None => (None, None),
+    };
+    // Pressure counters read here (`read_pressure`), outliving the view.
+    let fetched: Option<Pressure>;
     let (key, prompt_chars, known, loads, ticket) =
         (req.key, req.prompt_chars, req.known, req.loads, req.ticket);
     let n = ring.len();
@@ -694,19 +712,8 @@ fn decide(
             (all || loads.is_available(i)).then(|| loads.of(i))
         }),
     };
-    // The share floor (`crate::share`, "Floor"): while a replica that has
-    // room is under it, the hard bound is the soft one.
-    let floor = share.is_some_and(|s| {
-        s.floor_open(cfg.share_factor, cfg.share_settled, req.pressure, n, |i| {
-            (v.available(i), v.acceptable(i))
-        })
-    });
-    if floor {
-        v.share_hard = v.share_limit;
-    }
     let cpt = cfg.chars_per_token.max(0.1);
     let prompt_tokens = (prompt_chars.max(key.units) as f64 / cpt).max(1.0);
-    let secondary_of = |k: u64, p: usize| ring.candidates(k).find(|&c| c != p && v.available(c));
     let Some(window_key) = key.key else {
         // No key: least loaded, ties rotated by the ticket.
         let off = if n == 0 {
@@ -753,6 +760,29 @@ fn decide(
         }
         (m > 0).then_some((holders, m, cached, coverage))
     });
+    // The share bound may move this warm request to a new holder (a holder
+    // over the soft bound at a light load, and the known prefix fanned
+    // out): the new holder is ranked by pressure first, and the floor
+    // (`crate::share`, "Floor": while a replica that has room is under it,
+    // the hard bound is the soft one) reads it too; read now if the caller
+    // did not (only warm requests come here; cold ones read it up front).
+    let may_move = share.zip(warm.as_ref()).filter(|(_, (h, m, _, _))| {
+        h[..*m].iter().any(|&r| v.over_share(r))
+            && (!cfg.share_fan_out || known.is_some_and(|k| fan_out(key, k, prompt_chars)))
+    });
+    if let Some((s, _)) = may_move {
+        if v.pressure.is_none() {
+            fetched = read_pressure.and_then(|f| f());
+            v.pressure = fetched.as_ref();
+        }
+        let open = s.floor_open(cfg.share_factor, cfg.share_settled, v.pressure, n, |i| {
+            (v.available(i), v.acceptable(i))
+        });
+        if open {
+            v.share_hard = v.share_limit;
+        }
+    }
+    let secondary_of = |k: u64, p: usize| ring.candidates(k).find(|&c| c != p && v.available(c));
     if let Some((holders, m, cached, coverage)) = warm {
         let holders = &holders[..m];
         // Slack by value: a holder may exceed the mean by the load factor's
@@ -1185,19 +1215,33 @@ mod tests {
         let loads = [3, 30, 30, 2, 2, 2, 2, 2];
         let req = request(&k, Some(&deep), Loads::new(&loads));
         let asked = std::cell::Cell::new(0);
-        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |_| {
-            asked.set(asked.get() + 1);
-            Some(shallow)
-        });
+        let c = choose_tiered(
+            &r,
+            &req,
+            &cost(),
+            &AffinityConfig::default(),
+            |_| {
+                asked.set(asked.get() + 1);
+                Some(shallow)
+            },
+            || None,
+        );
         assert_eq!((c.primary, c.reason, asked.get()), (0, Reason::Warm, 0));
         // Over the bound: asked once, and its answer decides.
         let loads = [30, 30, 30, 2, 2, 6, 2, 2];
         let req = request(&k, Some(&deep), Loads::new(&loads));
-        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |d| {
-            asked.set(asked.get() + 1);
-            assert_eq!(d.depth, 40);
-            Some(shallow)
-        });
+        let c = choose_tiered(
+            &r,
+            &req,
+            &cost(),
+            &AffinityConfig::default(),
+            |d| {
+                asked.set(asked.get() + 1);
+                assert_eq!(d.depth, 40);
+                Some(shallow)
+            },
+            || None,
+        );
         assert_eq!((c.primary, asked.get()), (5, 1));
         // The same decision as `choose` given the lookup's answer; with
         // none, the same as without the tier (and still wanted).
@@ -1206,7 +1250,14 @@ mod tests {
             ..req
         };
         assert_eq!(c, choose(&r, &given, &cost(), &AffinityConfig::default()));
-        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |_| None);
+        let c = choose_tiered(
+            &r,
+            &req,
+            &cost(),
+            &AffinityConfig::default(),
+            |_| None,
+            || None,
+        );
         assert!(c.tier_wanted);
         assert_eq!(c, choose(&r, &req, &cost(), &AffinityConfig::default()));
     }
@@ -1767,6 +1818,55 @@ mod tests {
         assert_eq!(
             pick_at(known_at(48, 0, false), &off, units),
             (6, Reason::Spill)
+        );
+    }
+
+    #[test]
+    fn a_warm_request_reads_the_pressure_only_when_the_share_bound_may_move_it() {
+        let k = key(42, 64);
+        let idle = [0u32; 7];
+        let on = AffinityConfig {
+            share_factor: 1.0,
+            ..AffinityConfig::default()
+        };
+        // Replica 3 holds 48 blocks, stamped by a request of 64: fanned out.
+        let mut kn = known(48, &[3], 0);
+        kn.entry.tag = (1 << 8) | 64;
+        // Pressure: replicas 5 and 6 have the same share; the one given
+        // fewer new prefixes becomes the new holder.
+        let five = Pressure::from_counts(&[3, 3, 3, 3, 3, 2, 4]);
+        let six = Pressure::from_counts(&[3, 3, 3, 3, 3, 4, 2]);
+        let asked = std::cell::Cell::new(0);
+        let run_with = |p: Pressure, counts: &[u8], kn: &Known| {
+            let sh = Share::from_counts(counts);
+            let req = Request {
+                share: Some(&sh),
+                ..request(&k, Some(kn), Loads::new(&idle))
+            };
+            let read = || {
+                asked.set(asked.get() + 1);
+                Some(p)
+            };
+            let c = choose_tiered(&ring(7), &req, &cost(), &on, |_| None, read);
+            (c.primary, c.reason)
+        };
+        let run = |counts: &[u8], kn: &Known| run_with(five, counts, kn);
+        // Under the soft bound: kept, nothing read.
+        let under = [10u8; 7];
+        assert_eq!((run(&under, &kn), asked.get()), ((3, Reason::Warm), 0));
+        // Over the hard bound (replicas 5 and 6 lowest): read once, and the
+        // new holder is ranked by it.
+        let mut over = [10u8; 7];
+        over[3] = 14;
+        over[5] = 7;
+        over[6] = 7;
+        assert_eq!((run(&over, &kn), asked.get()), ((5, Reason::Spill), 1));
+        assert_eq!(run_with(six, &over, &kn), (6, Reason::Spill));
+        asked.set(1);
+        // The next turn of a conversation (no stamp): not movable, not read.
+        assert_eq!(
+            (run(&over, &known(48, &[3], 0)), asked.get()),
+            ((3, Reason::Warm), 1)
         );
     }
 

@@ -179,10 +179,13 @@ pub fn slack(mean: f64) -> f64 {
     SLACK.max(NOISE * mean.max(0.0).sqrt())
 }
 
-/// The [`Pressure`] counters a decision needs: [`Pressure::for_request`]
-/// (cold requests), and with the share bound on every keyed request (a warm
-/// one may place a new holder, ranked by pressure first): one get for ≤ 10
-/// replicas. `None` with `spread_cold` off.
+/// The [`Pressure`] counters a decision needs up front:
+/// [`Pressure::for_request`] (cold requests; one get for ≤ 10 replicas).
+/// A warm request that the share bound may move to a new holder (ranked by
+/// pressure first) reads them when the decision asks
+/// ([`crate::affinity::choose_tiered`]: [`lazy_pressure`]), not up front:
+/// the bound moves few requests, and reading for every warm request cost
+/// one get each. `None` with `spread_cold` off.
 pub fn pressure_for<S: SlotStore>(
     store: &S,
     n: usize,
@@ -190,9 +193,14 @@ pub fn pressure_for<S: SlotStore>(
     known: Option<&Known>,
     cfg: &AffinityConfig,
 ) -> Option<Pressure> {
-    let warm_may_place = cfg.share_factor > 0.0 && cfg.spread_cold && key.key.is_some();
     Pressure::for_request(store, n, key, known, cfg)
-        .or_else(|| warm_may_place.then(|| Pressure::read(store, n)))
+}
+
+/// The counters a warm request that the share bound may move reads when
+/// the decision asks ([`pressure_for`]): with `spread_cold` and the bound
+/// on, [`Pressure::read`] (one get for ≤ 10 replicas); else `None`.
+pub fn lazy_pressure<S: SlotStore>(store: &S, n: usize, cfg: &AffinityConfig) -> Option<Pressure> {
+    (cfg.share_factor > 0.0 && cfg.spread_cold).then(|| Pressure::read(store, n))
 }
 
 /// Per-replica counts of recently routed requests (the [`Pressure`] counter

@@ -372,9 +372,14 @@ impl Policy for Ours {
             shallow: None,
         };
         let (index, store) = (&self.index, &self.store);
-        let c = affinity::choose_tiered(self.router.ring(), &request, &self.cost, &self.cfg, |k| {
-            index.lookup_shallow(store, &key.blocks, k, now_ms)
-        });
+        let c = affinity::choose_tiered(
+            self.router.ring(),
+            &request,
+            &self.cost,
+            &self.cfg,
+            |k| index.lookup_shallow(store, &key.blocks, k, now_ms),
+            || share::lazy_pressure(store, n, &self.cfg),
+        );
         // The records read the decision from the lookup (`new_holder_known`).
         let known = known.map(|k| k.spilled(c.reason == Reason::Spill));
         Share::note(&mut self.store, n, c.primary, &self.cfg);
