@@ -37,8 +37,9 @@
 //!   ([`crate::affinity`], "Request share": several requests branched off
 //!   it, by the index's length stamp); the next turn of a conversation
 //!   stays on its holder, whose count new conversations even out. Hence
-//!   [`pressure_for`] reads the pressure for warm requests too while the
-//!   bound is on (one more get).
+//!   a warm request that the bound may move reads the pressure when the
+//!   decision asks ([`lazy_pressure`]: one more get, for those requests
+//!   only; [`pressure_for`] reads it up front for cold ones).
 //!
 //! The gap between the two keeps the noise of a few requests from placing
 //! new holders: a replica just over the soft bound keeps its single-holder
