@@ -61,7 +61,17 @@
 //!    soft share bound, the least loaded of them is kept (warm) unless it is
 //!    above the hard bound too; then the request goes to `place(holders)`
 //!    ranked by share first (the non-holder with the smallest share), if
-//!    that one is under the soft bound ([`Reason::Spill`]: a new holder).
+//!    that one is under the soft bound ([`Reason::Spill`]: a new holder),
+//!    and only if its known prefix **fanned out** (`share_fan_out`,
+//!    `fan_out`): an earlier request at least as long went on past the
+//!    deepest known block ([`crate::index::Entry::stamp`]) and the prefix
+//!    is not a whole earlier prompt (end mark), so this request is one of
+//!    several branching off a shared prefix. The next turn of a
+//!    conversation (longer than the turn before) is kept: moving it
+//!    re-prefills its history, and new conversations' placement evens the
+//!    counts out for free; on chat in fast mode those moves were the whole
+//!    1.0–1.5 points the bound cost (`docs/benchmarks.md`, "Tenth session:
+//!    a share bound on by default").
 //!    A known prefix that ends on an **end mark** (a recorded prompt's last
 //!    block or last whole block, [`crate::index`]: the request continues that prompt, and
 //!    its holder also cached the answer the index cannot see) is warm
@@ -231,6 +241,13 @@ pub struct AffinityConfig {
     /// New prefixes per routed request below which the share floor may act
     /// ([`crate::share::SETTLED`]). 0: no floor.
     pub share_settled: f64,
+    /// The share bound moves a warm request to a new holder only when its
+    /// known prefix fanned out (`fan_out`: several requests branched off
+    /// it, a shared prefix), not for the next turn of a conversation, whose
+    /// move re-prefills its history and buys nothing that a new
+    /// conversation's placement would not (module docs, "Request share").
+    /// Off: every request over the hard bound may be moved.
+    pub share_fan_out: bool,
     /// Absolute slack of a warm holder, requests: a holder is over the load
     /// bound only when it is also more than this many requests above the
     /// mean (module docs, "Light load"). 0: the relative bound alone.
@@ -311,6 +328,7 @@ impl Default for AffinityConfig {
             share_factor: DEFAULT_SHARE_FACTOR,
             share_light_load: crate::share::LIGHT_LOAD,
             share_settled: crate::share::SETTLED,
+            share_fan_out: true,
             light_slack: DEFAULT_LIGHT_SLACK,
             queue_wait_cap: true,
             tier: true,
@@ -381,12 +399,13 @@ impl Choice {
     }
 }
 
-/// Default [`AffinityConfig::share_factor`]: off. On (1.0, as
-/// `envoy/envoy.yaml` sets it) it meets SageMaker's per-replica share band
-/// end to end but costs chat 1.0–1.3 points of hit rate in the simulator and
-/// moves prefixes off their ring owners at a light load (see
-/// `docs/benchmarks.md`, "With the request-share bound").
-pub const DEFAULT_SHARE_FACTOR: f64 = 0.0;
+/// Default [`AffinityConfig::share_factor`]: on (1.0, as `envoy/envoy.yaml`
+/// sets it): it meets SageMaker's per-replica share band end to end. It was
+/// off while its hard move cost chat 1.0–1.3 points of hit rate in the
+/// simulator by moving the next turns of conversations; it now moves only
+/// requests whose known prefix fanned out ([`AffinityConfig::share_fan_out`];
+/// `docs/benchmarks.md`, "Tenth session: a share bound on by default").
+pub const DEFAULT_SHARE_FACTOR: f64 = 1.0;
 
 const MAX_CHOICES: usize = 8;
 
@@ -615,35 +634,53 @@ pub fn choose(
 /// spill that would use it ([`Choice::tier_wanted`]), `shallow(known)` is
 /// asked for it there (the caller's
 /// [`crate::index::PrefixIndex::lookup_shallow`]: a few gets) and the
-/// spill is priced with what it finds. Cost: one [`choose`] (O(N)) and at
-/// most one `shallow` call, only on that path. Same decision as
-/// [`choose`] given [`Request::shallow`] = `shallow(known)` when the tier
-/// is wanted (everything before the spill rule is independent of it).
+/// spill is priced with what it finds. Likewise `pressure()` (the
+/// caller's [`Pressure::read`]) is asked, when [`Request::pressure`] is
+/// `None`, only for a warm request that the share bound may move to a new
+/// holder (module docs, "Request share"): the new holder is ranked by it.
+/// Cost: one [`choose`] (O(N)) and at most one call of each, only on those
+/// paths. Same decision as [`choose`] given [`Request::shallow`] =
+/// `shallow(known)` when the tier is wanted (everything before the spill
+/// rule is independent of it) and [`Request::pressure`] = `pressure()`
+/// when it is asked.
 pub fn choose_tiered(
     ring: &HashRing,
     req: &Request<'_>,
     cost: &CostModel,
     cfg: &AffinityConfig,
     shallow: impl FnOnce(&Known) -> Option<Known>,
+    pressure: impl FnOnce() -> Option<Pressure>,
 ) -> Choice {
     let mut shallow = Some(shallow);
     let mut once = |k: &Known| shallow.take().and_then(|f| f(k));
-    decide(ring, req, cost, cfg, Some(&mut once))
+    let mut pressure = Some(pressure);
+    let mut read = || pressure.take().and_then(|f| f());
+    decide(ring, req, cost, cfg, Some((&mut once, &mut read)))
 }
 
-/// The second tier's lookup as [`decide`] takes it.
-type TierLookup<'a> = &'a mut dyn FnMut(&Known) -> Option<Known>;
+/// The caller's lookups as [`decide`] takes them: the second tier's, and
+/// the pressure counters.
+type Lookups<'a> = (
+    &'a mut dyn FnMut(&Known) -> Option<Known>,
+    &'a mut dyn FnMut() -> Option<Pressure>,
+);
 
-/// [`choose`], with `lookup` the second tier's lookup ([`choose_tiered`])
-/// if the caller has one (called at most once; `dyn`, so that the filter
-/// holds one copy of the decision, not one per caller).
+/// [`choose`], with `lookups` the caller's lookups ([`choose_tiered`]) if
+/// it has them (each called at most once; `dyn`, so that the filter holds
+/// one copy of the decision, not one per caller).
 fn decide(
     ring: &HashRing,
     req: &Request<'_>,
     cost: &CostModel,
     cfg: &AffinityConfig,
-    lookup: Option<TierLookup<'_>>,
+    lookups: Option<Lookups<'_>>,
 ) -> Choice {
+    let (lookup, read_pressure) = match lookups {
+        Some((l, p)) => (Some(l), Some(p)),
+        None => (None, None),
+    };
+    // Pressure counters read here (`read_pressure`), outliving the view.
+    let fetched: Option<Pressure>;
     let (key, prompt_chars, known, loads, ticket) =
         (req.key, req.prompt_chars, req.known, req.loads, req.ticket);
     let n = ring.len();
@@ -675,19 +712,8 @@ fn decide(
             (all || loads.is_available(i)).then(|| loads.of(i))
         }),
     };
-    // The share floor (`crate::share`, "Floor"): while a replica that has
-    // room is under it, the hard bound is the soft one.
-    let floor = share.is_some_and(|s| {
-        s.floor_open(cfg.share_factor, cfg.share_settled, req.pressure, n, |i| {
-            (v.available(i), v.acceptable(i))
-        })
-    });
-    if floor {
-        v.share_hard = v.share_limit;
-    }
     let cpt = cfg.chars_per_token.max(0.1);
     let prompt_tokens = (prompt_chars.max(key.units) as f64 / cpt).max(1.0);
-    let secondary_of = |k: u64, p: usize| ring.candidates(k).find(|&c| c != p && v.available(c));
     let Some(window_key) = key.key else {
         // No key: least loaded, ties rotated by the ticket.
         let off = if n == 0 {
@@ -734,6 +760,29 @@ fn decide(
         }
         (m > 0).then_some((holders, m, cached, coverage))
     });
+    // The share bound may move this warm request to a new holder (a holder
+    // over the soft bound at a light load, and the known prefix fanned
+    // out): the new holder is ranked by pressure first, and the floor
+    // (`crate::share`, "Floor": while a replica that has room is under it,
+    // the hard bound is the soft one) reads it too; read now if the caller
+    // did not (only warm requests come here; cold ones read it up front).
+    let may_move = share.zip(warm.as_ref()).filter(|(_, (h, m, _, _))| {
+        h[..*m].iter().any(|&r| v.over_share(r))
+            && (!cfg.share_fan_out || known.is_some_and(|k| fan_out(key, k, prompt_chars)))
+    });
+    if let Some((s, _)) = may_move {
+        if v.pressure.is_none() {
+            fetched = read_pressure.and_then(|f| f());
+            v.pressure = fetched.as_ref();
+        }
+        let open = s.floor_open(cfg.share_factor, cfg.share_settled, v.pressure, n, |i| {
+            (v.available(i), v.acceptable(i))
+        });
+        if open {
+            v.share_hard = v.share_limit;
+        }
+    }
+    let secondary_of = |k: u64, p: usize| ring.candidates(k).find(|&c| c != p && v.available(c));
     if let Some((holders, m, cached, coverage)) = warm {
         let holders = &holders[..m];
         // Slack by value: a holder may exceed the mean by the load factor's
@@ -779,8 +828,15 @@ fn decide(
             .filter(|&h| load_ok(h))
             .min_by_key(|&h| v.holder_rank(h));
         let by_share = best_ok.is_none() && share_held.is_some();
-        let hard = share_held.is_some_and(|h| v.over_hard(h));
         let alt = place(ring, ring_key, &v, holders, cfg.cold_choices, by_share);
+        // Over the hard bound, a move to `alt` (under the soft one) is
+        // worth it for a prefix that several requests branched off, not for
+        // the next turn of one conversation (`share_fan_out`, module docs).
+        let hard = share_held.is_some_and(|h| v.over_hard(h))
+            && !(by_share
+                && cfg.share_fan_out
+                && alt.is_some_and(|a| !v.over_share(a))
+                && !known.is_some_and(|k| fan_out(key, k, prompt_chars)));
         // Second tier (module docs): the least loaded acceptable replica
         // that holds a shallower part of the prefix `s` (not a holder of the
         // deep block), with the tokens it holds.
@@ -916,6 +972,30 @@ fn known_tokens(
     } else {
         cached
     }
+}
+
+/// Has the known prefix `k` of `key` (a prompt of `prompt_chars`) **fanned
+/// out**, i.e. is this request one of several branching off it rather than
+/// the next turn of a conversation (module docs, "Request share")?
+/// - a known prefix that ends on an end mark is a whole prompt recorded
+///   before, which this one extends: no;
+/// - its deepest known block carries a length stamp
+///   ([`crate::index::Entry::stamp`]: an earlier request went on past it)
+///   and this request is no longer than that one: yes, it did not extend
+///   it (a conversation's next turn is longer than the turn before); no
+///   stamp (nobody went on past the block before) or longer: no;
+/// - the whole key known: an exact repeat (yes: identical prompts), unless
+///   the prompt goes on past the hashed window (a long conversation's next
+///   turn far more often than a divergence just past it: no).
+///
+/// Cost: O(1), no store access.
+fn fan_out(key: &RoutingKey, k: &Known, prompt_chars: usize) -> bool {
+    let n = key.blocks.len();
+    if k.depth >= n {
+        return prompt_chars <= key.units;
+    }
+    let stamp = usize::from(k.entry.stamp());
+    !k.entry.is_end() && stamp > 0 && n.min(usize::from(u8::MAX)) <= stamp
 }
 
 /// The load bound of a warm holder whose prefix covers `coverage` of the
@@ -1135,19 +1215,33 @@ mod tests {
         let loads = [3, 30, 30, 2, 2, 2, 2, 2];
         let req = request(&k, Some(&deep), Loads::new(&loads));
         let asked = std::cell::Cell::new(0);
-        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |_| {
-            asked.set(asked.get() + 1);
-            Some(shallow)
-        });
+        let c = choose_tiered(
+            &r,
+            &req,
+            &cost(),
+            &AffinityConfig::default(),
+            |_| {
+                asked.set(asked.get() + 1);
+                Some(shallow)
+            },
+            || None,
+        );
         assert_eq!((c.primary, c.reason, asked.get()), (0, Reason::Warm, 0));
         // Over the bound: asked once, and its answer decides.
         let loads = [30, 30, 30, 2, 2, 6, 2, 2];
         let req = request(&k, Some(&deep), Loads::new(&loads));
-        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |d| {
-            asked.set(asked.get() + 1);
-            assert_eq!(d.depth, 40);
-            Some(shallow)
-        });
+        let c = choose_tiered(
+            &r,
+            &req,
+            &cost(),
+            &AffinityConfig::default(),
+            |d| {
+                asked.set(asked.get() + 1);
+                assert_eq!(d.depth, 40);
+                Some(shallow)
+            },
+            || None,
+        );
         assert_eq!((c.primary, asked.get()), (5, 1));
         // The same decision as `choose` given the lookup's answer; with
         // none, the same as without the tier (and still wanted).
@@ -1156,7 +1250,14 @@ mod tests {
             ..req
         };
         assert_eq!(c, choose(&r, &given, &cost(), &AffinityConfig::default()));
-        let c = choose_tiered(&r, &req, &cost(), &AffinityConfig::default(), |_| None);
+        let c = choose_tiered(
+            &r,
+            &req,
+            &cost(),
+            &AffinityConfig::default(),
+            |_| None,
+            || None,
+        );
         assert!(c.tier_wanted);
         assert_eq!(c, choose(&r, &req, &cost(), &AffinityConfig::default()));
     }
@@ -1655,6 +1756,118 @@ mod tests {
         counts[5] = 0;
         let c = pick_shared(&k, Some(&known(64, &[3, 5], 0)), &loads, &counts);
         assert_ne!(c.primary, 5);
+    }
+
+    #[test]
+    fn the_share_bound_splits_a_prefix_that_fanned_out_not_a_conversation() {
+        // Replica 3 holds 48 of the request's 64 blocks and is over the
+        // hard bound (as above); replica 6 has the smallest share.
+        let k = key(42, 64);
+        let idle = [0u32; 7];
+        let mut counts = [10u8; 7];
+        counts[3] = 14;
+        counts[6] = 7;
+        let known_at = |depth: usize, stamp: u64, end: bool| {
+            let mut kn = known(depth, &[3], 0);
+            kn.entry.tag = (1 << 8) | stamp | if end { 1 << 47 } else { 0 };
+            kn
+        };
+        let pick_at = |kn: Known, cfg: &AffinityConfig, prompt_chars: usize| {
+            let sh = Share::from_counts(&counts);
+            let req = Request {
+                share: Some(&sh),
+                prompt_chars,
+                ..request(&k, Some(&kn), Loads::new(&idle))
+            };
+            let c = choose(&ring(7), &req, &cost(), cfg);
+            (c.primary, c.reason)
+        };
+        let on = AffinityConfig {
+            share_factor: 1.0,
+            ..AffinityConfig::default()
+        };
+        let units = k.units;
+        // An earlier request of 64 blocks or more went on past the known
+        // block: this one (64) did not extend it, the prefix fanned out.
+        for stamp in [64, 70, 255] {
+            let c = pick_at(known_at(48, stamp, false), &on, units);
+            assert_eq!(c, (6, Reason::Spill), "{stamp}");
+        }
+        // A shorter one did (the next turn of a conversation is longer
+        // than the turn before), nobody did, or the known prefix is a whole
+        // prompt (end mark): kept.
+        for (stamp, end) in [(63, false), (10, false), (0, false), (64, true)] {
+            let c = pick_at(known_at(48, stamp, end), &on, units);
+            assert_eq!(c, (3, Reason::Warm), "{stamp} {end}");
+        }
+        // The whole key known: an exact repeat moves, a window that the
+        // prompt goes on past does not.
+        assert_eq!(
+            pick_at(known_at(64, 0, true), &on, units),
+            (6, Reason::Spill)
+        );
+        assert_eq!(
+            pick_at(known_at(64, 0, true), &on, units + 1),
+            (3, Reason::Warm)
+        );
+        // `share_fan_out` off: every request over the hard bound moves.
+        let off = AffinityConfig {
+            share_fan_out: false,
+            ..on
+        };
+        assert_eq!(
+            pick_at(known_at(48, 0, false), &off, units),
+            (6, Reason::Spill)
+        );
+    }
+
+    #[test]
+    fn a_warm_request_reads_the_pressure_only_when_the_share_bound_may_move_it() {
+        let k = key(42, 64);
+        let idle = [0u32; 7];
+        let on = AffinityConfig {
+            share_factor: 1.0,
+            ..AffinityConfig::default()
+        };
+        // Replica 3 holds 48 blocks, stamped by a request of 64: fanned out.
+        let mut kn = known(48, &[3], 0);
+        kn.entry.tag = (1 << 8) | 64;
+        // Pressure: replicas 5 and 6 have the same share; the one given
+        // fewer new prefixes becomes the new holder.
+        let five = Pressure::from_counts(&[3, 3, 3, 3, 3, 2, 4]);
+        let six = Pressure::from_counts(&[3, 3, 3, 3, 3, 4, 2]);
+        let asked = std::cell::Cell::new(0);
+        let run_with = |p: Pressure, counts: &[u8], kn: &Known| {
+            let sh = Share::from_counts(counts);
+            let req = Request {
+                share: Some(&sh),
+                ..request(&k, Some(kn), Loads::new(&idle))
+            };
+            let read = || {
+                asked.set(asked.get() + 1);
+                Some(p)
+            };
+            let c = choose_tiered(&ring(7), &req, &cost(), &on, |_| None, read);
+            (c.primary, c.reason)
+        };
+        let run = |counts: &[u8], kn: &Known| run_with(five, counts, kn);
+        // Under the soft bound: kept, nothing read.
+        let under = [10u8; 7];
+        assert_eq!((run(&under, &kn), asked.get()), ((3, Reason::Warm), 0));
+        // Over the hard bound (replicas 5 and 6 lowest): read once, and the
+        // new holder is ranked by it.
+        let mut over = [10u8; 7];
+        over[3] = 14;
+        over[5] = 7;
+        over[6] = 7;
+        assert_eq!((run(&over, &kn), asked.get()), ((5, Reason::Spill), 1));
+        assert_eq!(run_with(six, &over, &kn), (6, Reason::Spill));
+        asked.set(1);
+        // The next turn of a conversation (no stamp): not movable, not read.
+        assert_eq!(
+            (run(&over, &known(48, &[3], 0)), asked.get()),
+            ((3, Reason::Warm), 1)
+        );
     }
 
     #[test]

@@ -19,8 +19,9 @@
 //! never leaves it: without it a client cannot tell which slot a prefix uses
 //! (one 8-byte xxh3 per probe or write, a few ns).
 //!
-//! Entry (16 bytes, little endian): `tag` (the keyed hash's low 47 bits, never
-//! 0, plus bit 47: the end mark, see below) ‖
+//! Entry (16 bytes, little endian): `tag` (bits 8–46 of the keyed hash,
+//! never all 0, plus bit 47: the end mark, and bits 0–7: the **length
+//! stamp**, see below) ‖
 //! `time` (u32, deciseconds on the caller's clock, wrapping) ‖ up to
 //! [`MAX_HOLDERS`] replica indices as u16 `index + 1` (0 = none), most
 //! recently routed first.
@@ -97,6 +98,17 @@
 //! the replica alone. The pending record (at routing, right after its
 //! lookup) does not read.
 //!
+//! **Length stamp** ([`Entry::stamp`]): when a record rewrites the deepest
+//! known block of a request that goes on past it, the low 8 bits of the tag
+//! hold that request's block count (at most 255); every other write leaves
+//! them 0 (an exact repeat and [`PrefixIndex::confirm`] keep them). A later
+//! request whose deepest known block this is, and which is no longer than
+//! the stamp, did not extend the request that wrote it: two prompts branched
+//! off this block (**fan-out**: a shared prefix under several questions),
+//! where the next turn of a conversation is longer than the turn before
+//! ([`crate::affinity`], "Request share"). No extra get or set: the record
+//! rewrites that block anyway.
+//!
 //! Invariants: a slot holds the entry of at most one key; lookups never
 //! report a depth whose block key is not present with its exact 47-bit tag;
 //! record writes at most `max_writes + 2 + 2⌈log2(gap + 1)⌉` slots (≤ 10
@@ -106,7 +118,9 @@
 //!
 //! Approximation: a slot overwritten by a colliding key hides that block; the
 //! binary search then reports a shallower known prefix (never a false one, up
-//! to 48-bit tag collisions).
+//! to tag collisions: 39 key bits, of which the slot fixes those above bit
+//! 31 for tables up to 2^16 slots, so ≈ 2^-24 per probe of a slot another
+//! key holds).
 
 /// Longest a warm exact repeat leaves its entry's time unrefreshed
 /// ([`PrefixIndex::record_unneeded`], [`refresh_skip_ms`]), milliseconds.
@@ -241,15 +255,19 @@ pub struct Entry {
     pub holders: [Option<u16>; MAX_HOLDERS],
 }
 
-const TAG_MASK: u64 = (1 << 47) - 1;
+/// Bits of the stored tag that hold the [`Entry::stamp`] (the lowest).
+const STAMP_BITS: u32 = 8;
+const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
+/// Key bits of the stored tag: 8–46.
+const TAG_MASK: u64 = ((1 << 47) - 1) & !STAMP_MASK;
 /// Bit 47 of the stored tag: the **end mark** ([`Entry::is_end`]).
 const END_BIT: u64 = 1 << 47;
 
-/// Tag of a block key (47 bits, never 0; bit 47 of the stored tag is the
-/// end mark).
+/// Tag of a block key (its bits 8–46, never 0; bit 47 of the stored tag is
+/// the end mark, bits 0–7 the length stamp).
 pub fn tag_of(key: u64) -> u64 {
     match key & TAG_MASK {
-        0 => 1,
+        0 => 1 << STAMP_BITS,
         t => t,
     }
 }
@@ -292,9 +310,30 @@ impl Entry {
         self.tag & END_BIT != 0
     }
 
-    /// The tag without the end mark.
+    /// The tag without the end mark and the length stamp.
     pub fn key_tag(&self) -> u64 {
         self.tag & TAG_MASK
+    }
+
+    /// The stored tag without the length stamp: the key and the end mark
+    /// (what a peer's merge compares, [`crate::peers::merge`]).
+    pub fn marked_key(&self) -> u64 {
+        self.tag & !STAMP_MASK
+    }
+
+    /// The same entry with the length stamp `stamp`.
+    pub fn with_stamp(self, stamp: u8) -> Entry {
+        Entry {
+            tag: self.marked_key() | u64::from(stamp),
+            ..self
+        }
+    }
+
+    /// The **length stamp** (module docs): the block count (at most 255)
+    /// of the last recorded request that went on past this block as its
+    /// deepest known one; 0: none.
+    pub fn stamp(&self) -> u8 {
+        (self.tag & STAMP_MASK) as u8
     }
 
     /// Holders, most recent first.
@@ -574,7 +613,7 @@ impl PrefixIndex {
             .filter(|e| e.key_tag() == tag)
     }
 
-    /// Write a fresh-or-updated entry of `key`.
+    /// Write a fresh-or-updated entry of `key` (no length stamp).
     fn put<S: SlotStore>(
         &self,
         store: &mut S,
@@ -582,8 +621,19 @@ impl PrefixIndex {
         (time, end): (u32, bool),
         holders: [Option<u16>; MAX_HOLDERS],
     ) {
+        self.put_stamped(store, key, (time, end, 0), holders);
+    }
+
+    /// [`PrefixIndex::put`] with the length stamp `stamp`.
+    fn put_stamped<S: SlotStore>(
+        &self,
+        store: &mut S,
+        key: u64,
+        (time, end, stamp): (u32, bool, u8),
+        holders: [Option<u16>; MAX_HOLDERS],
+    ) {
         let (slot, tag) = self.place(key);
-        let tag = if end { tag | END_BIT } else { tag };
+        let tag = if end { tag | END_BIT } else { tag } | u64::from(stamp);
         store.set(slot, Entry { tag, time, holders }.encode());
     }
 
@@ -779,11 +829,16 @@ impl PrefixIndex {
         let r = replica.min(u16::MAX as usize - 1) as u16;
         let holders = known.map_or([Some(r), None, None], |k| k.entry.with_front(r));
         let end = known.is_some_and(|k| k.depth == top && k.entry.is_end());
+        // The known block keeps its length stamp.
+        let stamp = known
+            .filter(|k| k.depth == top)
+            .map_or(0, |k| k.entry.stamp());
         let time = decis(now_ms);
         let mut sets = 0;
         for p in gap_path(top, self.cfg.ladder_bits) {
             if let Some(&key) = blocks.get(p) {
-                self.put(store, key, (time, end && p + 1 == top), holders);
+                let at = p + 1 == top;
+                self.put_stamped(store, key, (time, end && at, stamp * u8::from(at)), holders);
                 sets += 1;
             }
         }
@@ -967,9 +1022,16 @@ impl PrefixIndex {
             // An exact repeat (a retry, the same prompt again) keeps its
             // mark: it proves no other prompt shares the block.
             let keep = depth == n && marks && k.entry.is_end();
+            // The length stamp: this request's block count when it goes on
+            // past the block (module docs), else (an exact repeat) kept.
+            let stamp = if depth < n {
+                n.min(usize::from(u8::MAX)) as u8
+            } else {
+                k.entry.stamp()
+            };
             let key = blocks[depth - 1];
             let holders = self.merged_front(store, key, &k.entry, r, merge);
-            self.put(store, key, (time, keep), holders);
+            self.put_stamped(store, key, (time, keep, stamp), holders);
             sets += 1;
         }
         // Every ladder block but the deepest known one (written above), the
@@ -1112,7 +1174,8 @@ mod tests {
         assert_eq!(Entry::decode(&[0; ENTRY_BYTES]), None);
         assert_eq!(e.with_front(0), [Some(0), Some(3), None]);
         assert_eq!(e.with_front(9), [Some(9), Some(3), Some(0)]);
-        assert_eq!(tag_of(1 << 48), 1);
+        assert_eq!(tag_of(1 << 48), 1 << 8);
+        assert_eq!(tag_of(0xff), 1 << 8, "the stamp bits are not key bits");
     }
 
     #[test]
@@ -1422,6 +1485,50 @@ mod tests {
         idx.record(&mut st, &a, None, 2, t0 + 500);
         let k = idx.lookup(&st, &a, t0 + PENDING_MS + 200).unwrap();
         assert!(k.age_ms <= max_age, "{}", k.age_ms);
+    }
+
+    #[test]
+    fn the_length_stamp_is_the_block_count_of_the_last_request_past_the_block() {
+        let idx = PrefixIndex::new(IndexConfig::default());
+        let mut st = VecStore::new(IndexConfig::default().slots);
+        // A: 100 shared blocks and one of its own. Its blocks are new: no
+        // stamp on the ladder block 95 that the next lookup finds.
+        let a = chain(7, 100, 1, 101);
+        idx.record(&mut st, &a, None, 1, 0);
+        let b = chain(7, 100, 2, 101);
+        let kb = idx.lookup(&st, &b, 0).unwrap();
+        assert_eq!((kb.depth, kb.entry.stamp()), (96, 0));
+        // B goes on past it: its record stamps block 95 with B's 101 blocks,
+        // and the stamped entry is still found (not a key bit).
+        idx.record(&mut st, &b, Some(&kb), 2, 0);
+        let c = chain(7, 100, 3, 101);
+        let kc = idx.lookup(&st, &c, 0).unwrap();
+        assert_eq!((kc.depth, kc.entry.stamp()), (96, 101));
+        assert_eq!(kc.entry.holders().collect::<Vec<_>>(), vec![2, 1]);
+        // A conversation's next turn (A and 19 more blocks) meets the same
+        // block and stamp; its record stamps its own length, capped at 255.
+        let turn = chain(7, 100, 1, 120);
+        let kt = idx.lookup(&st, &turn, 0).unwrap();
+        assert_eq!((kt.depth, kt.entry.stamp()), (96, 101));
+        let long = chain(7, 100, 4, 300);
+        let kl = idx.lookup(&st, &long, 0).unwrap();
+        idx.record(&mut st, &long, Some(&kl), 3, 0);
+        assert_eq!(idx.lookup(&st, &c, 0).map(|k| k.entry.stamp()), Some(255));
+        // An exact repeat keeps the stamp of its last block; the blocks a
+        // record writes new carry none.
+        let kr = idx.lookup(&st, &long, 0).unwrap();
+        assert_eq!((kr.depth, kr.entry.stamp()), (300, 0));
+        idx.record(&mut st, &c, Some(&kc), 4, 0);
+        let again = idx.lookup(&st, &c, 0).unwrap();
+        assert_eq!((again.depth, again.entry.stamp()), (101, 0));
+        let short = &c[..96];
+        let ks = idx.lookup(&st, short, 0).unwrap();
+        assert_eq!((ks.depth, ks.entry.stamp()), (96, 101));
+        idx.record(&mut st, short, Some(&ks), 5, 0);
+        assert_eq!(
+            idx.lookup(&st, short, 0).map(|k| k.entry.stamp()),
+            Some(101)
+        );
     }
 
     #[test]

@@ -40,10 +40,12 @@
 //! and slots would mean something else there. `epoch` is random per process:
 //! a restarted peer restarts its sequence and the puller's [`Cursor`] resets.
 //!
-//! Merge rule ([`merge`]): same tag → holders = the incoming ones first, then
+//! Merge rule ([`merge`]): same tag (the length stamp aside,
+//! [`crate::index::Entry::stamp`]) → holders = the incoming ones first, then
 //! the existing ones (at most [`MAX_HOLDERS`], no duplicates), time = the
-//! later one; an empty slot or another tag → the incoming entry replaces it
-//! (direct-mapped, exactly as a local write does).
+//! later one, stamp = the incoming one unless it has none; an empty slot or
+//! another tag → the incoming entry replaces it (direct-mapped, exactly as a
+//! local write does).
 //!
 //! Bounds: the log keeps at most `capacity` writes (older ones are lost to a
 //! slow puller, counted by [`Cursor::advance`]); a batch carries at most
@@ -445,7 +447,7 @@ pub fn merge<S: SlotStore>(store: &mut S, slot: u32, incoming: &SlotValue) -> bo
         return false;
     };
     let merged = match store.get(slot).and_then(|v| Entry::decode(&v)) {
-        Some(cur) if cur.tag == inc.tag => {
+        Some(cur) if cur.marked_key() == inc.marked_key() => {
             let mut holders = [None; MAX_HOLDERS];
             let mut k = 0;
             for h in inc.holders.iter().chain(cur.holders.iter()).flatten() {
@@ -460,11 +462,13 @@ pub fn merge<S: SlotStore>(store: &mut S, slot: u32, incoming: &SlotValue) -> bo
             } else {
                 cur.time
             };
+            let stamp = if inc.stamp() > 0 { inc } else { cur }.stamp();
             Entry {
                 tag: cur.tag,
                 time,
                 holders,
             }
+            .with_stamp(stamp)
         }
         _ => inc,
     };
@@ -556,7 +560,7 @@ pub fn fill<S: SlotStore>(store: &mut S, slot: u32, incoming: &SlotValue) -> boo
     ) else {
         return merge(store, slot, incoming);
     };
-    inc.tag == cur.tag && merge(store, slot, incoming)
+    inc.marked_key() == cur.marked_key() && merge(store, slot, incoming)
 }
 
 /// A slot value with `holders` (tests).
@@ -642,22 +646,33 @@ mod tests {
     #[test]
     fn merge_keeps_both_holders_and_the_later_time() {
         let mut s = VecStore::new(16);
-        assert!(merge(&mut s, 3, &entry(42, 100, &[1])));
-        assert!(merge(&mut s, 3, &entry(42, 90, &[4, 1])));
+        assert!(merge(&mut s, 3, &entry(42 << 8, 100, &[1])));
+        assert!(merge(&mut s, 3, &entry(42 << 8, 90, &[4, 1])));
         let e = Entry::decode(&s.get(3).unwrap()).unwrap();
         assert_eq!(e.holders().collect::<Vec<_>>(), vec![4, 1]);
         assert_eq!(e.time, 100);
         // Same again: no change.
-        assert!(!merge(&mut s, 3, &entry(42, 90, &[4, 1])));
+        assert!(!merge(&mut s, 3, &entry(42 << 8, 90, &[4, 1])));
         // Another tag replaces (direct-mapped).
-        assert!(merge(&mut s, 3, &entry(43, 50, &[2])));
+        assert!(merge(&mut s, 3, &entry(43 << 8, 50, &[2])));
         let e = Entry::decode(&s.get(3).unwrap()).unwrap();
-        assert_eq!((e.tag, e.holders().collect::<Vec<_>>()), (43, vec![2]));
+        assert_eq!((e.tag, e.holders().collect::<Vec<_>>()), (43 << 8, vec![2]));
         // At most MAX_HOLDERS, incoming first.
-        assert!(merge(&mut s, 3, &entry(43, 60, &[5, 6, 2])));
-        assert!(merge(&mut s, 3, &entry(43, 61, &[0])));
+        assert!(merge(&mut s, 3, &entry(43 << 8, 60, &[5, 6, 2])));
+        assert!(merge(&mut s, 3, &entry(43 << 8, 61, &[0])));
         let e = Entry::decode(&s.get(3).unwrap()).unwrap();
         assert_eq!(e.holders().collect::<Vec<_>>(), vec![0, 5, 6]);
+        // The length stamp is not part of the key: merged, the incoming
+        // stamp kept unless it has none; the end mark is.
+        assert!(merge(&mut s, 3, &entry((43 << 8) | 9, 62, &[1])));
+        let e = Entry::decode(&s.get(3).unwrap()).unwrap();
+        assert_eq!((e.stamp(), e.holders().count()), (9, 3));
+        assert!(merge(&mut s, 3, &entry(43 << 8, 63, &[2])));
+        let e = Entry::decode(&s.get(3).unwrap()).unwrap();
+        assert_eq!((e.stamp(), e.holders[0], e.time), (9, Some(2), 63));
+        assert!(merge(&mut s, 3, &entry((43 << 8) | (1 << 47), 64, &[4])));
+        let e = Entry::decode(&s.get(3).unwrap()).unwrap();
+        assert_eq!((e.is_end(), e.holders().count()), (true, 1));
     }
 
     #[test]
@@ -881,12 +896,12 @@ mod tests {
     #[test]
     fn a_snapshot_fills_gaps_only() {
         let mut s = VecStore::new(16);
-        assert!(fill(&mut s, 1, &entry(5, 10, &[1])));
-        assert!(fill(&mut s, 1, &entry(5, 20, &[2])));
+        assert!(fill(&mut s, 1, &entry(5 << 8, 10, &[1])));
+        assert!(fill(&mut s, 1, &entry(5 << 8, 20, &[2])));
         let e = Entry::decode(&s.get(1).unwrap()).unwrap();
         assert_eq!((e.holders().collect::<Vec<_>>(), e.time), (vec![2, 1], 20));
         // Another tag: the local entry stays.
-        assert!(!fill(&mut s, 1, &entry(6, 30, &[3])));
-        assert_eq!(Entry::decode(&s.get(1).unwrap()).unwrap().tag, 5);
+        assert!(!fill(&mut s, 1, &entry(6 << 8, 30, &[3])));
+        assert_eq!(Entry::decode(&s.get(1).unwrap()).unwrap().tag, 5 << 8);
     }
 }

@@ -282,7 +282,9 @@ impl NewsRule {
 
 /// Classify writing `new` over `old`. A value that is not an index entry
 /// (the per-gateway counters of [`crate::pressure`], zero tag, outside the
-/// table) is never news: peers would refuse a batch carrying it.
+/// table) is never news: peers would refuse a batch carrying it. A new
+/// length stamp alone ([`crate::index::Entry::stamp`]) is not either: it
+/// rides along with the next write that is.
 pub fn news(old: Option<&SlotValue>, new: &SlotValue, rule: NewsRule) -> News {
     let Some(n) = Entry::decode(new) else {
         return News::None;
@@ -291,7 +293,7 @@ pub fn news(old: Option<&SlotValue>, new: &SlotValue, rule: NewsRule) -> News {
         return News::Block;
     };
     let age = n.time.wrapping_sub(o.time);
-    if o.tag != n.tag {
+    if o.marked_key() != n.marked_key() {
         News::Block
     } else if o.holders != n.holders {
         let same_set = n.holders.iter().flatten().count() == o.holders.iter().flatten().count()
@@ -600,24 +602,44 @@ mod tests {
 
     #[test]
     fn only_news_is_published() {
-        let a = entry(5, 100, &[1]);
+        let a = entry(5 << 8, 100, &[1]);
         let r = NewsRule::refresh(1200);
         assert_eq!(news(None, &a, r), News::Block);
-        assert_eq!(news(Some(&a), &entry(5, 150, &[1]), r), News::None);
-        assert_eq!(news(Some(&a), &entry(5, 1300, &[1]), r), News::Placement);
-        assert_eq!(news(Some(&a), &entry(5, 150, &[2, 1]), r), News::Placement);
-        assert_eq!(news(Some(&a), &entry(6, 150, &[1]), r), News::Block);
-        // A hot prefix served by its other holder: the same set, not news;
-        // a new holder in the set, or the same set past the horizon, is.
-        let two = entry(5, 100, &[1, 2]);
-        assert_eq!(news(Some(&two), &entry(5, 150, &[2, 1]), r), News::Reorder);
+        assert_eq!(news(Some(&a), &entry(5 << 8, 150, &[1]), r), News::None);
         assert_eq!(
-            news(Some(&two), &entry(5, 150, &[3, 1, 2]), r),
+            news(Some(&a), &entry(5 << 8, 1300, &[1]), r),
             News::Placement
         );
-        assert_eq!(news(Some(&two), &entry(5, 150, &[2]), r), News::Placement);
         assert_eq!(
-            news(Some(&two), &entry(5, 1300, &[2, 1]), r),
+            news(Some(&a), &entry(5 << 8, 150, &[2, 1]), r),
+            News::Placement
+        );
+        assert_eq!(news(Some(&a), &entry(6 << 8, 150, &[1]), r), News::Block);
+        // A new length stamp alone (the record of a request that went on
+        // past the block) is not news; an end mark is another key.
+        assert_eq!(
+            news(Some(&a), &entry((5 << 8) | 7, 150, &[1]), r),
+            News::None
+        );
+        let marked = entry((5 << 8) | (1 << 47), 150, &[1]);
+        assert_eq!(news(Some(&a), &marked, r), News::Block);
+        // A hot prefix served by its other holder: the same set, not news;
+        // a new holder in the set, or the same set past the horizon, is.
+        let two = entry(5 << 8, 100, &[1, 2]);
+        assert_eq!(
+            news(Some(&two), &entry(5 << 8, 150, &[2, 1]), r),
+            News::Reorder
+        );
+        assert_eq!(
+            news(Some(&two), &entry(5 << 8, 150, &[3, 1, 2]), r),
+            News::Placement
+        );
+        assert_eq!(
+            news(Some(&two), &entry(5 << 8, 150, &[2]), r),
+            News::Placement
+        );
+        assert_eq!(
+            news(Some(&two), &entry(5 << 8, 1300, &[2, 1]), r),
             News::Placement
         );
         // Through the index: a first record is all news, a warm repeat is none,

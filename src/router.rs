@@ -254,11 +254,21 @@ impl Router {
         };
         // The second tier ([`crate::index::PrefixIndex::lookup_shallow`]):
         // ≤ 3 more gets, only when the spill rule asks for it.
-        let choice = affinity::choose_tiered(&self.ring, &request, cost, &self.affinity, |deep| {
-            self.index
-                .lookup_shallow(store, &key.blocks, deep, now_ms)
-                .map(|k| horizons.filter(k))
-        });
+        // The pressure of a warm request that the share bound may move:
+        // one get, only then.
+        let n = self.ring.len();
+        let choice = affinity::choose_tiered(
+            &self.ring,
+            &request,
+            cost,
+            &self.affinity,
+            |deep| {
+                self.index
+                    .lookup_shallow(store, &key.blocks, deep, now_ms)
+                    .map(|k| horizons.filter(k))
+            },
+            || crate::share::lazy_pressure(store, n, &self.affinity),
+        );
         // The record reads the decision from the lookup it is given
         // (`IndexConfig::new_holder_known`).
         let found = found.map(|k| k.spilled(choice.reason == Reason::Spill));

@@ -32,9 +32,14 @@
 //!   the fewest new prefixes recently ([`Pressure`]: the cache with room;
 //!   with the smallest count only, a replica given a 4th and 5th prefix
 //!   thrashed end to end: 84.6–88.1 % hit instead of 90.6–91.9 %), then the
-//!   smallest count; it becomes a holder: one cold prefill. Hence
-//!   [`pressure_for`] reads the pressure for warm requests too while the
-//!   bound is on (one more get).
+//!   smallest count; it becomes a holder: one cold prefill. Only a
+//!   request whose known prefix fanned out is moved so
+//!   ([`crate::affinity`], "Request share": several requests branched off
+//!   it, by the index's length stamp); the next turn of a conversation
+//!   stays on its holder, whose count new conversations even out. Hence
+//!   a warm request that the bound may move reads the pressure when the
+//!   decision asks ([`lazy_pressure`]: one more get, for those requests
+//!   only; [`pressure_for`] reads it up front for cold ones).
 //!
 //! The gap between the two keeps the noise of a few requests from placing
 //! new holders: a replica just over the soft bound keeps its single-holder
@@ -175,10 +180,13 @@ pub fn slack(mean: f64) -> f64 {
     SLACK.max(NOISE * mean.max(0.0).sqrt())
 }
 
-/// The [`Pressure`] counters a decision needs: [`Pressure::for_request`]
-/// (cold requests), and with the share bound on every keyed request (a warm
-/// one may place a new holder, ranked by pressure first): one get for ≤ 10
-/// replicas. `None` with `spread_cold` off.
+/// The [`Pressure`] counters a decision needs up front:
+/// [`Pressure::for_request`] (cold requests; one get for ≤ 10 replicas).
+/// A warm request that the share bound may move to a new holder (ranked by
+/// pressure first) reads them when the decision asks
+/// ([`crate::affinity::choose_tiered`]: [`lazy_pressure`]), not up front:
+/// the bound moves few requests, and reading for every warm request cost
+/// one get each. `None` with `spread_cold` off.
 pub fn pressure_for<S: SlotStore>(
     store: &S,
     n: usize,
@@ -186,9 +194,14 @@ pub fn pressure_for<S: SlotStore>(
     known: Option<&Known>,
     cfg: &AffinityConfig,
 ) -> Option<Pressure> {
-    let warm_may_place = cfg.share_factor > 0.0 && cfg.spread_cold && key.key.is_some();
     Pressure::for_request(store, n, key, known, cfg)
-        .or_else(|| warm_may_place.then(|| Pressure::read(store, n)))
+}
+
+/// The counters a warm request that the share bound may move reads when
+/// the decision asks ([`pressure_for`]): with `spread_cold` and the bound
+/// on, [`Pressure::read`] (one get for ≤ 10 replicas); else `None`.
+pub fn lazy_pressure<S: SlotStore>(store: &S, n: usize, cfg: &AffinityConfig) -> Option<Pressure> {
+    (cfg.share_factor > 0.0 && cfg.spread_cold).then(|| Pressure::read(store, n))
 }
 
 /// Per-replica counts of recently routed requests (the [`Pressure`] counter

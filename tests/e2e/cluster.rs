@@ -185,10 +185,14 @@ fn eds_scaling_under_load_follows_membership() {
 fn killed_holder_moves_to_one_successor_and_comes_back() {
     let dir = workdir("holder-kill");
     let mut fleet = Fleet::start(&dir, 4, &ReplicaOpts::default());
+    // The successor rule under test: without the request-share bound (on
+    // by default), which at this light load splits the hot group over two
+    // replicas by design (`share::a_hot_group_is_split_by_request_share`).
     let cfg = EnvoyConfig::prefix(&fleet.endpoints())
         .discovery(200)
         .with("strategy", json!("affinity"))
-        .with("load_factor", json!(2.0));
+        .with("load_factor", json!(2.0))
+        .with("share_factor", json!(0));
     let envoy = Envoy::start(&dir, "envoy", &cfg);
     wait_available(&envoy, 4);
     let url = envoy.url("/v1/chat/completions");

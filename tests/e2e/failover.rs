@@ -16,10 +16,11 @@ use prefix_router::cluster::view::View;
 fn killed_replica_every_request_still_succeeds() {
     // Slow health checks, so the first burst runs while Envoy still thinks the replica is up.
     // Ring placement at equal loads (the plan below), not the default spread
-    // of new prefixes by pressure, which depends on what came before.
+    // of new prefixes by pressure or by request share, which depend on what
+    // came before.
     let mut w = World::start("killed", &World::replicas(3), |mut c| {
         c.hc_interval_ms = 5000;
-        c.with("spread_cold", serde_json::json!(false))
+        c.ring_order()
     });
     let r = w.router();
     let bodies: Vec<String> = (0..30)
@@ -116,9 +117,7 @@ fn killed_replica_every_request_still_succeeds() {
 #[test]
 fn replica_answering_503_is_retried_elsewhere() {
     // Ring placement at equal loads (see `killed_replica_every_request_still_succeeds`).
-    let w = World::start("503", &World::replicas(3), |c| {
-        c.with("spread_cold", serde_json::json!(false))
-    });
+    let w = World::start("503", &World::replicas(3), |c| c.ring_order());
     let sick = w.fleet.replicas[0].addr();
     w.fleet.replicas[0].set_fail("503");
     let mut owned_by_sick = 0;

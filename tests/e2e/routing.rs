@@ -155,10 +155,9 @@ fn json_whitespace_and_field_order_do_not_change_the_replica() {
 #[test]
 fn different_prefixes_spread_over_the_replicas() {
     // Ring owners at equal loads: the default spread of new prefixes by cache
-    // pressure (`spread_cold`) would pick by placement history instead.
-    let w = World::start("spread", &World::replicas(4), |c| {
-        c.with("spread_cold", json!(false))
-    });
+    // pressure (`spread_cold`) would pick by placement history instead, and
+    // the request-share bound (on by default) by recent request counts.
+    let w = World::start("spread", &World::replicas(4), |c| c.ring_order());
     let r = w.router();
     let mut count: BTreeMap<String, usize> =
         w.fleet.endpoints().into_iter().map(|e| (e, 0)).collect();

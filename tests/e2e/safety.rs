@@ -106,10 +106,9 @@ fn malformed_json_is_routed_not_hung() {
 #[test]
 fn client_supplied_target_header_is_ignored() {
     // Ring order at equal loads (the owner the core predicts), not the
-    // default spread of new prefixes by pressure, which depends on history.
-    let w = World::start("spoof", &World::replicas(4), |c| {
-        c.with("spread_cold", serde_json::json!(false))
-    });
+    // default spread of new prefixes by pressure or by request share, which
+    // depend on history.
+    let w = World::start("spoof", &World::replicas(4), |c| c.ring_order());
     let r = w.router();
     let eps = w.fleet.endpoints();
     let url = w.envoy.url("/v1/chat/completions");
@@ -229,9 +228,7 @@ fn upstreams_never_see_the_target_header() {
 #[test]
 fn huge_body_is_routed_on_its_raw_prefix() {
     // Ring order at equal loads (see `client_supplied_target_header_is_ignored`).
-    let w = World::start("oversize", &World::replicas(3), |c| {
-        c.with("spread_cold", serde_json::json!(false))
-    });
+    let w = World::start("oversize", &World::replicas(3), |c| c.ring_order());
     let r = w.router();
     let big = chat(&text("huge", 3 << 20), "and the question");
     assert!(big.len() > 3 << 20);

@@ -838,9 +838,14 @@ impl Gateways {
         };
         // The filter's second lookup tier, on this gateway's table.
         let (index, store) = (&self.index, &g.store);
-        let c = affinity::choose_tiered(self.router.ring(), &request, &g.cost, &self.cfg, |d| {
-            index.lookup_shallow(store, &key.blocks, d, now_ms)
-        });
+        let c = affinity::choose_tiered(
+            self.router.ring(),
+            &request,
+            &g.cost,
+            &self.cfg,
+            |d| index.lookup_shallow(store, &key.blocks, d, now_ms),
+            || share::lazy_pressure(counters, n, &self.cfg),
+        );
         // The records read the decision from the lookup (`new_holder_known`).
         let known = known.map(|k| k.spilled(c.reason == Reason::Spill));
         Share::note(&mut g.store, n, c.primary, &self.cfg);

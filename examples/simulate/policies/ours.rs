@@ -162,6 +162,7 @@ impl OursParams {
             "share_factor" => self.affinity.share_factor = f()?,
             "share_light_load" => self.affinity.share_light_load = f()?,
             "share_settled" => self.affinity.share_settled = f()?,
+            "share_fan_out" => self.affinity.share_fan_out = v == "1" || v == "true",
             "light_slack" => self.affinity.light_slack = f()?,
             "queue_wait_cap" => self.affinity.queue_wait_cap = v == "1" || v == "true",
             "soft_threshold" => self.affinity.soft_threshold = v == "1" || v == "true",
@@ -371,9 +372,14 @@ impl Policy for Ours {
             shallow: None,
         };
         let (index, store) = (&self.index, &self.store);
-        let c = affinity::choose_tiered(self.router.ring(), &request, &self.cost, &self.cfg, |k| {
-            index.lookup_shallow(store, &key.blocks, k, now_ms)
-        });
+        let c = affinity::choose_tiered(
+            self.router.ring(),
+            &request,
+            &self.cost,
+            &self.cfg,
+            |k| index.lookup_shallow(store, &key.blocks, k, now_ms),
+            || share::lazy_pressure(store, n, &self.cfg),
+        );
         // The records read the decision from the lookup (`new_holder_known`).
         let known = known.map(|k| k.spilled(c.reason == Reason::Spill));
         Share::note(&mut self.store, n, c.primary, &self.cfg);

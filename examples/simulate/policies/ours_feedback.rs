@@ -138,11 +138,18 @@ impl Policy for OursFeedback {
         };
         // The filter's second lookup tier (its holders aged by the horizons).
         let (index, store, horizons) = (&self.index, &gw.store, &gw.horizons);
-        let c = affinity::choose_tiered(self.router.ring(), &request, &gw.cost, &self.cfg, |d| {
-            index
-                .lookup_shallow(store, &key.blocks, d, now_ms)
-                .map(|k| horizons.filter(k))
-        });
+        let c = affinity::choose_tiered(
+            self.router.ring(),
+            &request,
+            &gw.cost,
+            &self.cfg,
+            |d| {
+                index
+                    .lookup_shallow(store, &key.blocks, d, now_ms)
+                    .map(|k| horizons.filter(k))
+            },
+            || prefix_router::share::lazy_pressure(store, self.router.ring().len(), &self.cfg),
+        );
         let n = self.router.ring().len();
         Share::note(&mut gw.store, n, c.primary, &self.cfg);
         // As the filter: a new placement is written at once as pending.
