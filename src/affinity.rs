@@ -399,13 +399,14 @@ impl Choice {
     }
 }
 
-/// Default [`AffinityConfig::share_factor`]: on (1.0, as `envoy/envoy.yaml`
-/// sets it): it meets SageMaker's per-replica share band end to end. It was
-/// off while its hard move cost chat 1.0–1.3 points of hit rate in the
-/// simulator by moving the next turns of conversations; it now moves only
-/// requests whose known prefix fanned out ([`AffinityConfig::share_fan_out`];
-/// `docs/benchmarks.md`, "Tenth session: a share bound on by default").
-pub const DEFAULT_SHARE_FACTOR: f64 = 1.0;
+/// Default [`AffinityConfig::share_factor`]: off (`envoy/envoy.yaml` sets
+/// 1.0, which meets SageMaker's per-replica share band end to end). Its hard
+/// move no longer costs chat (it moves only requests whose known prefix
+/// fanned out, [`AffinityConfig::share_fan_out`]), but on the public Mooncake
+/// `synthetic_trace` at 32 replicas and a light load it still costs 0.8
+/// points of hit rate for no TTFT gain (`docs/benchmarks.md`, "Tenth
+/// session: a share bound on by default", and the lead's check after it).
+pub const DEFAULT_SHARE_FACTOR: f64 = 0.0;
 
 const MAX_CHOICES: usize = 8;
 

@@ -156,7 +156,7 @@ fn json_whitespace_and_field_order_do_not_change_the_replica() {
 fn different_prefixes_spread_over_the_replicas() {
     // Ring owners at equal loads: the default spread of new prefixes by cache
     // pressure (`spread_cold`) would pick by placement history instead, and
-    // the request-share bound (on by default) by recent request counts.
+    // the request-share bound (when a config sets it) by recent request counts.
     let w = World::start("spread", &World::replicas(4), |c| c.ring_order());
     let r = w.router();
     let mut count: BTreeMap<String, usize> =

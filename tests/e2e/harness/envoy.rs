@@ -152,7 +152,7 @@ impl EnvoyConfig {
     /// Cold placement in ring order at equal loads, the owner the core
     /// predicts without state: no spread of new prefixes by cache pressure
     /// (`spread_cold`, on by default) and no request-share bound
-    /// (`share_factor`, on by default), which both pick by history.
+    /// (`share_factor`, set by some configs), which both pick by history.
     pub fn ring_order(self) -> EnvoyConfig {
         self.with("spread_cold", Value::Bool(false))
             .with("share_factor", Value::from(0))
