@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::harness::client::Client;
-use crate::harness::stats::Stats;
 use crate::harness::procs::wait_for;
+use crate::harness::stats::Stats;
 use crate::harness::workload::{text, MODEL};
 use crate::harness::World;
 
