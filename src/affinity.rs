@@ -767,10 +767,12 @@ fn decide(
     // (`crate::share`, "Floor": while a replica that has room is under it,
     // the hard bound is the soft one) reads it too; read now if the caller
     // did not (only warm requests come here; cold ones read it up front).
-    let may_move = share.zip(warm.as_ref()).filter(|(_, (h, m, _, _))| {
-        h[..*m].iter().any(|&r| v.over_share(r))
-            && (!cfg.share_fan_out || known.is_some_and(|k| fan_out(key, k, prompt_chars)))
-    });
+    // May the hard share bound move this request at all (`share_fan_out`)?
+    // Decided once: the pressure read below and the move itself ask it.
+    let movable = !cfg.share_fan_out || known.is_some_and(|k| fan_out(key, k, prompt_chars));
+    let may_move = share
+        .zip(warm.as_ref())
+        .filter(|(_, (h, m, _, _))| movable && h[..*m].iter().any(|&r| v.over_share(r)));
     if let Some((s, _)) = may_move {
         if v.pressure.is_none() {
             fetched = read_pressure.and_then(|f| f());
@@ -834,10 +836,7 @@ fn decide(
         // worth it for a prefix that several requests branched off, not for
         // the next turn of one conversation (`share_fan_out`, module docs).
         let hard = share_held.is_some_and(|h| v.over_hard(h))
-            && !(by_share
-                && cfg.share_fan_out
-                && alt.is_some_and(|a| !v.over_share(a))
-                && !known.is_some_and(|k| fan_out(key, k, prompt_chars)));
+            && !(by_share && !movable && alt.is_some_and(|a| !v.over_share(a)));
         // Second tier (module docs): the least loaded acceptable replica
         // that holds a shallower part of the prefix `s` (not a holder of the
         // deep block), with the tokens it holds.

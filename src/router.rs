@@ -83,11 +83,11 @@ impl RoutingKey {
 /// ([`crate::affinity::AffinityConfig::beyond_window`]). Cost: O(1).
 pub fn prompt_chars(key: &RoutingKey, body_len: usize, window: usize) -> usize {
     match key.source {
-        KeySource::Chat | KeySource::Completions | KeySource::Responses if key.units >= window => {
-            key.units.max(body_len)
+        KeySource::Chat | KeySource::Completions | KeySource::Responses if key.units < window => {
+            key.units
         }
-        KeySource::Chat | KeySource::Completions | KeySource::Responses => key.units,
-        _ => body_len,
+        // Text that filled the window, or a raw / oversize body: the body.
+        _ => key.units.max(body_len),
     }
 }
 
