@@ -246,13 +246,7 @@ pub struct AffinityConfig {
     /// it, a shared prefix), not for the next turn of a conversation, whose
     /// move re-prefills its history and buys nothing that a new
     /// conversation's placement would not (module docs, "Request share").
-    /// Off (the default): every request over the hard bound may be moved.
-    /// Off because the test "no longer than the stamp" misreads questions
-    /// of varying length under one shared prefix as continuations: through
-    /// Envoy, `prefix-load --workload sagemaker --seed 7|8` (questions of
-    /// one or two blocks) got 0–2 splits and shares of 9.7–20.9 % with
-    /// `share_factor: 1.0` (13.8–15.0 % with it off; `docs/benchmarks.md`,
-    /// "Tenth session: the lead's checks after the merges").
+    /// Off: every request over the hard bound may be moved.
     pub share_fan_out: bool,
     /// Absolute slack of a warm holder, requests: a holder is over the load
     /// bound only when it is also more than this many requests above the
@@ -334,7 +328,7 @@ impl Default for AffinityConfig {
             share_factor: DEFAULT_SHARE_FACTOR,
             share_light_load: crate::share::LIGHT_LOAD,
             share_settled: crate::share::SETTLED,
-            share_fan_out: false,
+            share_fan_out: true,
             light_slack: DEFAULT_LIGHT_SLACK,
             queue_wait_cap: true,
             tier: true,
@@ -1790,7 +1784,6 @@ mod tests {
         };
         let on = AffinityConfig {
             share_factor: 1.0,
-            share_fan_out: true,
             ..AffinityConfig::default()
         };
         let units = k.units;
@@ -1834,7 +1827,6 @@ mod tests {
         let idle = [0u32; 7];
         let on = AffinityConfig {
             share_factor: 1.0,
-            share_fan_out: true,
             ..AffinityConfig::default()
         };
         // Replica 3 holds 48 blocks, stamped by a request of 64: fanned out.
