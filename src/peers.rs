@@ -10,8 +10,8 @@
 //! table ([`merge`]). Only slot entries travel (never prompt text), in a
 //! compact form: the writes of one record share their front holder and
 //! time, so the batch body is a sequence of **runs**: head (LEB128 varint:
-//! count × 4 + mode) ‖ front holder × 2 + stamped (varint) ‖ age (varint,
-//! deciseconds before the batch's newest write) ‖ [high-bit bitmap] ‖
+//! count × 4 + mode) ‖ front holder (varint) ‖ age × 2 + stamped (varint;
+//! age: deciseconds before the batch's newest write) ‖ [high-bit bitmap] ‖
 //! [stamp list] ‖ count × (5-byte tag [‖ slot difference]).
 //!
 //! **Tags.** A stored tag ([`crate::index::Entry`]) is 48 bits: key bits
@@ -19,7 +19,7 @@
 //! [`crate::index::Entry::stamp`]), which only the deepest known block a
 //! record rewrote carries (0 elsewhere). An entry on the wire is the
 //! tag's bits 8..47 (5 bytes); the stamps travel once per run, only for
-//! the entries that have one: when the head's `stamped` bit is set, a
+//! the entries that have one: when the run's `stamped` bit is set, a
 //! **stamp list** of pairs (varint `index in the run × 2 + more`, stamp
 //! byte) follows the bitmap, indices strictly increasing and below the run
 //! length, stamps non-zero, the last pair with `more` = 0 (usually one
@@ -79,7 +79,7 @@ pub const MAGIC: [u8; 4] = *b"PRX5";
 /// Header bytes.
 pub const HEADER_BYTES: usize = 28;
 /// Most bytes per entry on the wire: a run of one (head 1 B, front holder
-/// and stamped bit ≤ 3 B, age ≤ 3 B, a stamp list of one pair 2 B) with a
+/// ≤ 3 B, age and stamped bit ≤ 3 B, a stamp list of one pair 2 B) with a
 /// 5-byte tag and a slot difference of ≤ 5 B; a typical entry takes 5 B
 /// (see the module docs).
 pub const ITEM_BYTES: usize = 1 + 3 + 3 + 2 + WIRE_TAG + 5;
@@ -249,8 +249,8 @@ pub fn encode<'a>(
         });
         let stamped = stamps.clone().count();
         put_varint(&mut out, (run as u64) << 2 | mode);
-        put_varint(&mut out, u64::from(front) << 1 | u64::from(stamped > 0));
-        put_varint(&mut out, u64::from(age));
+        put_varint(&mut out, u64::from(front));
+        put_varint(&mut out, u64::from(age) << 1 | u64::from(stamped > 0));
         if mode == RUN_HIGH_BIT {
             for chunk in ds.chunks(8) {
                 let bits = chunk
@@ -450,10 +450,10 @@ pub fn decode(
         let head = get_varint(body, &mut at).ok_or(PeerError::Malformed)?;
         let (run, mode) = (head >> 2, head & 3);
         let front = get_varint(body, &mut at).ok_or(PeerError::Malformed)?;
-        let stamped = front & 1 == 1;
-        let front = u16::try_from(front >> 1).map_err(|_| PeerError::BadEntry)?;
+        let front = u16::try_from(front).map_err(|_| PeerError::BadEntry)?;
         let age = get_varint(body, &mut at).ok_or(PeerError::Malformed)?;
-        let age = u16::try_from(age).map_err(|_| PeerError::Malformed)?;
+        let stamped = age & 1 == 1;
+        let age = u16::try_from(age >> 1).map_err(|_| PeerError::Malformed)?;
         if run == 0 || run > (count - entries.len()) as u64 || mode > RUN_EXPLICIT {
             return Err(PeerError::Malformed);
         }
@@ -814,7 +814,7 @@ mod tests {
         }
         // A front holder past u16.
         let mut wide = good[..HEADER_BYTES].to_vec();
-        wide.extend([6, 0x80, 0x80, 0x08, 0]);
+        wide.extend([6, 0x80, 0x80, 0x04, 0]);
         wide.extend(&good[HEADER_BYTES + 3..]);
         assert_eq!(bad(&wide), PeerError::BadEntry);
         let mut endless = good[..HEADER_BYTES].to_vec();
@@ -1006,11 +1006,11 @@ mod tests {
         let good = encode(0, items.iter(), lay, 1, slots);
         let ok = |b: &[u8]| decode(b, lay, 64, slots, 5);
         assert!(ok(&good).is_ok());
-        // The first run (entries 0..6): head 6 × 4 + implied, front 1 × 2
-        // + stamped, age 0, then the pairs (index 0 × 2 + more, 200),
+        // The first run (entries 0..6): head 6 × 4 + implied, front 1, age
+        // 0 × 2 + stamped, then the pairs (index 0 × 2 + more, 200),
         // (4 × 2, 204); entry 9 is listed in the second run.
         let h = HEADER_BYTES;
-        assert_eq!(good[h..h + 7], [24, 3, 0, 1, 200, 8, 204]);
+        assert_eq!(good[h..h + 7], [24, 1, 1, 1, 200, 8, 204]);
         let with = |f: &dyn Fn(&mut Vec<u8>)| {
             let mut b = good.clone();
             f(&mut b);
@@ -1032,14 +1032,23 @@ mod tests {
         // of place (as a pair, as tags; refused as malformed or as a bad
         // entry, whichever check the shifted bytes meet first).
         with(&|b| drop(b.drain(h + 3..h + 7)));
-        with(&|b| b[h + 1] = 2);
+        with(&|b| b[h + 2] = 0);
         with(&|b| b[h + 5] = 4 << 1 | 1);
+        // The age field: 65 535 ds with the stamped bit is a valid age;
+        // 65 536 is past u16.
+        let age = |v: [u8; 3]| {
+            let mut b = good.clone();
+            b.splice(h + 2..h + 3, v);
+            ok(&b)
+        };
+        assert!(age([0xff, 0xff, 0x07]).is_ok());
+        assert_eq!(age([0x81, 0x80, 0x08]).unwrap_err(), PeerError::Malformed);
         // Cut inside the list.
         for cut in h + 3..h + 7 {
             assert_eq!(ok(&good[..cut]).unwrap_err(), PeerError::Malformed, "{cut}");
         }
         // The unmutated bytes: the same checks pass.
-        for (at, v) in [(h + 5, 8), (h + 3, 1), (h + 4, 200), (h + 1, 3)] {
+        for (at, v) in [(h + 5, 8), (h + 3, 1), (h + 4, 200), (h + 2, 1)] {
             let mut b = good.clone();
             b[at] = v;
             assert!(ok(&b).is_ok());
