@@ -242,12 +242,9 @@ pub fn encode<'a>(
         } else {
             RUN_EXPLICIT
         };
-        // Stamped entries of the run: (index in the run, stamp).
-        let stamps = ds.iter().enumerate().filter_map(|(k, d)| {
-            let stamp = (item(d).0 & STAMP_MASK) as u8;
-            (stamp != 0).then_some((k, stamp))
-        });
-        let stamped = stamps.clone().count();
+        // The run's stamped entries (usually none: one pass).
+        let stamp_of = |d: &(u32, Option<Entry>)| (item(d).0 & STAMP_MASK) as u8;
+        let stamped = ds.iter().filter(|d| stamp_of(d) != 0).count();
         put_varint(&mut out, (run as u64) << 2 | mode);
         put_varint(&mut out, u64::from(front));
         put_varint(&mut out, u64::from(age) << 1 | u64::from(stamped > 0));
@@ -260,9 +257,17 @@ pub fn encode<'a>(
                 out.push(bits);
             }
         }
-        for (n, (k, stamp)) in stamps.enumerate() {
-            put_varint(&mut out, (k as u64) << 1 | u64::from(n + 1 < stamped));
-            out.push(stamp);
+        let mut left = stamped;
+        for (k, d) in ds.iter().enumerate() {
+            if left == 0 {
+                break;
+            }
+            let stamp = stamp_of(d);
+            if stamp != 0 {
+                left -= 1;
+                put_varint(&mut out, (k as u64) << 1 | u64::from(left > 0));
+                out.push(stamp);
+            }
         }
         for d in ds {
             let (tag, _, _, _) = item(d);
@@ -473,13 +478,19 @@ pub fn decode(
         if stamped {
             get_stamps(body, &mut at, run, &mut stamps)?;
         }
-        let mut next_stamp = stamps.iter().copied().peekable();
+        let mut next_stamp = 0;
         for k in 0..run {
             let t = body.get(at..at + WIRE_TAG).ok_or(PeerError::Malformed)?;
             at += WIRE_TAG;
             let mut w = [0u8; 8];
             w[1..=WIRE_TAG].copy_from_slice(t);
-            let stamp = next_stamp.next_if(|&(i, _)| i == k).map_or(0, |(_, s)| s);
+            let stamp = match stamps.get(next_stamp) {
+                Some(&(i, s)) if i == k => {
+                    next_stamp += 1;
+                    s
+                }
+                _ => 0,
+            };
             let tag = u64::from_le_bytes(w) | u64::from(stamp);
             let slot = match mode {
                 RUN_EXPLICIT => {
