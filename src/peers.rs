@@ -68,7 +68,8 @@
 //! `max_count` entries; [`decode`] rejects anything malformed (wrong magic,
 //! among them an older format's `PRX4`, length, count, layout, empty tag,
 //! holder out of range, a stamp list out of order, out of its run or with
-//! a zero stamp) before touching the table. Cost: O(count) per batch, one get + one set per entry.
+//! a zero stamp) before touching the table. Cost: O(count) per batch, one
+//! get + one set per entry.
 
 use std::collections::VecDeque;
 
@@ -289,6 +290,8 @@ const RUN_EXPLICIT: u64 = 2;
 /// end mark; the low byte, the length stamp, travels in the run's stamp
 /// list).
 const WIRE_TAG: usize = (48 - STAMP_BITS as usize) / 8;
+// `decode` reads the wire tag as 4 + 1 bytes.
+const _: () = assert!(WIRE_TAG == 5);
 /// Key bits 32..46 that the 47-bit tag keeps ([`crate::index::tag_of`];
 /// bit 47 of a stored tag is the end mark, not a key bit).
 const LOW_BITS: u32 = 15;
