@@ -6,7 +6,7 @@
 #   ./build.sh fuzz cmin         minimise fuzz/corpus/<target>/ in place (after long runs)
 #
 # Targets (fuzz/fuzz_targets/, properties in tests/support/fuzz_props.rs): json_scanner,
-# extract, config, prometheus. Each run starts from the committed corpus fuzz/corpus/<target>/
+# extract, config, prometheus, peers. Each run starts from the committed corpus fuzz/corpus/<target>/
 # and writes new inputs to fuzz/work/<target>/ (git-ignored); `cmin` merges both back into a
 # minimal fuzz/corpus/<target>/. A crash leaves its input in fuzz/artifacts/<target>/ and fails
 # the run. One libFuzzer process at a time (no -jobs/-workers): the machine's cores are shared.
@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
 
-ALL_TARGETS=(json_scanner extract config prometheus)
+ALL_TARGETS=(json_scanner extract config prometheus peers)
 MAX_LEN=${FUZZ_MAX_LEN:-16384}
 
 ensure_nightly() {

@@ -256,8 +256,9 @@ pub struct Entry {
 }
 
 /// Bits of the stored tag that hold the [`Entry::stamp`] (the lowest).
-const STAMP_BITS: u32 = 8;
-const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
+pub const STAMP_BITS: u32 = 8;
+/// The stamp bits of a stored tag.
+pub const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 /// Key bits of the stored tag: 8–46.
 const TAG_MASK: u64 = ((1 << 47) - 1) & !STAMP_MASK;
 /// Bit 47 of the stored tag: the **end mark** ([`Entry::is_end`]).

@@ -10,18 +10,34 @@
 //! table ([`merge`]). Only slot entries travel (never prompt text), in a
 //! compact form: the writes of one record share their front holder and
 //! time, so the batch body is a sequence of **runs**: head (LEB128 varint:
-//! count × 4 + mode) ‖ front holder (varint) ‖ age (varint, deciseconds
-//! before the batch's newest write) ‖ [high-bit bitmap] ‖ count × (48-bit
-//! stored tag [‖ slot difference]). The slot mostly follows from the tag:
+//! count × 4 + mode) ‖ front holder (varint) ‖ age × 2 + stamped (varint;
+//! age: deciseconds before the batch's newest write) ‖ [high-bit bitmap] ‖
+//! [stamp list] ‖ count × (5-byte tag [‖ slot difference]).
+//!
+//! **Tags.** A stored tag ([`crate::index::Entry`]) is 48 bits: key bits
+//! 8..46, the end mark (bit 47) and the **length stamp** (bits 0..7,
+//! [`crate::index::Entry::stamp`]), which only the deepest known block a
+//! record rewrote carries (0 elsewhere). An entry on the wire is the
+//! tag's bits 8..47 (5 bytes); the stamps travel once per run, only for
+//! the entries that have one: when the run's `stamped` bit is set, a
+//! **stamp list** of pairs (varint `index in the run × 2 + more`, stamp
+//! byte) follows the bitmap, indices strictly increasing and below the run
+//! length, stamps non-zero, the last pair with `more` = 0 (usually one
+//! pair of 2 bytes per record). The decoded tag is the 5 bytes shifted up
+//! 8 bits, or-ed with the entry's stamp: exactly the stored tag.
+//!
+//! **Slots.** The slot mostly follows from the tag:
 //! the index takes both from one keyed hash `k` (slot `(k >> 32) % slots`,
 //! tag `k`'s low 47 bits plus the end-mark bit 47), so the tag carries key
 //! bits 32..46. Modes: **implied** (0; every slot is `bits 32..46 % slots`,
 //! exact for a power-of-two table of at most 2^15 slots): an entry is its
-//! 6-byte tag; **high bit** (1; every slot is bits 32..46 plus one more bit,
+//! 5-byte tag; **high bit** (1; every slot is bits 32..46 plus one more bit,
 //! the default 2^16-slot table): one bitmap byte per 8 entries carries that
 //! bit; **explicit** (2; any other table size): each entry adds its
 //! difference from the implied slot (zigzag varint). A record's 24 ladder
-//! writes take 3 + 3 + 24 × 6 B in `PRX4` (sixth session) against about
+//! writes (one run, one stamp) take 3 + 3 + 2 + 24 × 5 B in `PRX5`
+//! (eleventh session) against 3 + 3 + 24 × 6 B in `PRX4` (sixth session:
+//! the whole 6-byte stored tag, whose low byte is almost always 0), about
 //! 4 + 24 × 8 B in `PRX3` (holder u16, a slot difference always: 1 B, or
 //! 3 B for the half of a 2^16 table whose bit 15 the tag lacks) and 24 × 14 B
 //! in `PRX2` items (slot u32 ‖ tag ‖ holder u16 ‖ age u16). Only the
@@ -32,9 +48,9 @@
 //! newest write of the batch (clamped at 109 minutes, beyond any index TTL),
 //! so a catch-up batch keeps every entry's true age.
 //!
-//! Batch format (little endian): `"PRX4"` ‖ layout u32 ‖ epoch u32 ‖
+//! Batch format (little endian): `"PRX5"` ‖ layout u32 ‖ epoch u32 ‖
 //! from_seq u64 ‖ count u32 ‖ base time u32 (deciseconds) ‖ runs (at most
-//! [`ITEM_BYTES`], typically 6 B per entry). `layout`
+//! [`ITEM_BYTES`], typically 5 B per entry). `layout`
 //! identifies the table geometry and the replica list (see [`layout`]): a
 //! batch from a peer with another layout is refused, since holder indices
 //! and slots would mean something else there. `epoch` is random per process:
@@ -50,23 +66,38 @@
 //! Bounds: the log keeps at most `capacity` writes (older ones are lost to a
 //! slow puller, counted by [`Cursor::advance`]); a batch carries at most
 //! `max_count` entries; [`decode`] rejects anything malformed (wrong magic,
-//! length, count, layout, empty tag, holder out of range) before touching
-//! the table. Cost: O(count) per batch, one get + one set per entry.
+//! among them an older format's `PRX4`, length, count, layout, empty tag,
+//! holder out of range, a stamp list out of order, out of its run or with
+//! a zero stamp) before touching the table. Cost: O(count) per batch, one
+//! get + one set per entry.
 
 use std::collections::VecDeque;
 
-use crate::index::{Entry, SlotStore, SlotValue, MAX_HOLDERS};
+use crate::index::{Entry, SlotStore, SlotValue, MAX_HOLDERS, STAMP_BITS, STAMP_MASK};
 
 /// Batch magic.
-pub const MAGIC: [u8; 4] = *b"PRX4";
+pub const MAGIC: [u8; 4] = *b"PRX5";
 /// Header bytes.
 pub const HEADER_BYTES: usize = 28;
 /// Most bytes per entry on the wire: a run of one (head 1 B, front holder
-/// ≤ 3 B, age ≤ 3 B) with a 6-byte tag and a slot difference of ≤ 5 B; a
-/// typical entry takes 6 B (see the module docs).
-pub const ITEM_BYTES: usize = 1 + 3 + 3 + 6 + 5;
-/// Fewest bytes per entry on the wire (the tag; its slot implied).
-pub const MIN_ITEM_BYTES: usize = 6;
+/// ≤ 3 B, age and stamped bit ≤ 3 B, a stamp list of one pair 2 B) with a
+/// 5-byte tag and a slot difference of ≤ 5 B; a typical entry takes 5 B
+/// (see the module docs).
+pub const ITEM_BYTES: usize = 1 + 3 + 3 + 2 + WIRE_TAG + 5;
+/// Fewest bytes per entry on the wire (the 5-byte tag; its slot implied,
+/// no stamp).
+pub const MIN_ITEM_BYTES: usize = WIRE_TAG;
+/// Item bytes of one record's `writes` on the wire, as the sync budget
+/// counts them ([`crate::peers_budget::Offer::bytes`]): one run (head,
+/// front holder, age and a bitmap byte: 4 B), 5 B per entry and a 2-byte
+/// stamp pair per stamped entry. O(writes).
+pub fn record_bytes(writes: &[(u32, SlotValue)]) -> usize {
+    let stamped = writes
+        .iter()
+        .filter(|(_, v)| Entry::decode(v).is_some_and(|e| e.stamp() > 0))
+        .count();
+    4 + writes.len() * MIN_ITEM_BYTES + 2 * stamped
+}
 /// Wire value of "no holder".
 const NO_HOLDER: u16 = u16::MAX;
 
@@ -212,9 +243,12 @@ pub fn encode<'a>(
         } else {
             RUN_EXPLICIT
         };
+        // The run's stamped entries (usually none: one pass).
+        let stamp_of = |d: &(u32, Option<Entry>)| (item(d).0 & STAMP_MASK) as u8;
+        let stamped = ds.iter().filter(|d| stamp_of(d) != 0).count();
         put_varint(&mut out, (run as u64) << 2 | mode);
         put_varint(&mut out, u64::from(front));
-        put_varint(&mut out, u64::from(age));
+        put_varint(&mut out, u64::from(age) << 1 | u64::from(stamped > 0));
         if mode == RUN_HIGH_BIT {
             for chunk in ds.chunks(8) {
                 let bits = chunk
@@ -224,9 +258,21 @@ pub fn encode<'a>(
                 out.push(bits);
             }
         }
+        let mut left = stamped;
+        for (k, d) in ds.iter().enumerate() {
+            if left == 0 {
+                break;
+            }
+            let stamp = stamp_of(d);
+            if stamp != 0 {
+                left -= 1;
+                put_varint(&mut out, (k as u64) << 1 | u64::from(left > 0));
+                out.push(stamp);
+            }
+        }
         for d in ds {
             let (tag, _, _, _) = item(d);
-            out.extend_from_slice(&tag.to_le_bytes()[..6]);
+            out.extend_from_slice(&tag.to_le_bytes()[1..=WIRE_TAG]);
             if mode == RUN_EXPLICIT {
                 put_varint(&mut out, zigzag(diff(d)));
             }
@@ -240,6 +286,12 @@ pub fn encode<'a>(
 const RUN_IMPLIED: u64 = 0;
 const RUN_HIGH_BIT: u64 = 1;
 const RUN_EXPLICIT: u64 = 2;
+/// Bytes of a tag on the wire: stored-tag bits 8..47 (the key bits and the
+/// end mark; the low byte, the length stamp, travels in the run's stamp
+/// list).
+const WIRE_TAG: usize = (48 - STAMP_BITS as usize) / 8;
+// `decode` reads the wire tag as 4 + 1 bytes.
+const _: () = assert!(WIRE_TAG == 5);
 /// Key bits 32..46 that the 47-bit tag keeps ([`crate::index::tag_of`];
 /// bit 47 of a stored tag is the end mark, not a key bit).
 const LOW_BITS: u32 = 15;
@@ -288,6 +340,32 @@ fn get_varint(b: &[u8], at: &mut usize) -> Option<u64> {
         }
     }
     None
+}
+
+/// The stamp list of a run of `run` entries at `*at` into `out`: pairs
+/// (varint `index << 1 | more`, stamp byte) until `more` is 0; indices
+/// strictly increasing and `< run`, stamps non-zero (anything else is
+/// [`PeerError::Malformed`]: every listed entry has a stamp, and one entry
+/// is listed at most once). At most `run` pairs; advances `at`.
+fn get_stamps(
+    b: &[u8],
+    at: &mut usize,
+    run: usize,
+    out: &mut Vec<(usize, u8)>,
+) -> Result<(), PeerError> {
+    loop {
+        let v = get_varint(b, at).ok_or(PeerError::Malformed)?;
+        let k = usize::try_from(v >> 1).map_err(|_| PeerError::Malformed)?;
+        let stamp = *b.get(*at).ok_or(PeerError::Malformed)?;
+        *at += 1;
+        if k >= run || out.last().is_some_and(|&(p, _)| k <= p) || stamp == 0 {
+            return Err(PeerError::Malformed);
+        }
+        out.push((k, stamp));
+        if v & 1 == 0 {
+            return Ok(());
+        }
+    }
 }
 
 /// A [`SlotStore`] that also logs every set into a [`DeltaLog`] (wrap the
@@ -374,6 +452,7 @@ pub fn decode(
         return Err(PeerError::Malformed);
     }
     let mut entries = Vec::with_capacity(count);
+    let mut stamps = Vec::new();
     let mut at = 0;
     while at < body.len() {
         let head = get_varint(body, &mut at).ok_or(PeerError::Malformed)?;
@@ -381,27 +460,41 @@ pub fn decode(
         let front = get_varint(body, &mut at).ok_or(PeerError::Malformed)?;
         let front = u16::try_from(front).map_err(|_| PeerError::BadEntry)?;
         let age = get_varint(body, &mut at).ok_or(PeerError::Malformed)?;
-        let age = u16::try_from(age).map_err(|_| PeerError::Malformed)?;
+        let stamped = age & 1 == 1;
+        let age = u16::try_from(age >> 1).map_err(|_| PeerError::Malformed)?;
         if run == 0 || run > (count - entries.len()) as u64 || mode > RUN_EXPLICIT {
             return Err(PeerError::Malformed);
         }
         if front == NO_HOLDER || usize::from(front) >= replicas {
             return Err(PeerError::BadEntry);
         }
+        let run = run as usize;
         let bitmap = if mode == RUN_HIGH_BIT {
-            let n = (run as usize).div_ceil(8);
+            let n = run.div_ceil(8);
             let b = body.get(at..at + n).ok_or(PeerError::Malformed)?;
             at += n;
             b
         } else {
             &[]
         };
-        for k in 0..run as usize {
-            let t = body.get(at..at + 6).ok_or(PeerError::Malformed)?;
-            at += 6;
-            let mut w = [0u8; 8];
-            w[..6].copy_from_slice(t);
-            let tag = u64::from_le_bytes(w);
+        stamps.clear();
+        if stamped {
+            get_stamps(body, &mut at, run, &mut stamps)?;
+        }
+        let mut next_stamp = 0;
+        for k in 0..run {
+            let t = body.get(at..at + WIRE_TAG).ok_or(PeerError::Malformed)?;
+            at += WIRE_TAG;
+            let stamp = match stamps.get(next_stamp) {
+                Some(&(i, s)) if i == k => {
+                    next_stamp += 1;
+                    s
+                }
+                _ => 0,
+            };
+            // Bits 8..47: two loads, no copy (`t` is WIRE_TAG = 5 bytes).
+            let low = u32::from_le_bytes([t[0], t[1], t[2], t[3]]);
+            let tag = u64::from(low) << 8 | u64::from(t[4]) << 40 | u64::from(stamp);
             let slot = match mode {
                 RUN_EXPLICIT => {
                     let diff = unzigzag(get_varint(body, &mut at).ok_or(PeerError::Malformed)?);
@@ -618,8 +711,9 @@ mod tests {
         assert!(idx.lookup(&b, &k, 1000).is_none());
         let lay = layout(4096, &["a".into(), "b".into()]);
         let wire = log.encode_since(0, 512, (lay, 4096), 9);
-        // One run (one holder, one time): 3 bytes, then 6 per write (the
-        // slot is implied by the tag in a 2^12-slot table).
+        // One run (one holder, one time): 3 bytes, then 5 per write (the
+        // slot is implied by the tag in a 2^12-slot table; a first record
+        // stamps nothing).
         assert_eq!(wire.len(), HEADER_BYTES + 3 + sets * MIN_ITEM_BYTES);
         let batch = decode(&wire, lay, 512, 4096, 7).unwrap();
         let mut cur = Cursor::default();
@@ -762,8 +856,8 @@ mod tests {
                 log.push(slot, entry(tag, 500, &[2]));
             }
             let wire = log.encode_since(0, 64, (lay, slots), 1);
-            // One run: head, holder, age (1 B each), the bitmap, 6 B per entry.
-            assert_eq!(wire.len(), HEADER_BYTES + 3 + extra + 10 * 6, "{slots}");
+            // One run: head, holder, age (1 B each), the bitmap, 5 B per entry.
+            assert_eq!(wire.len(), HEADER_BYTES + 3 + extra + 10 * 5, "{slots}");
             let b = decode(&wire, lay, 64, slots, 3).unwrap();
             let want: Vec<u32> = log.items.iter().map(|x| x.0).collect();
             assert_eq!(b.entries.iter().map(|x| x.0).collect::<Vec<_>>(), want);
@@ -788,6 +882,237 @@ mod tests {
             decode(&wire, lay, 64, slots, 299).unwrap_err(),
             PeerError::BadEntry
         );
+    }
+
+    /// What a batch of `items` delivers by the rules of every format since
+    /// `PRX4`: the stored tag (stamp included), the front holder alone, the
+    /// time within 65 535 ds of the batch's newest, the slot.
+    fn delivered(items: &[(u32, SlotValue)]) -> Vec<(u32, SlotValue)> {
+        let es: Vec<(u32, Entry)> = items
+            .iter()
+            .map(|(s, v)| (*s, Entry::decode(v).unwrap()))
+            .collect();
+        let base = es.iter().map(|(_, e)| e.time).max().unwrap_or(0);
+        es.iter()
+            .map(|(s, e)| {
+                let entry = Entry {
+                    tag: e.tag,
+                    time: base - (base - e.time).min(65_535),
+                    holders: [e.holders[0], None, None],
+                };
+                (*s, entry.encode())
+            })
+            .collect()
+    }
+
+    /// Deterministic xorshift (tests).
+    fn rng(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    /// Batches of every run mode with no, one and several stamps per run;
+    /// `(slots, items)`.
+    fn stamped_batches() -> Vec<(u32, Vec<(u32, SlotValue)>)> {
+        let mut out = Vec::new();
+        // 2^12: implied; 2^16: high bit; 3000: explicit.
+        for slots in [1u32 << 12, 1 << 16, 3000] {
+            let idx = PrefixIndex::new(IndexConfig {
+                slots,
+                ..IndexConfig::default()
+            });
+            for stamps in [&[][..], &[0][..], &[3][..], &[0, 4, 9][..], &[9][..]] {
+                let mut items = Vec::new();
+                for (i, b) in blocks(u64::from(slots) + stamps.len() as u64, 10)
+                    .into_iter()
+                    .enumerate()
+                {
+                    let (slot, tag) = idx.place(b);
+                    let stamp = if stamps.contains(&i) {
+                        200 + i as u64
+                    } else {
+                        0
+                    };
+                    // Every third entry carries the end mark.
+                    let mark = if i % 3 == 0 { 1 << 47 } else { 0 };
+                    // Two runs: entries 0..6 one holder and time, 6..10 another.
+                    let (h, t) = if i < 6 { (1, 500) } else { (4, 480) };
+                    items.push((slot, entry(tag | mark | stamp, t, &[h, 2])));
+                }
+                out.push((slots, items));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn stamps_travel_once_per_run_and_every_entry_is_delivered_as_before() {
+        for (slots, items) in stamped_batches() {
+            let lay = layout(slots, &[]);
+            let wire = encode(0, items.iter(), lay, 1, slots);
+            let b = decode(&wire, lay, 64, slots, 5).unwrap();
+            assert_eq!(b.entries, delivered(&items), "{slots}");
+            // Size: 28 + per run (3 B + bitmap + 2 B per stamp) + 5 B per
+            // entry + the explicit differences.
+            let stamped = items
+                .iter()
+                .filter(|(_, v)| Entry::decode(v).unwrap().stamp() > 0)
+                .count();
+            let bitmaps = if slots == 1 << 16 { 2 } else { 0 };
+            let fixed = HEADER_BYTES + 2 * 3 + bitmaps + 2 * stamped + 10 * MIN_ITEM_BYTES;
+            if slots == 3000 {
+                assert!(wire.len() > fixed, "{slots}");
+            } else {
+                assert_eq!(wire.len(), fixed, "{slots} {stamped}");
+            }
+        }
+        // The budget's count of one record (one run, ≤ 8 entries) is exact
+        // on the default table.
+        for (slots, items) in stamped_batches().iter().filter(|b| b.0 == 1 << 16) {
+            let lay = layout(*slots, &[]);
+            let wire = encode(0, items[..6].iter(), lay, 1, *slots);
+            assert_eq!(record_bytes(&items[..6]), wire.len() - HEADER_BYTES);
+        }
+        // Every stamp value survives, on a stamp-only tag too (no key bits).
+        let lay = layout(64, &[]);
+        let mut log = DeltaLog::new(512);
+        for s in 1..=255u64 {
+            log.push(3, entry(s << 40 | s, 7, &[0]));
+            log.push(4, entry(s, 7, &[0]));
+        }
+        let items: Vec<_> = log.items.iter().copied().collect();
+        let b = decode(&log.encode_since(0, 512, (lay, 64), 1), lay, 512, 64, 1).unwrap();
+        assert_eq!(b.entries, delivered(&items));
+    }
+
+    #[test]
+    fn a_length_stamp_reaches_the_peer() {
+        let idx = PrefixIndex::new(cfg());
+        let (mut a, mut b) = (VecStore::new(4096), VecStore::new(4096));
+        let mut log = DeltaLog::new(1024);
+        let k = blocks(9, 40);
+        let mut w = LoggingStore {
+            inner: &mut a,
+            log: &mut log,
+        };
+        idx.record(&mut w, &k[..20], None, 1, 1000);
+        let known = idx.lookup(&*w.inner, &k, 1000);
+        assert_eq!(known.map(|x| x.depth), Some(20));
+        idx.record(&mut w, &k, known.as_ref(), 2, 1000);
+        let lay = layout(4096, &["a".into(), "b".into(), "c".into()]);
+        let batch = decode(&log.encode_since(0, 512, (lay, 4096), 9), lay, 512, 4096, 3).unwrap();
+        for (slot, v) in &batch.entries {
+            merge(&mut b, *slot, v);
+        }
+        // The deepest known block is stamped with the request's 40 blocks,
+        // at the sender and at the peer alike.
+        let stamp = |s: &VecStore| idx.lookup(s, &k[..20], 1000).map(|x| x.entry.stamp());
+        assert_eq!(stamp(&a), Some(40));
+        assert_eq!(stamp(&b), Some(40));
+    }
+
+    #[test]
+    fn malformed_stamp_lists_and_older_formats_are_refused() {
+        let lay = layout(1 << 12, &[]);
+        let (slots, items) = (1 << 12, &stamped_batches()[3].1);
+        let good = encode(0, items.iter(), lay, 1, slots);
+        let ok = |b: &[u8]| decode(b, lay, 64, slots, 5);
+        assert!(ok(&good).is_ok());
+        // The first run (entries 0..6): head 6 × 4 + implied, front 1, age
+        // 0 × 2 + stamped, then the pairs (index 0 × 2 + more, 200),
+        // (4 × 2, 204); entry 9 is listed in the second run.
+        let h = HEADER_BYTES;
+        assert_eq!(good[h..h + 7], [24, 1, 1, 1, 200, 8, 204]);
+        let with = |f: &dyn Fn(&mut Vec<u8>)| {
+            let mut b = good.clone();
+            f(&mut b);
+            ok(&b).unwrap_err()
+        };
+        // An older format's magic: refused like a foreign one.
+        assert_eq!(
+            with(&|b| b[..4].copy_from_slice(b"PRX4")),
+            PeerError::Malformed
+        );
+        // A duplicate index (0 after 0), decreasing (5 then 4), out of the
+        // run (6 of 6), a zero stamp.
+        assert_eq!(with(&|b| b[h + 5] = 0), PeerError::Malformed);
+        assert_eq!(with(&|b| b[h + 3] = 5 << 1 | 1), PeerError::Malformed);
+        assert_eq!(with(&|b| b[h + 5] = 6 << 1), PeerError::Malformed);
+        assert_eq!(with(&|b| b[h + 4] = 0), PeerError::Malformed);
+        // The stamped bit without its list; the list without the bit; the
+        // last pair claiming another: the bytes after it are then read out
+        // of place (as a pair, as tags; refused as malformed or as a bad
+        // entry, whichever check the shifted bytes meet first).
+        with(&|b| drop(b.drain(h + 3..h + 7)));
+        with(&|b| b[h + 2] = 0);
+        with(&|b| b[h + 5] = 4 << 1 | 1);
+        // The age field: 65 535 ds with the stamped bit is a valid age;
+        // 65 536 is past u16.
+        let age = |v: [u8; 3]| {
+            let mut b = good.clone();
+            b.splice(h + 2..h + 3, v);
+            ok(&b)
+        };
+        assert!(age([0xff, 0xff, 0x07]).is_ok());
+        assert_eq!(age([0x81, 0x80, 0x08]).unwrap_err(), PeerError::Malformed);
+        // Cut inside the list.
+        for cut in h + 3..h + 7 {
+            assert_eq!(ok(&good[..cut]).unwrap_err(), PeerError::Malformed, "{cut}");
+        }
+        // The unmutated bytes: the same checks pass.
+        for (at, v) in [(h + 5, 8), (h + 3, 1), (h + 4, 200), (h + 2, 1)] {
+            let mut b = good.clone();
+            b[at] = v;
+            assert!(ok(&b).is_ok());
+        }
+    }
+
+    #[test]
+    fn mutated_batches_never_panic_and_what_decodes_is_valid() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut accepted = 0;
+        for (slots, items) in stamped_batches() {
+            let lay = layout(slots, &[]);
+            let good = encode(0, items.iter(), lay, 1, slots);
+            for _ in 0..2000 {
+                let mut b = good.clone();
+                for _ in 0..1 + rng(&mut seed) % 3 {
+                    let at = HEADER_BYTES + (rng(&mut seed) as usize) % (b.len() - HEADER_BYTES);
+                    match rng(&mut seed) % 4 {
+                        0 => b[at] ^= 1 << (rng(&mut seed) % 8),
+                        1 => b[at] = rng(&mut seed) as u8,
+                        2 => drop(b.remove(at)),
+                        _ => b.insert(at, rng(&mut seed) as u8),
+                    }
+                }
+                let Ok(batch) = decode(&b, lay, 64, slots, 5) else {
+                    continue;
+                };
+                accepted += 1;
+                assert_eq!(batch.entries.len(), 10);
+                for (slot, v) in &batch.entries {
+                    let e = Entry::decode(v).unwrap();
+                    assert!(*slot < slots && e.tag != 0 && e.tag < 1 << 48);
+                    assert!(e.holders[0].is_some_and(|h| h < 5) && e.holders[1].is_none());
+                }
+                // Whatever was accepted travels again unchanged (times
+                // within the age range of one batch).
+                let times: Vec<u32> = batch
+                    .entries
+                    .iter()
+                    .map(|(_, v)| Entry::decode(v).unwrap().time)
+                    .collect();
+                let (lo, hi) = (times.iter().min().unwrap(), times.iter().max().unwrap());
+                if hi - lo <= 65_535 {
+                    let again = encode(0, batch.entries.iter(), lay, 1, slots);
+                    assert_eq!(decode(&again, lay, 64, slots, 5).unwrap(), batch);
+                }
+            }
+        }
+        // Some mutants are valid batches (a tag bit flipped, a stamp changed).
+        assert!(accepted > 100, "{accepted}");
     }
 
     #[test]

@@ -60,6 +60,14 @@ fn properties_hold_on_handwritten_cases() {
     props::json_scanner(br#"{"a":[1,{"b":null}]}"#);
     props::json_scanner(br#"{"a":[1,]}"#);
     assert!(std::panic::catch_unwind(|| props::prometheus(&[1, 1, 0, 0])).is_ok());
+    // the peers seeds are accepted batches (the decode side of the property runs on them)
+    let seed =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/peers/seed-04"))
+            .expect("seed");
+    let (slots, lay) = (1 << 16, prefix_router::peers::layout(1 << 16, &[]));
+    let batch = prefix_router::peers::decode(&seed[1..], lay, 4096, slots, 5).expect("a batch");
+    assert_eq!(batch.entries.len(), 7);
+    props::peer_batch(&seed);
     // the oracle builds the text itself: "You are helpful." + "Hi" = 18 characters
     let chat = br#"{"model":"m","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":[{"type":"text","text":"Hi"}]}]}"#;
     assert_eq!(props::oracle(chat), Some((BodyKind::Chat, 18)));

@@ -76,9 +76,8 @@ use crate::cluster::tables::{addr_hash, try_lease};
 use crate::cluster::view::{holder_id, View};
 use crate::hash::hash_id;
 use crate::index::{PrefixIndex, SlotStore, SlotValue};
-use crate::peers::MIN_ITEM_BYTES;
 use crate::peers::{
-    ct_eq, decode, encode, fill, merge, parse_query, PeerError, Query, SNAPSHOT_SPAN,
+    ct_eq, decode, encode, fill, merge, parse_query, record_bytes, PeerError, Query, SNAPSHOT_SPAN,
 };
 use crate::peers_backoff::{classify, Backoff, Failure};
 use crate::peers_budget::{Budget, Offer};
@@ -308,7 +307,7 @@ pub fn publish<S: SlotStore>(
         budget.earn(chars, s.peer_count());
         let offer = Offer {
             new_chars,
-            bytes: out.len() * MIN_ITEM_BYTES + 4,
+            bytes: record_bytes(&out),
             blocks: new_chars >= min,
         };
         if !out.is_empty() && !budget.admit(offer) {

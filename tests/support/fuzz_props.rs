@@ -12,6 +12,9 @@
 //! - [`config`]: `Config::from_json` never panics and accepts only valid JSON.
 //! - [`prometheus`]: `engine::parse_metrics` never panics, its output keeps the documented
 //!   bounds, and `encode`/`decode` round-trip (decode accepts only what encode writes).
+//! - [`peer_batch`]: `peers::decode` never panics and accepts only valid batches, which travel
+//!   again unchanged; any entries `peers::encode` is given decode to what a peer is owed (the
+//!   stored tag with its length stamp, the front holder, the time, the slot).
 //!
 //! Known differences (documented, not failures): the scanner checks numbers and literals by
 //! character class (`01`, `1.2.3`, `+1` pass), passes invalid UTF-8 through and decodes a lone
@@ -25,7 +28,9 @@ use std::fmt;
 use prefix_router::engine::{self, EngineSample};
 use prefix_router::extract::{extract, raw_prefix, BodyKind};
 use prefix_router::hash::PrefixHasher;
+use prefix_router::index::{Entry, SlotValue, MAX_HOLDERS};
 use prefix_router::json::{Scanner, ELEMENT_END};
+use prefix_router::peers;
 use prefix_router::Config;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
@@ -41,6 +46,7 @@ pub const TARGETS: &[(&str, Property)] = &[
     ("extract", extract_text),
     ("config", config),
     ("prometheus", prometheus),
+    ("peers", peer_batch),
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -476,5 +482,104 @@ pub fn prometheus(b: &[u8]) {
     assert_eq!(EngineSample::decode(&s.encode()).as_ref(), Some(&s));
     if let Some(d) = EngineSample::decode(b) {
         assert_eq!(d.encode(), b, "decode accepted a non-canonical encoding");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Peer batches
+
+/// The geometry byte of a [`peer_batch`] input: table size (the three run modes: 2^12 slots
+/// implied, 2^16 high bit, 3000 explicit) and replica count (1–64).
+fn peer_geometry(g: u8) -> (u32, usize) {
+    let slots = [1 << 12, 1 << 16, 3000][usize::from(g % 3)];
+    (slots, 1 + usize::from(g / 3) % 64)
+}
+
+/// Input: a geometry byte ([`peer_geometry`]) then bytes read two ways.
+/// - As a batch: `peers::decode` (the batch's own layout field, at most 4096 entries) never
+///   panics; an accepted batch has `count` entries, each with a slot in the table, a non-zero
+///   tag of 48 bits and exactly one holder, in the replica list; encoded again it decodes to
+///   the same batch (when its times lie within one batch's age range, 65 535 ds).
+/// - As entries, 16 bytes each (slot u32, stored tag 6 B, time u16 offset, holder byte, the
+///   rest unused): `peers::encode` then `decode` delivers each entry's exact stored tag (its
+///   length stamp included), its front holder, its time (clamped at 65 535 ds before the
+///   newest, as documented) and its slot.
+pub fn peer_batch(b: &[u8]) {
+    let Some((&g, rest)) = b.split_first() else {
+        return;
+    };
+    let (slots, replicas) = peer_geometry(g);
+    let layout = rest
+        .get(4..8)
+        .map_or(0, |x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]));
+    if let Ok(batch) = peers::decode(rest, layout, 4096, slots, replicas) {
+        let count = rest
+            .get(20..24)
+            .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]));
+        assert_eq!(Some(batch.entries.len() as u32), count);
+        let mut times = Vec::new();
+        for (slot, v) in &batch.entries {
+            let e = Entry::decode(v).expect("an accepted entry is not empty");
+            assert!(
+                *slot < slots && e.tag != 0 && e.tag < 1 << 48,
+                "{slot} {:x}",
+                e.tag
+            );
+            assert_eq!(e.holders().count(), 1);
+            assert!(e.holders[0].is_some_and(|h| usize::from(h) < replicas));
+            times.push(e.time);
+        }
+        let span = times
+            .iter()
+            .max()
+            .zip(times.iter().min())
+            .map_or(0, |(a, b)| a - b);
+        if span <= 65_535 {
+            let again = peers::encode(
+                batch.from_seq,
+                batch.entries.iter(),
+                layout,
+                batch.epoch,
+                slots,
+            );
+            assert_eq!(
+                peers::decode(&again, layout, 4096, slots, replicas),
+                Ok(batch)
+            );
+        }
+    }
+    // The same bytes as entries.
+    let mut items: Vec<(u32, SlotValue)> = Vec::new();
+    for c in rest.chunks_exact(16) {
+        let mut t = [0u8; 8];
+        t[..6].copy_from_slice(&c[4..10]);
+        let tag = u64::from_le_bytes(t);
+        if tag == 0 {
+            continue;
+        }
+        let mut holders = [None; MAX_HOLDERS];
+        holders[0] = Some(u16::from(c[12]) % replicas as u16);
+        let entry = Entry {
+            tag,
+            time: 1_000_000 + u32::from(u16::from_le_bytes([c[10], c[11]])) * 2,
+            holders,
+        };
+        let slot = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) % slots;
+        items.push((slot, entry.encode()));
+    }
+    let layout = peers::layout(slots, &[]);
+    let wire = peers::encode(7, items.iter(), layout, 3, slots);
+    let batch = peers::decode(&wire, layout, items.len(), slots, replicas)
+        .expect("what encode writes decodes");
+    assert_eq!(batch.entries.len(), items.len());
+    let newest = items
+        .iter()
+        .filter_map(|(_, v)| Entry::decode(v).map(|e| e.time))
+        .max()
+        .unwrap_or(0);
+    for ((slot, v), (got_slot, got)) in items.iter().zip(&batch.entries) {
+        let (e, d) = (Entry::decode(v).unwrap(), Entry::decode(got).unwrap());
+        assert_eq!((got_slot, d.tag, d.holders[0]), (slot, e.tag, e.holders[0]));
+        assert_eq!(d.time, newest - (newest - e.time).min(65_535));
     }
 }

@@ -966,7 +966,7 @@ impl Gateways {
         // changes only.
         let offer = Offer {
             new_chars: new,
-            bytes: out.len() * peers::MIN_ITEM_BYTES + 4,
+            bytes: peers::record_bytes(&out),
             blocks: new >= self.knobs.min_publish,
         };
         if peer && !out.is_empty() && !g.budget.admit(offer) {
