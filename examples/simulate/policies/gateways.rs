@@ -376,13 +376,14 @@ pub fn anchor_key(key: &RoutingKey, anchor_block: usize) -> Option<u64> {
     key.blocks.get(anchor_block.min(full - 1)).copied()
 }
 
-/// The gateways' clock, ms: simulated time after a base of 2^32 ms (as a
-/// real clock is far from 0), so that a pending record's time, set back by
-/// `max_age − PENDING_MS`, does not saturate at 0 during the first minutes
-/// (then its confirmation would look like a warm repeat).
+/// The routers' clock, ms (the gateways' and `ours`'): simulated time
+/// after a base of 2^32 ms (as a real clock is far from 0), so that a
+/// pending record's time, set back by `max_age − PENDING_MS`, does not
+/// saturate at 0 during the first minutes (then it would read as a fresh
+/// confirmed entry, and its confirmation as a warm repeat).
 pub const CLOCK_BASE_MS: u64 = 1 << 32;
 
-fn clock_ms(now_s: f64) -> u64 {
+pub fn clock_ms(now_s: f64) -> u64 {
     CLOCK_BASE_MS + (now_s * 1000.0) as u64
 }
 

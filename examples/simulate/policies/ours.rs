@@ -18,6 +18,7 @@ use prefix_router::pressure::Pressure;
 use prefix_router::share::{self, Share};
 use prefix_router::{Config, Loads, Router};
 
+use super::gateways::clock_ms;
 use super::{Policy, Routed, View};
 use crate::engine::SimRequest;
 use crate::model::ModelParams;
@@ -133,6 +134,7 @@ impl OursParams {
             "min_match" => self.affinity.min_match = f()?,
             "routing_budget_ms" => self.affinity.routing_budget_ms = f()?,
             "beyond_window" => self.affinity.beyond_window = f()?,
+            "pending_credit" => self.affinity.pending_credit = v == "1" || v == "true",
             "max_age_s" => self.affinity.max_age_ms = (f()? * 1000.0) as u64,
             "cold_choices" => self.affinity.cold_choices = u()? as usize,
             "anchor_cold" => self.affinity.anchor_cold = v == "1" || v == "true",
@@ -338,7 +340,7 @@ impl Policy for Ours {
     }
 
     fn route(&mut self, idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
-        let now_ms = (view.now * 1000.0) as u64;
+        let now_ms = clock_ms(view.now);
         let Some(key) = req.keys.core.get(self.key) else {
             return Routed {
                 replica: 0,
@@ -472,7 +474,7 @@ impl Policy for Ours {
         if !self.record_at_route {
             if let Some(key) = req.keys.core.get(self.key) {
                 let known = self.pending_known.get(idx as usize).copied().flatten();
-                let now_ms = (now * 1000.0) as u64;
+                let now_ms = clock_ms(now);
                 self.index.record(
                     &mut self.store,
                     &key.blocks,

@@ -24,6 +24,7 @@ use prefix_router::share::Share;
 use prefix_router::usage::{compare, predict, Prediction, Surprise};
 use prefix_router::{Loads, Router};
 
+use super::gateways::clock_ms;
 use super::ours::OursParams;
 use super::{Policy, Routed, View};
 use crate::engine::SimRequest;
@@ -96,7 +97,7 @@ impl OursFeedback {
 
 impl Policy for OursFeedback {
     fn route(&mut self, idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
-        let now_ms = (view.now * 1000.0) as u64;
+        let now_ms = clock_ms(view.now);
         let multi = self.gateways.len() > 1;
         let g = if multi {
             self.rng.below(self.gateways.len() as u64) as usize
@@ -196,7 +197,7 @@ impl Policy for OursFeedback {
                 // Recorded once the response starts, for the replica that served it (as the
                 // filter records after a 2xx).
                 if let Some(key) = req.keys.core.get(self.key) {
-                    let now_ms = (now * 1000.0) as u64;
+                    let now_ms = clock_ms(now);
                     self.index
                         .record(&mut gw.store, &key.blocks, p.known.as_ref(), r, now_ms);
                     self.router
