@@ -103,6 +103,14 @@ pub struct EmulatorArgs {
     /// step time; 0 = a step costs the same for 1 or 64 sequences).
     #[arg(long, default_value_t = 0.0)]
     pub decode_us_per_seq: f64,
+    /// KV read cost per context token of each decoding sequence in an engine step, in
+    /// nanoseconds (0 = none; the simulator's calibrated model: 20).
+    #[arg(long, default_value_t = 0.0)]
+    pub decode_ns_per_ctx_token: f64,
+    /// Attention term of prefill: a token at position `p` costs `1 + p / N` times
+    /// `--prefill-us-per-token` (0 = none, linear; the simulator's calibrated model: 53800).
+    #[arg(long, default_value_t = 0.0)]
+    pub attention_tokens: f64,
     /// Maximum concurrently running sequences (vLLM `--max-num-seqs`); more wait in FIFO order.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,

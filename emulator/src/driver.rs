@@ -72,8 +72,10 @@ impl Drop for Ticket {
 
 /// Engine parameters from the emulator's flags: `--decode-ms-per-token` is the step floor (the
 /// inter-token latency of a small batch), `--prefill-us-per-token` the cost of an uncached
-/// prompt token (linear: no attention term), `--prefill-overhead-ms` a cost per newly scheduled
-/// request, `--decode-us-per-seq` the cost of each decoding sequence in a step,
+/// prompt token at position 0 (`--attention-tokens N > 0`: `1 + p / N` times that at position
+/// `p`; 0: linear), `--prefill-overhead-ms` a cost per newly scheduled request,
+/// `--decode-us-per-seq` the cost of each decoding sequence in a step,
+/// `--decode-ns-per-ctx-token` the KV read per context token of each decoding sequence,
 /// `--max-running` vLLM's `max_num_seqs`, `--max-num-batched-tokens` the step's token budget,
 /// `--prefill-lanes` the most sequences prefilling in one step (0 = unlimited).
 pub fn params(cfg: &EmulatorArgs) -> Params {
@@ -85,10 +87,14 @@ pub fn params(cfg: &EmulatorArgs) -> Params {
         max_batched_tokens: sat(cfg.max_num_batched_tokens),
         max_partial_prefills: sat(cfg.prefill_lanes),
         prefill_s_per_token: cfg.prefill_us_per_token / 1e6,
-        attention_tokens: f64::INFINITY,
+        attention_tokens: if cfg.attention_tokens > 0.0 {
+            cfg.attention_tokens
+        } else {
+            f64::INFINITY
+        },
         step_base_s: cfg.decode_ms_per_token / 1e3,
         decode_s_per_seq: cfg.decode_us_per_seq / 1e6,
-        decode_s_per_ctx_token: 0.0,
+        decode_s_per_ctx_token: cfg.decode_ns_per_ctx_token / 1e9,
         request_overhead_s: cfg.prefill_overhead_ms / 1e3,
     }
     .sanitized()
@@ -182,5 +188,41 @@ impl Driver {
                 None => self.wake.notified().await,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn the_calibrated_model_s_terms_map_onto_the_engine() {
+        let plain = params(&EmulatorArgs::parse_from(["replica-emulator"]));
+        assert!(plain.attention_tokens.is_infinite());
+        assert_eq!(plain.decode_s_per_ctx_token, 0.0);
+        let cal = params(&EmulatorArgs::parse_from([
+            "replica-emulator",
+            "--prefill-us-per-token",
+            "30",
+            "--attention-tokens",
+            "53800",
+            "--decode-ns-per-ctx-token",
+            "20",
+        ]));
+        assert_eq!(cal.attention_tokens, 53_800.0);
+        assert!((cal.decode_s_per_ctx_token - 20e-9).abs() < 1e-15);
+        // A 191 000-token prompt then costs 2.8 times its linear price, as
+        // in the simulator's model.
+        let ratio = cal.prefill_cost(0, 191_000) / plain_at(30.0).prefill_cost(0, 191_000);
+        assert!((ratio - 2.775).abs() < 0.01, "{ratio}");
+    }
+
+    fn plain_at(us: f64) -> Params {
+        params(&EmulatorArgs::parse_from([
+            "replica-emulator".to_string(),
+            "--prefill-us-per-token".to_string(),
+            us.to_string(),
+        ]))
     }
 }

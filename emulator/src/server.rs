@@ -390,6 +390,8 @@ fn state(emu: &Emulator) -> Value {
         "max_num_batched_tokens": cfg.max_num_batched_tokens,
         "decode_us_per_seq": cfg.decode_us_per_seq,
         "prefill_lanes": cfg.prefill_lanes,
+        "attention_tokens": cfg.attention_tokens,
+        "decode_ns_per_ctx_token": cfg.decode_ns_per_ctx_token,
         "lora_adapters": cfg.lora_adapters,
         "max_loras": cfg.max_loras,
         "lora_resident": lock(&emu.lora).resident(),
