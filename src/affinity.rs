@@ -152,31 +152,6 @@
 //! everything past the window (the public Mooncake `synthetic_trace`, 7
 //! replicas: 53.5 → 54.7 % hit; `docs/benchmarks.md`, "Tenth session").
 //!
-//! **Pending prefix** (`pending_credit`, on): a known prefix whose deepest
-//! entry is still **pending** (written at routing by
-//! [`crate::index::PrefixIndex::record_pending`] and not yet confirmed by a
-//! response: its age is between `max_age_ms − PENDING_MS` and `max_age_ms`)
-//! is being prefilled on its holder, so the holder's queued prefill holds
-//! the very work that fills this request's cache, and a spill would redo it
-//! elsewhere. When re-prefilling the cached tokens would take longer than
-//! `routing_budget_ms`, that prefill (`prefill_ms(cached)`) is credited
-//! against the holder's expected delay in the spill test, and a holder over
-//! the load bound (but under the concurrency threshold) is priced by the
-//! same test instead of being left unpriced: the least-delay holder is kept
-//! when `queued_extra(h, a) − prefill_ms(cached) ≤ routing_budget_ms`.
-//! On the public Mooncake `synthetic_trace` at 32 replicas a 191 000-token
-//! prompt that arrived 10 s into its prefix's 17 s prefill was spilled
-//! (17.0 s of TTFT against SGLang's 7.2 s, and its whole prefix lost):
-//! over 7 load levels +0.50 points of hit rate, the levels within 0.5
-//! points of the best baseline 1 → 5 of 7 (`docs/benchmarks.md`, "Eleventh
-//! session"). Crediting smaller prefixes too (no budget condition) gained
-//! a little more there but cost `agent` at 32 replicas +165 ± 239 ms of
-//! p90 and `bursty` 0.2 points: a burst of branches of a new prefix then
-//! piles onto its pending holder past the load bound instead of
-//! prefilling in parallel. Approximation: a confirmed entry aged between
-//! `max_age_ms − PENDING_MS` and `max_age_ms` (not used for 9.5 minutes
-//! with the defaults) reads as pending.
-//!
 //! **Light load** (`light_slack`, 8 requests): a holder is over the load
 //! bound of step 3 only when it is also more than `light_slack × min(1, 2 ×
 //! coverage)` requests above the mean. At a light load the relative bound
@@ -319,12 +294,6 @@ pub struct AffinityConfig {
     /// holder of the whole window is expected to have cached (module docs,
     /// "Past the window"; 0 = only the window counts).
     pub beyond_window: f64,
-    /// A pending known prefix (being prefilled on its holder) whose cached
-    /// tokens take longer than `routing_budget_ms` to prefill again: its
-    /// prefill is credited against the holder's queue in the spill test,
-    /// and a holder over the load bound is priced rather than left (module
-    /// docs, "Pending prefix").
-    pub pending_credit: bool,
 }
 
 impl AffinityConfig {
@@ -367,7 +336,6 @@ impl Default for AffinityConfig {
             pending_warm: false,
             short_warm: false,
             beyond_window: 1.0,
-            pending_credit: true,
         }
     }
 }
@@ -820,7 +788,6 @@ fn decide(
     let secondary_of = |k: u64, p: usize| ring.candidates(k).find(|&c| c != p && v.available(c));
     if let Some((holders, m, cached, coverage)) = warm {
         let holders = &holders[..m];
-        let credit = pending_credit(known, cached, cost, cfg);
         // Slack by value: a holder may exceed the mean by the load factor's
         // slack times the share of the prompt it holds (plus one request), so
         // a short shared prefix (a system prompt under long, varied prompts)
@@ -910,7 +877,7 @@ fn decide(
                 let extra = if in_bound(h) {
                     spill_extra(cost, &v, h, a, cfg)
                 } else {
-                    queued_extra(cost, &v, h, a, cfg) - credit
+                    queued_extra(cost, &v, h, a, cfg)
                 };
                 let penalty = cost.prefill_ms(cached).min(cfg.routing_budget_ms);
                 if extra <= penalty {
@@ -920,29 +887,13 @@ fn decide(
                 }
             }
             (None, Some(a)) => {
-                // A pending prefix (`pending_credit`): the least-delay
-                // holder under the concurrency threshold, priced by the
-                // spill test with the credit.
-                let kept = holders
-                    .iter()
-                    .copied()
-                    .filter(|&h| credit > 0.0 && !by_share && v.load(h) < v.threshold)
-                    .min_by_key(|&h| v.holder_rank(h))
-                    .filter(|&h| {
-                        queued_extra(cost, &v, h, a, cfg) - credit
-                            <= cost.prefill_ms(cached).min(cfg.routing_budget_ms)
-                    });
-                if let Some(h) = kept {
-                    (h, Reason::Warm)
-                } else {
-                    // The second tier: the caller's lookup, asked here only.
-                    let found = known
-                        .filter(|_| ask)
-                        .and_then(|k| lookup.and_then(|f| f(k)));
-                    tier_wanted = ask && found.is_none();
-                    let shallow = found.as_ref().or(req.shallow).filter(|_| cfg.tier);
-                    new_holder(a, shallow.and_then(tier_of), &mut moved_cached)
-                }
+                // The second tier: the caller's lookup, asked here only.
+                let found = known
+                    .filter(|_| ask)
+                    .and_then(|k| lookup.and_then(|f| f(k)));
+                tier_wanted = ask && found.is_none();
+                let shallow = found.as_ref().or(req.shallow).filter(|_| cfg.tier);
+                new_holder(a, shallow.and_then(tier_of), &mut moved_cached)
             }
             (None, None) => (
                 holders
@@ -1000,30 +951,6 @@ fn decide(
         expected_cached_tokens: 0.0,
         prompt_tokens,
         tier_wanted: false,
-    }
-}
-
-/// [`AffinityConfig::pending_credit`]: the prefill credited against the
-/// holder's queue, `prefill_ms(cached)` ms, when the known prefix is pending
-/// (aged between `max_age_ms − PENDING_MS` and `max_age_ms`: a record at
-/// routing that no response confirmed yet, [`crate::index::PENDING_MS`])
-/// and that prefill exceeds `routing_budget_ms`; 0 otherwise (module docs,
-/// "Pending prefix"). Cost: O(1).
-fn pending_credit(
-    known: Option<&Known>,
-    cached: f64,
-    cost: &CostModel,
-    cfg: &AffinityConfig,
-) -> f64 {
-    let pending = |k: &Known| {
-        k.age_ms >= cfg.max_age_ms.saturating_sub(crate::index::PENDING_MS)
-            && k.age_ms <= cfg.max_age_ms
-    };
-    let ms = cost.prefill_ms(cached);
-    if cfg.pending_credit && ms > cfg.routing_budget_ms && known.is_some_and(pending) {
-        ms
-    } else {
-        0.0
     }
 }
 
@@ -1228,80 +1155,6 @@ mod tests {
         };
         let c = choose(&r, &req, &cost(), &AffinityConfig::default());
         assert!(c.expected_cached_tokens <= (short.units_at(40) as f64 / 4.0) + 0.5);
-    }
-
-    #[test]
-    fn a_pending_prefix_keeps_its_holder_while_waiting_costs_less_than_a_second_prefill() {
-        let r = ring(8);
-        // The whole window known on replica 0 and the prompt 100 000 tokens
-        // long (3 s of prefill at 30 ms per 1000): replica 0 has 14 requests
-        // (over the load bound: 2 × (mean + 1) = 7.3) and 150 000 tokens
-        // queued, of which 100 000 are the prefill of this very prefix.
-        let k = key(9, 64);
-        let cfg = AffinityConfig::default();
-        let pending_age = cfg.max_age_ms - crate::index::PENDING_MS + 1_000;
-        let decide = |age: u64, load0: u32, queued0: u32, prompt_chars: usize, on: bool| {
-            let kn = known(64, &[0], age);
-            let loads = [load0, 1, 1, 1, 1, 1, 1, 1];
-            let queued = [queued0, 0, 0, 0, 0, 0, 0, 0];
-            let req = Request {
-                prompt_chars,
-                queued_prefill: Some(&queued),
-                ..request(&k, Some(&kn), Loads::new(&loads))
-            };
-            let cfg = AffinityConfig {
-                pending_credit: on,
-                ..AffinityConfig::default()
-            };
-            let c = choose(&r, &req, &cost(), &cfg);
-            (c.primary, c.reason)
-        };
-        // Pending: 4 630 ms of extra delay less the 3 000 ms credited is
-        // within the 2 s budget: kept.
-        assert_eq!(
-            decide(pending_age, 14, 150_000, 400_000, true),
-            (0, Reason::Warm)
-        );
-        // Without the rule, or confirmed (not pending), over the bound:
-        // spilled unpriced.
-        assert_eq!(
-            decide(pending_age, 14, 150_000, 400_000, false).1,
-            Reason::Spill
-        );
-        assert_eq!(decide(1_000, 14, 150_000, 400_000, true).1, Reason::Spill);
-        // Stale (older than max_age): cold.
-        assert_eq!(
-            decide(cfg.max_age_ms + 1, 14, 150_000, 400_000, true).1,
-            Reason::Cold
-        );
-        // A longer queue: 6 130 − 3 000 ms is past the budget.
-        assert_eq!(
-            decide(pending_age, 14, 200_000, 400_000, true).1,
-            Reason::Spill
-        );
-        // A prefix whose prefill fits in the budget (the window alone, 4 096
-        // tokens: 123 ms) gets no credit.
-        assert_eq!(
-            decide(pending_age, 14, 20_000, 16_384, true).1,
-            Reason::Spill
-        );
-        // Within the load bound the credit lowers the slack-priced delay
-        // too: 7 requests (kept by the light-load slack only) and 150 000
-        // tokens queued are 4 560 ms over the others, above the 2 s penalty
-        // but within it after the credit.
-        assert_eq!(
-            decide(pending_age, 7, 150_000, 400_000, true),
-            (0, Reason::Warm)
-        );
-        assert_eq!(
-            decide(pending_age, 7, 150_000, 400_000, false).1,
-            Reason::Spill
-        );
-        // At the concurrency threshold the holder is not kept over the bound.
-        assert_eq!(
-            decide(pending_age, 300, 150_000, 400_000, true).1,
-            Reason::Spill
-        );
     }
 
     #[test]

@@ -134,7 +134,6 @@ impl OursParams {
             "min_match" => self.affinity.min_match = f()?,
             "routing_budget_ms" => self.affinity.routing_budget_ms = f()?,
             "beyond_window" => self.affinity.beyond_window = f()?,
-            "pending_credit" => self.affinity.pending_credit = v == "1" || v == "true",
             "max_age_s" => self.affinity.max_age_ms = (f()? * 1000.0) as u64,
             "cold_choices" => self.affinity.cold_choices = u()? as usize,
             "anchor_cold" => self.affinity.anchor_cold = v == "1" || v == "true",
