@@ -144,6 +144,15 @@ pub struct Knobs {
     pub top_k: usize,
     /// See `top_k`.
     pub coarse_below: u32,
+    /// With `top_k`: thin only confirmed placements (cold or spilled
+    /// prompts), not the new blocks of warm records.
+    pub thin_confirmed: bool,
+    /// With `top_k`: thin only records whose lookup found nothing (new
+    /// roots).
+    pub thin_roots: bool,
+    /// With `top_k`: also keep the `bottom_k` shallowest new ladder blocks
+    /// fine.
+    pub bottom_k: usize,
 }
 
 impl Default for Knobs {
@@ -175,6 +184,9 @@ impl Default for Knobs {
             own_scale: true,
             top_k: 0,
             coarse_below: 0,
+            thin_confirmed: false,
+            thin_roots: false,
+            bottom_k: 0,
         }
     }
 }
@@ -214,6 +226,9 @@ impl Knobs {
             "held_s" => self.held_s = f().ok_or_else(bad)?,
             "choices" => self.choices = u().ok_or_else(bad)?,
             "push_tokens" => self.push_tokens = u().ok_or_else(bad)? as u32,
+            "bottom_k" => self.bottom_k = u().ok_or_else(bad)?,
+            "thin_roots" => self.thin_roots = v == "1" || v == "true",
+            "thin_confirmed" => self.thin_confirmed = v == "1" || v == "true",
             "top_k" => self.top_k = u().ok_or_else(bad)?,
             "coarse_below" => self.coarse_below = u().filter(|&b| b <= 16).ok_or_else(bad)? as u32,
             "ladder_last" => self.ladder_last = v == "1" || v == "true",
@@ -492,7 +507,7 @@ struct Profile {
 
 /// The set of an entry's holders (sorted).
 fn holder_set(e: &Entry) -> Vec<u16> {
-    let mut v: Vec<u16> = e.holders.iter().flatten().map(|&h| h as u16).collect();
+    let mut v: Vec<u16> = e.holders.iter().flatten().copied().collect();
     v.sort_unstable();
     v
 }
@@ -1301,7 +1316,7 @@ impl Gateways {
             };
             self.c.news[i] += 1;
         }
-        if peer && self.knobs.top_k > 0 {
+        if peer && self.knobs.top_k > 0 && (!self.knobs.thin_roots || depth == 0) {
             let bits = self.index.config().ladder_bits;
             let pos_of: std::collections::HashMap<u32, usize> = key
                 .blocks
@@ -1309,10 +1324,16 @@ impl Gateways {
                 .enumerate()
                 .map(|(i, &b)| (self.index.slot(b), i))
                 .collect();
+            let only_confirmed = self.knobs.thin_confirmed;
             let newish = |slot: u32| {
-                p.writes
-                    .iter()
-                    .any(|w| w.0 == slot && matches!(w.2, News::Block | News::Confirmed))
+                p.writes.iter().any(|w| {
+                    w.0 == slot
+                        && match w.2 {
+                            News::Confirmed => true,
+                            News::Block => !only_confirmed,
+                            _ => false,
+                        }
+                })
             };
             let ladder_at: Vec<usize> = out
                 .iter()
@@ -1321,6 +1342,7 @@ impl Gateways {
                 .collect();
             let n_blocks = key.blocks.len();
             let (k, coarse) = (self.knobs.top_k, self.knobs.coarse_below);
+            let bottom = self.knobs.bottom_k;
             out.retain(|(slot, _)| {
                 let Some(&i) = pos_of.get(slot) else {
                     return true;
@@ -1329,7 +1351,8 @@ impl Gateways {
                     return true;
                 }
                 let rank = ladder_at.iter().filter(|&&j| j > i).count();
-                rank < k || (coarse > 0 && on_ladder(i, coarse))
+                let low = ladder_at.iter().filter(|&&j| j < i).count();
+                rank < k || low < bottom || (coarse > 0 && on_ladder(i, coarse))
             });
         }
         if peer && self.knobs.publish_reused {
@@ -1830,6 +1853,49 @@ mod tests {
             .rev()
             .find(|&p| prefix_router::index::on_ladder(p, bits))
             .map_or(0, |p| p + 1)
+    }
+
+    #[test]
+    fn the_profile_counts_what_peers_read() {
+        let (book, reqs) = sagemaker(0.01);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let knobs = Knobs {
+            record_at_route: true,
+            ..Knobs::default()
+        };
+        let mut g = gateways(&book, "peer/2/200", knobs);
+        g.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
+        let published = g.prof.pubs.len();
+        assert!(published > 1);
+        assert_eq!(g.c.published as usize, published);
+        // Every published byte is an entry, a stamp pair or run overhead.
+        let p = &g.prof;
+        assert_eq!(p.entry_bytes + p.stamp_bytes + p.run_bytes, g.c.wire_bytes);
+        assert_eq!(p.entry_bytes, (peers::MIN_ITEM_BYTES * published) as u64);
+        // Gateway 0 reads its own writes: no peer use.
+        g.route_on(0, 1, &reqs[0], &view(1.1, &reps, &m));
+        assert!(g.prof.pubs.iter().all(|x| x.used == 0));
+        assert_eq!(g.c.found_peer, 0);
+        // Merged at gateway 1 after the delay: its lookup of the same prompt
+        // finds the deepest published ladder block (rank 0), the merge was
+        // news to it, and the search read a few of the others.
+        g.route_on(1, 2, &reqs[0], &view(1.3, &reps, &m));
+        assert_eq!(g.c.found_peer, 1);
+        let deepest: Vec<_> = g.prof.pubs.iter().filter(|x| x.used & 2 != 0).collect();
+        assert_eq!(deepest.len(), 1);
+        assert_eq!((deepest[0].rank, deepest[0].used & 4), (0, 4));
+        let read = g.prof.pubs.iter().filter(|x| x.used & 1 != 0).count();
+        assert!(read >= 1 && read < published, "{read} of {published}");
+        assert_eq!(g.prof.merges[usize::from(MERGE_NEW)], published as u64);
+        // A prompt of another group reads none of them.
+        let other = (1..reqs.len())
+            .find(|&i| reqs[i].keys.core[0].blocks[0] != reqs[0].keys.core[0].blocks[0])
+            .unwrap();
+        let before: Vec<u8> = g.prof.pubs.iter().map(|x| x.used).collect();
+        g.route_on(1, 3, &reqs[other], &view(1.4, &reps, &m));
+        let after: Vec<u8> = g.prof.pubs.iter().take(published).map(|x| x.used).collect();
+        assert_eq!(before[..published], after[..]);
     }
 
     #[test]
