@@ -25,6 +25,13 @@
 //! `scrape_ms`); modes using neither have no delay. The knobs come from
 //! `--gw k=v` ([`Knobs`]).
 //!
+//! With `peer`, the report carries a profile of the exchange ([`Profile`],
+//! `docs/multi-gateway.md`, "what peers use"): every published write by
+//! kind, block position and rank, whether a peer's lookup ever read it or
+//! found its depth there, how each merge changed the peer's slot, and the
+//! wire bytes by part. Its cost: one slot hash per block of each lookup and
+//! record, and a map of merged slots per gateway (simulator only).
+//!
 //! Cost per request: one lookup + record in the routing gateway (as OURS),
 //! plus `N − 1` lookups + records when a peer insert is applied, plus one
 //! lookup + record per `truth` feedback; the engine-load scrape reads `n`
