@@ -1278,18 +1278,17 @@ impl Gateways {
         let g = &mut self.gws[k];
         self.c.records += 1;
         let seq = g.log.next_seq();
-        // Profile: the slots' values before the record.
-        let olds: std::collections::HashMap<u32, Option<SlotValue>> = if peer {
-            key.blocks
-                .iter()
-                .map(|&b| {
-                    let s = self.index.slot(b);
-                    (s, g.store.get(s))
-                })
-                .collect()
+        // Profile and experiments: each block's slot, its position and its
+        // value before the record.
+        let slots: Vec<u32> = if peer {
+            key.blocks.iter().map(|&b| self.index.slot(b)).collect()
         } else {
-            std::collections::HashMap::new()
+            Vec::new()
         };
+        let pos_of: std::collections::HashMap<u32, usize> =
+            slots.iter().enumerate().map(|(i, &s)| (s, i)).collect();
+        let olds: std::collections::HashMap<u32, Option<SlotValue>> =
+            slots.iter().map(|&s| (s, g.store.get(s))).collect();
         let mut p = Publishing::with_rule(&mut g.store, self.rule, peer);
         let depth = known.map_or(0, |k| k.depth);
         p.withhold(
@@ -1325,12 +1324,6 @@ impl Gateways {
         }
         if peer && self.knobs.top_k > 0 && (!self.knobs.thin_roots || depth == 0) {
             let bits = self.index.config().ladder_bits;
-            let pos_of: std::collections::HashMap<u32, usize> = key
-                .blocks
-                .iter()
-                .enumerate()
-                .map(|(i, &b)| (self.index.slot(b), i))
-                .collect();
             let only_confirmed = self.knobs.thin_confirmed;
             let newish = |slot: u32| {
                 p.writes.iter().any(|w| {
@@ -1410,12 +1403,6 @@ impl Gateways {
             // Profile: each published write's kind and block position.
             let n_blocks = key.blocks.len();
             let bits = self.index.config().ladder_bits;
-            let pos_of: std::collections::HashMap<u32, usize> = key
-                .blocks
-                .iter()
-                .enumerate()
-                .map(|(i, &b)| (self.index.slot(b), i))
-                .collect();
             for (slot, v) in &out {
                 let written = p.writes.iter().rev().find(|w| w.0 == *slot && w.1 == *v);
                 let kind = match written.map(|w| w.2) {
@@ -1862,8 +1849,14 @@ mod tests {
             .map_or(0, |p| p + 1)
     }
 
-    #[test]
-    fn the_profile_counts_what_peers_read() {
+    /// A small sagemaker run, 7 idle replicas and knobs recording at routing.
+    fn at_route_setup() -> (
+        KeyBook,
+        Vec<SimRequest>,
+        ModelParams,
+        Vec<crate::replica::Replica>,
+        Knobs,
+    ) {
         let (book, reqs) = sagemaker(0.01);
         let m = ModelParams::default();
         let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
@@ -1871,6 +1864,12 @@ mod tests {
             record_at_route: true,
             ..Knobs::default()
         };
+        (book, reqs, m, reps, knobs)
+    }
+
+    #[test]
+    fn the_profile_counts_what_peers_read() {
+        let (book, reqs, m, reps, knobs) = at_route_setup();
         let mut g = gateways(&book, "peer/2/200", knobs);
         g.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
         let published = g.prof.pubs.len();
@@ -1953,13 +1952,7 @@ mod tests {
 
     #[test]
     fn only_news_is_published() {
-        let (book, reqs) = sagemaker(0.01);
-        let m = ModelParams::default();
-        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
-        let at_route = Knobs {
-            record_at_route: true,
-            ..Knobs::default()
-        };
+        let (book, reqs, m, reps, at_route) = at_route_setup();
         let mut g = gateways(&book, "peer/2/0", at_route);
         g.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
         let first = g.c.wire_bytes;
