@@ -160,6 +160,11 @@ pub struct Knobs {
     /// With `top_k`: also keep the `bottom_k` shallowest new ladder blocks
     /// fine.
     pub bottom_k: usize,
+    /// With `top_k`: 1, a gateway remembers the slots it thinned and
+    /// publishes one when a later record's known prefix ends there; 2,
+    /// without memory, a record whose known prefix ends at a ladder block
+    /// off the `coarse_below` ladder publishes that block.
+    pub refine: u8,
 }
 
 impl Default for Knobs {
@@ -194,6 +199,7 @@ impl Default for Knobs {
             thin_confirmed: false,
             thin_roots: false,
             bottom_k: 0,
+            refine: 0,
         }
     }
 }
@@ -233,6 +239,7 @@ impl Knobs {
             "held_s" => self.held_s = f().ok_or_else(bad)?,
             "choices" => self.choices = u().ok_or_else(bad)?,
             "push_tokens" => self.push_tokens = u().ok_or_else(bad)? as u32,
+            "refine" => self.refine = u().filter(|&x| x <= 2).ok_or_else(bad)? as u8,
             "bottom_k" => self.bottom_k = u().ok_or_else(bad)?,
             "thin_roots" => self.thin_roots = v == "1" || v == "true",
             "thin_confirmed" => self.thin_confirmed = v == "1" || v == "true",
@@ -684,6 +691,8 @@ struct Gateway {
     /// Profile: kind and position of the writes of the record being
     /// published, by slot.
     kinds: std::collections::HashMap<u32, PubNote>,
+    /// `refine`: slots this gateway thinned from its publications.
+    thinned: std::collections::HashSet<u32>,
 }
 
 /// Per routed request, until its first token.
@@ -811,6 +820,7 @@ impl Gateways {
                 held_order: VecDeque::new(),
                 prov: std::collections::HashMap::new(),
                 kinds: std::collections::HashMap::new(),
+                thinned: std::collections::HashSet::new(),
             })
             .collect();
         Gateways {
@@ -1343,6 +1353,8 @@ impl Gateways {
             let n_blocks = key.blocks.len();
             let (k, coarse) = (self.knobs.top_k, self.knobs.coarse_below);
             let bottom = self.knobs.bottom_k;
+            let refine = self.knobs.refine == 1;
+            let thinned = &mut g.thinned;
             out.retain(|(slot, _)| {
                 let Some(&i) = pos_of.get(slot) else {
                     return true;
@@ -1352,8 +1364,25 @@ impl Gateways {
                 }
                 let rank = ladder_at.iter().filter(|&&j| j > i).count();
                 let low = ladder_at.iter().filter(|&&j| j < i).count();
-                rank < k || low < bottom || (coarse > 0 && on_ladder(i, coarse))
+                let keep = rank < k || low < bottom || (coarse > 0 && on_ladder(i, coarse));
+                if !keep && refine {
+                    thinned.insert(*slot);
+                }
+                keep
             });
+        }
+        // `refine`: the known prefix ends at a block this gateway thinned.
+        let bits = self.index.config().ladder_bits;
+        let fine_end = self.knobs.refine == 2
+            && depth > 0
+            && on_ladder(depth - 1, bits)
+            && !on_ladder(depth - 1, self.knobs.coarse_below.max(1));
+        if let Some(&slot) = slots.get(depth.wrapping_sub(1)) {
+            if (g.thinned.remove(&slot) || fine_end) && !out.iter().any(|w| w.0 == slot) {
+                if let Some(v) = p.get(slot) {
+                    out.push((slot, v));
+                }
+            }
         }
         if peer && self.knobs.publish_reused {
             let mv = moved(known, served);
