@@ -25,6 +25,13 @@
 //! `scrape_ms`); modes using neither have no delay. The knobs come from
 //! `--gw k=v` ([`Knobs`]).
 //!
+//! With `peer`, the report carries a profile of the exchange ([`Profile`],
+//! `docs/multi-gateway.md`, "what peers use"): every published write by
+//! kind, block position and rank, whether a peer's lookup ever read it or
+//! found its depth there, how each merge changed the peer's slot, and the
+//! wire bytes by part. Its cost: one slot hash per block of each lookup and
+//! record, and a map of merged slots per gateway (simulator only).
+//!
 //! Cost per request: one lookup + record in the routing gateway (as OURS),
 //! plus `N − 1` lookups + records when a peer insert is applied, plus one
 //! lookup + record per `truth` feedback; the engine-load scrape reads `n`
@@ -37,7 +44,9 @@ use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::CostModel;
 use prefix_router::engine::load::{host_load, LoadRule};
 use prefix_router::hash::BLOCK_UNITS;
-use prefix_router::index::{IndexConfig, Known, PrefixIndex, SlotStore, SlotValue, VecStore};
+use prefix_router::index::{
+    on_ladder, Entry, IndexConfig, Known, PrefixIndex, SlotStore, SlotValue, VecStore,
+};
 use prefix_router::peers::{self, DeltaLog};
 use prefix_router::peers_budget::{Budget, Offer};
 use prefix_router::peers_log::{News, NewsRule, PeerLadder, Publishing};
@@ -135,6 +144,27 @@ pub struct Knobs {
     /// count stands for N requests (`Loads::per_count`, the floor
     /// of the spill price). Off: 1, the core before `gwcap11`.
     pub own_scale: bool,
+    /// Experiment (`sync11b`, not in the filter): of a record's new ladder
+    /// blocks, publish only the `top_k` deepest (0: all) and, below them,
+    /// those on the `coarse_below`-bit ladder (0: none; the lookups then
+    /// tolerate it as with `publish_bits`).
+    pub top_k: usize,
+    /// See `top_k`.
+    pub coarse_below: u32,
+    /// With `top_k`: thin only confirmed placements (cold or spilled
+    /// prompts), not the new blocks of warm records.
+    pub thin_confirmed: bool,
+    /// With `top_k`: thin only records whose lookup found nothing (new
+    /// roots).
+    pub thin_roots: bool,
+    /// With `top_k`: also keep the `bottom_k` shallowest new ladder blocks
+    /// fine.
+    pub bottom_k: usize,
+    /// With `top_k`: 1, a gateway remembers the slots it thinned and
+    /// publishes one when a later record's known prefix ends there; 2,
+    /// without memory, a record whose known prefix ends at a ladder block
+    /// off the `coarse_below` ladder publishes that block.
+    pub refine: u8,
 }
 
 impl Default for Knobs {
@@ -164,6 +194,12 @@ impl Default for Knobs {
             ladder_last: shipped_peers().4,
             publish_bits: shipped_peers().5,
             own_scale: true,
+            top_k: 0,
+            coarse_below: 0,
+            thin_confirmed: false,
+            thin_roots: false,
+            bottom_k: 0,
+            refine: 0,
         }
     }
 }
@@ -203,6 +239,12 @@ impl Knobs {
             "held_s" => self.held_s = f().ok_or_else(bad)?,
             "choices" => self.choices = u().ok_or_else(bad)?,
             "push_tokens" => self.push_tokens = u().ok_or_else(bad)? as u32,
+            "refine" => self.refine = u().filter(|&x| x <= 2).ok_or_else(bad)? as u8,
+            "bottom_k" => self.bottom_k = u().ok_or_else(bad)?,
+            "thin_roots" => self.thin_roots = v == "1" || v == "true",
+            "thin_confirmed" => self.thin_confirmed = v == "1" || v == "true",
+            "top_k" => self.top_k = u().ok_or_else(bad)?,
+            "coarse_below" => self.coarse_below = u().filter(|&b| b <= 16).ok_or_else(bad)? as u32,
             "ladder_last" => self.ladder_last = v == "1" || v == "true",
             "publish_bits" => self.publish_bits = u().filter(|&b| b <= 16).ok_or_else(bad)? as u32,
             "share_load_ms" => {
@@ -413,6 +455,210 @@ struct Delta {
     at_ms: u64,
     slot: u32,
     value: SlotValue,
+    /// Index of this write in [`Profile::pubs`].
+    id: u32,
+}
+
+/// One published write in the profile ([`Profile::pubs`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct PubNote {
+    kind: u8,
+    pos: u8,
+    rank: u8,
+    used: u8,
+}
+
+/// What a published write was, for the profile ([`Profile`]).
+const PUB_BLOCK: u8 = 0;
+const PUB_CONFIRMED: u8 = 1;
+const PUB_REFRESH: u8 = 2;
+const PUB_HOLDERS: u8 = 3;
+const PUB_STAND_IN: u8 = 4;
+const PUB_OTHER: u8 = 5;
+const PUB_KINDS: usize = 6;
+const PUB_NAMES: [&str; PUB_KINDS] = [
+    "block",
+    "confirmed",
+    "refresh",
+    "holders",
+    "stand_in",
+    "other",
+];
+
+/// How a merge changed a peer's slot (what the peer did not know before).
+const MERGE_NEW: u8 = 0;
+const MERGE_HOLDERS: u8 = 1;
+const MERGE_ORDER: u8 = 2;
+const MERGE_TIME: u8 = 3;
+const MERGE_KINDS: usize = 4;
+const MERGE_NAMES: [&str; MERGE_KINDS] = ["new", "holders", "order", "time"];
+
+/// The profile of the peer exchange (`docs/multi-gateway.md`, eleventh
+/// session `sync11b`): every published write, what it was and whether a
+/// peer's lookup ever read it, and the wire bytes by part. A peer **uses**
+/// a merged write when its lookup reads the slot while the slot still holds
+/// the merged value (probed: the search read it; deepest: it is the entry
+/// of the depth found, whose holders and age the decision reads).
+#[derive(Debug, Clone, Default)]
+struct Profile {
+    /// Per published write: kind (`PUB_*`), its block position (0: a
+    /// ladder position, 1: the last block, 2: both, 3: neither), its rank
+    /// among the record's published ladder blocks from the deepest (0: the
+    /// deepest), and bit flags: 1 read and found by a peer's lookup, 2 the
+    /// entry of the depth a peer's lookup found, 4 that and the merge
+    /// mattered for that lookup (not a time-only refresh of a copy still
+    /// live), 8 the entry a peer's second tier returned.
+    pubs: Vec<PubNote>,
+    /// Merges that changed a peer's slot, by `MERGE_*`.
+    merges: [u64; MERGE_KINDS],
+    /// Deepest reads of merged writes by `MERGE_*` of their merge.
+    deepest_by_merge: [u64; MERGE_KINDS],
+    /// Wire bytes: entries (5 B), stamp pairs, run heads and bitmaps.
+    entry_bytes: u64,
+    stamp_bytes: u64,
+    run_bytes: u64,
+}
+
+/// The set of an entry's holders (sorted).
+fn holder_set(e: &Entry) -> Vec<u16> {
+    let mut v: Vec<u16> = e.holders.iter().flatten().copied().collect();
+    v.sort_unstable();
+    v
+}
+
+/// A read-only [`SlotStore`] that remembers the slots a lookup read.
+struct Probe<'a> {
+    inner: &'a VecStore,
+    read: std::cell::RefCell<Vec<u32>>,
+}
+
+impl SlotStore for Probe<'_> {
+    fn get(&self, slot: u32) -> Option<SlotValue> {
+        self.read.borrow_mut().push(slot);
+        self.inner.get(slot)
+    }
+
+    fn set(&mut self, _slot: u32, _value: SlotValue) {}
+}
+
+impl Profile {
+    /// Gateway `g`'s lookup read `read` and found its depth at `deepest`
+    /// (`(now, max_age)` ms: a time-only refresh mattered when the copy it
+    /// replaced would have expired by now).
+    fn note_lookup(
+        &mut self,
+        c: &mut Counts,
+        g: &Gateway,
+        read: &[u32],
+        found: &[u32],
+        (now_ms, max_age_ms): (u64, u64),
+    ) {
+        let current = |slot: u32| {
+            g.prov
+                .get(&slot)
+                .filter(|p| g.store.get(slot) == Some(p.1))
+                .copied()
+        };
+        for &slot in read {
+            if !found.contains(&slot) {
+                continue;
+            }
+            if let Some(p) = current(slot) {
+                if let Some(x) = self.pubs.get_mut(p.0 as usize) {
+                    x.used |= 1;
+                }
+            }
+        }
+        let Some(&slot) = found.last() else {
+            return;
+        };
+        c.found += 1;
+        if let Some((id, _, how, old)) = current(slot) {
+            c.found_peer += 1;
+            self.deepest_by_merge[usize::from(how)] += 1;
+            let live = old.is_some_and(|t| {
+                u64::from(prefix_router::index::decis(now_ms).wrapping_sub(t)) * 100 < max_age_ms
+            });
+            let mattered = how != MERGE_TIME || !live;
+            if let Some(x) = self.pubs.get_mut(id as usize) {
+                x.used |= 2 | if mattered { 4 } else { 0 };
+            }
+        }
+    }
+
+    /// Gateway `g`'s second tier returned the entry at `slot`.
+    fn note_shallow(&mut self, g: &Gateway, slot: u32) {
+        if let Some(p) = g.prov.get(&slot).filter(|p| g.store.get(slot) == Some(p.1)) {
+            if let Some(x) = self.pubs.get_mut(p.0 as usize) {
+                x.used |= 8;
+            }
+        }
+    }
+
+    /// The profile's counters for the report, per routed request `n`.
+    /// The wire bytes are sent bytes (× `peers`, as `sync_bytes_per_req`).
+    fn report(&self, n: f64, peers: f64, out: &mut Vec<(String, f64)>) {
+        let mut count = [[0u64; 5]; PUB_KINDS];
+        let mut pos = [[0u64; 5]; 4];
+        let mut rank = [[0u64; 5]; 6];
+        for x in &self.pubs {
+            let rows = [
+                &mut count[usize::from(x.kind).min(PUB_KINDS - 1)],
+                &mut pos[usize::from(x.pos).min(3)],
+                &mut rank[usize::from(x.rank).min(5)],
+            ];
+            for row in rows {
+                row[0] += 1;
+                for (bit, i) in [(1u8, 1usize), (2, 2), (4, 3), (8, 4)] {
+                    if x.used & bit != 0 {
+                        row[i] += 1;
+                    }
+                }
+            }
+        }
+        for (k, r) in rank.iter().enumerate() {
+            out.push((format!("pubrank_{k}_per_req"), r[0] as f64 / n));
+            out.push((format!("pubrank_{k}_probed_per_req"), r[1] as f64 / n));
+            out.push((format!("pubrank_{k}_mattered_per_req"), r[3] as f64 / n));
+            out.push((format!("pubrank_{k}_tier2_per_req"), r[4] as f64 / n));
+        }
+        let any = self.pubs.iter().filter(|x| x.used & (1 | 8) != 0).count();
+        out.push(("pub_used_any_per_req".into(), any as f64 / n));
+        for (k, name) in PUB_NAMES.iter().enumerate() {
+            let r = count[k];
+            out.push((format!("pub_{name}_per_req"), r[0] as f64 / n));
+            out.push((format!("pub_{name}_probed_per_req"), r[1] as f64 / n));
+            out.push((format!("pub_{name}_deepest_per_req"), r[2] as f64 / n));
+            out.push((format!("pub_{name}_mattered_per_req"), r[3] as f64 / n));
+            out.push((format!("pub_{name}_tier2_per_req"), r[4] as f64 / n));
+        }
+        for (k, name) in ["ladder", "last", "ladder_last", "path"].iter().enumerate() {
+            let r = pos[k];
+            out.push((format!("pubpos_{name}_per_req"), r[0] as f64 / n));
+            out.push((format!("pubpos_{name}_probed_per_req"), r[1] as f64 / n));
+            out.push((format!("pubpos_{name}_mattered_per_req"), r[3] as f64 / n));
+            out.push((format!("pubpos_{name}_tier2_per_req"), r[4] as f64 / n));
+        }
+        for (k, name) in MERGE_NAMES.iter().enumerate() {
+            out.push((format!("merge_{name}_per_req"), self.merges[k] as f64 / n));
+            out.push((
+                format!("deepest_merge_{name}_per_req"),
+                self.deepest_by_merge[k] as f64 / n,
+            ));
+        }
+        out.push((
+            "wire_entry_bytes_per_req".into(),
+            self.entry_bytes as f64 * peers / n,
+        ));
+        out.push((
+            "wire_stamp_bytes_per_req".into(),
+            self.stamp_bytes as f64 * peers / n,
+        ));
+        out.push((
+            "wire_run_bytes_per_req".into(),
+            self.run_bytes as f64 * peers / n,
+        ));
+    }
 }
 
 /// One gateway Envoy.
@@ -438,6 +684,15 @@ struct Gateway {
     /// placements not published yet, in holding order.
     held: std::collections::HashMap<u32, u64>,
     held_order: VecDeque<(u32, u64)>,
+    /// Profile: slot → (published write id, value after the merge, how the
+    /// merge changed it, time of the copy it replaced) for slots whose
+    /// value came from a peer.
+    prov: std::collections::HashMap<u32, (u32, SlotValue, u8, Option<u32>)>,
+    /// Profile: kind and position of the writes of the record being
+    /// published, by slot.
+    kinds: std::collections::HashMap<u32, PubNote>,
+    /// `refine`: slots this gateway thinned from its publications.
+    thinned: std::collections::HashSet<u32>,
 }
 
 /// Per routed request, until its first token.
@@ -477,6 +732,10 @@ struct Counts {
     published: u64,
     /// Records the budget refused.
     refused: u64,
+    /// Lookups that found a depth (≥ 1).
+    found: u64,
+    /// ... whose deepest entry came from a peer.
+    found_peer: u64,
 }
 
 /// `N` gateways (see the module docs).
@@ -500,6 +759,7 @@ pub struct Gateways {
     pending: Vec<Pending>,
     rng: Rng,
     c: Counts,
+    prof: Profile,
 }
 
 /// Build the policy `name` (see [`parse_name`]).
@@ -558,6 +818,9 @@ impl Gateways {
                 snap_own: Vec::new(),
                 held: std::collections::HashMap::new(),
                 held_order: VecDeque::new(),
+                prov: std::collections::HashMap::new(),
+                kinds: std::collections::HashMap::new(),
+                thinned: std::collections::HashSet::new(),
             })
             .collect();
         Gateways {
@@ -568,7 +831,7 @@ impl Gateways {
                 // The filter with `peers`: the lookup tolerates the peers'
                 // coarser ladder.
                 peer_bits: if spec.mode.peer {
-                    knobs.publish_bits
+                    knobs.publish_bits.max(knobs.coarse_below)
                 } else {
                     p.index.peer_bits
                 },
@@ -587,6 +850,7 @@ impl Gateways {
             pending: Vec::new(),
             rng: Rng::new(seed ^ 0x6d75),
             c: Counts::default(),
+            prof: Profile::default(),
         }
     }
 
@@ -710,7 +974,29 @@ impl Gateways {
                 self.gws[from].outbox.pop_front();
                 for (to, g) in self.gws.iter_mut().enumerate() {
                     if to != from {
-                        peers::merge(&mut g.store, d.slot, &d.value);
+                        let before = g.store.get(d.slot).and_then(|v| Entry::decode(&v));
+                        if peers::merge(&mut g.store, d.slot, &d.value) {
+                            let after = g.store.get(d.slot);
+                            let inc = Entry::decode(&d.value);
+                            let how = match (before, inc) {
+                                (Some(b), Some(i)) if b.marked_key() == i.marked_key() => {
+                                    let after = after.as_ref().and_then(Entry::decode);
+                                    match after {
+                                        Some(a) if holder_set(&a) != holder_set(&b) => {
+                                            MERGE_HOLDERS
+                                        }
+                                        Some(a) if a.holders != b.holders => MERGE_ORDER,
+                                        _ => MERGE_TIME,
+                                    }
+                                }
+                                _ => MERGE_NEW,
+                            };
+                            self.prof.merges[usize::from(how)] += 1;
+                            if let Some(a) = after {
+                                let old = before.filter(|_| how != MERGE_NEW).map(|b| b.time);
+                                g.prov.insert(d.slot, (d.id, a, how, old));
+                            }
+                        }
                         self.c.applied += 1;
                     }
                 }
@@ -740,7 +1026,26 @@ impl Gateways {
         let Ok(batch) = peers::decode(&wire, layout, usize::MAX, slots, replicas) else {
             return;
         };
+        let stamped = batch
+            .entries
+            .iter()
+            .filter(|e| Entry::decode(&e.1).is_some_and(|x| x.stamp() > 0))
+            .count() as u64;
+        let entries = batch.entries.len() as u64;
+        let item_bytes = (peers::MIN_ITEM_BYTES as u64) * entries;
+        self.prof.entry_bytes += item_bytes;
+        self.prof.stamp_bytes += 2 * stamped;
+        self.prof.run_bytes +=
+            ((wire.len() - peers::HEADER_BYTES) as u64).saturating_sub(item_bytes + 2 * stamped);
         for (slot, value) in batch.entries {
+            let note = g.kinds.get(&slot).copied().unwrap_or(PubNote {
+                kind: PUB_OTHER,
+                pos: 3,
+                rank: 5,
+                used: 0,
+            });
+            let id = self.prof.pubs.len() as u32;
+            self.prof.pubs.push(note);
             if g.outbox.len() >= self.knobs.max_pending {
                 g.outbox.pop_front();
                 self.c.dropped += 1;
@@ -749,8 +1054,10 @@ impl Gateways {
                 at_ms: now_ms,
                 slot,
                 value,
+                id,
             });
         }
+        g.kinds.clear();
     }
 
     /// Route request `idx` through gateway `k`.
@@ -811,7 +1118,28 @@ impl Gateways {
             _ => None,
         };
         let g = &mut self.gws[k];
-        let known = self.index.lookup(&g.store, &key.blocks, now_ms);
+        let known = if mode.peer {
+            let probe = Probe {
+                inner: &g.store,
+                read: std::cell::RefCell::new(Vec::new()),
+            };
+            let known = self.index.lookup(&probe, &key.blocks, now_ms);
+            let depth = known.as_ref().map_or(0, |x| x.depth);
+            let found: Vec<u32> = key.blocks[..depth.min(key.blocks.len())]
+                .iter()
+                .map(|&b| self.index.slot(b))
+                .collect();
+            self.prof.note_lookup(
+                &mut self.c,
+                g,
+                &probe.read.into_inner(),
+                &found,
+                (now_ms, self.cfg.max_age_ms),
+            );
+            known
+        } else {
+            self.index.lookup(&g.store, &key.blocks, now_ms)
+        };
         g.ticket += 1;
         if mode.peer {
             g.budget.earn(req.body_chars as usize, n_peers);
@@ -839,14 +1167,24 @@ impl Gateways {
         };
         // The filter's second lookup tier, on this gateway's table.
         let (index, store) = (&self.index, &g.store);
+        let shallow = std::cell::Cell::new(None);
         let c = affinity::choose_tiered(
             self.router.ring(),
             &request,
             &g.cost,
             &self.cfg,
-            |d| index.lookup_shallow(store, &key.blocks, d, now_ms),
+            |d| {
+                let s = index.lookup_shallow(store, &key.blocks, d, now_ms);
+                shallow.set(s.as_ref().map(|x| x.depth));
+                s
+            },
             || share::lazy_pressure(counters, n, &self.cfg),
         );
+        if let Some(d) = shallow.get().filter(|_| mode.peer) {
+            if let Some(&b) = key.blocks.get(d.wrapping_sub(1)) {
+                self.prof.note_shallow(g, self.index.slot(b));
+            }
+        }
         // The records read the decision from the lookup (`new_holder_known`).
         let known = known.map(|k| k.spilled(c.reason == Reason::Spill));
         Share::note(&mut g.store, n, c.primary, &self.cfg);
@@ -950,6 +1288,17 @@ impl Gateways {
         let g = &mut self.gws[k];
         self.c.records += 1;
         let seq = g.log.next_seq();
+        // Profile and experiments: each block's slot, its position and its
+        // value before the record.
+        let slots: Vec<u32> = if peer {
+            key.blocks.iter().map(|&b| self.index.slot(b)).collect()
+        } else {
+            Vec::new()
+        };
+        let pos_of: std::collections::HashMap<u32, usize> =
+            slots.iter().enumerate().map(|(i, &s)| (s, i)).collect();
+        let olds: std::collections::HashMap<u32, Option<SlotValue>> =
+            slots.iter().map(|&s| (s, g.store.get(s))).collect();
         let mut p = Publishing::with_rule(&mut g.store, self.rule, peer);
         let depth = known.map_or(0, |k| k.depth);
         p.withhold(
@@ -982,6 +1331,58 @@ impl Gateways {
                 News::Reorder | News::None => 3,
             };
             self.c.news[i] += 1;
+        }
+        if peer && self.knobs.top_k > 0 && (!self.knobs.thin_roots || depth == 0) {
+            let bits = self.index.config().ladder_bits;
+            let only_confirmed = self.knobs.thin_confirmed;
+            let newish = |slot: u32| {
+                p.writes.iter().any(|w| {
+                    w.0 == slot
+                        && match w.2 {
+                            News::Confirmed => true,
+                            News::Block => !only_confirmed,
+                            _ => false,
+                        }
+                })
+            };
+            let ladder_at: Vec<usize> = out
+                .iter()
+                .filter_map(|(s, _)| pos_of.get(s).copied())
+                .filter(|&i| on_ladder(i, bits))
+                .collect();
+            let n_blocks = key.blocks.len();
+            let (k, coarse) = (self.knobs.top_k, self.knobs.coarse_below);
+            let bottom = self.knobs.bottom_k;
+            let refine = self.knobs.refine == 1;
+            let thinned = &mut g.thinned;
+            out.retain(|(slot, _)| {
+                let Some(&i) = pos_of.get(slot) else {
+                    return true;
+                };
+                if !on_ladder(i, bits) || i + 1 == n_blocks || !newish(*slot) {
+                    return true;
+                }
+                let rank = ladder_at.iter().filter(|&&j| j > i).count();
+                let low = ladder_at.iter().filter(|&&j| j < i).count();
+                let keep = rank < k || low < bottom || (coarse > 0 && on_ladder(i, coarse));
+                if !keep && refine {
+                    thinned.insert(*slot);
+                }
+                keep
+            });
+        }
+        // `refine`: the known prefix ends at a block this gateway thinned.
+        let bits = self.index.config().ladder_bits;
+        let fine_end = self.knobs.refine == 2
+            && depth > 0
+            && on_ladder(depth - 1, bits)
+            && !on_ladder(depth - 1, self.knobs.coarse_below.max(1));
+        if let Some(&slot) = slots.get(depth.wrapping_sub(1)) {
+            if (g.thinned.remove(&slot) || fine_end) && !out.iter().any(|w| w.0 == slot) {
+                if let Some(v) = p.get(slot) {
+                    out.push((slot, v));
+                }
+            }
         }
         if peer && self.knobs.publish_reused {
             let mv = moved(known, served);
@@ -1025,6 +1426,60 @@ impl Gateways {
                 if let Some(v) = p.get(slot) {
                     out.push((slot, v));
                 }
+            }
+        }
+        if peer {
+            // Profile: each published write's kind and block position.
+            let n_blocks = key.blocks.len();
+            let bits = self.index.config().ladder_bits;
+            for (slot, v) in &out {
+                let written = p.writes.iter().rev().find(|w| w.0 == *slot && w.1 == *v);
+                let kind = match written.map(|w| w.2) {
+                    Some(News::Block) => PUB_BLOCK,
+                    Some(News::Confirmed) => PUB_CONFIRMED,
+                    Some(News::Placement) => {
+                        let old = olds
+                            .get(slot)
+                            .and_then(|o| o.as_ref())
+                            .and_then(Entry::decode);
+                        let new = Entry::decode(v);
+                        match (old, new) {
+                            (Some(o), Some(n))
+                                if o.marked_key() == n.marked_key()
+                                    && holder_set(&o) == holder_set(&n) =>
+                            {
+                                PUB_REFRESH
+                            }
+                            _ => PUB_HOLDERS,
+                        }
+                    }
+                    Some(_) => PUB_OTHER,
+                    None => PUB_STAND_IN,
+                };
+                let at = pos_of.get(slot).copied();
+                let pos = at.map_or(3, |i| match (on_ladder(i, bits), i + 1 == n_blocks) {
+                    (true, false) => 0,
+                    (false, true) => 1,
+                    (true, true) => 2,
+                    (false, false) => 3,
+                });
+                // Rank among the published ladder blocks, from the deepest.
+                let rank = at.filter(|&i| on_ladder(i, bits)).map_or(5, |i| {
+                    out.iter()
+                        .filter_map(|(s, _)| pos_of.get(s))
+                        .filter(|&&j| j > i && on_ladder(j, bits))
+                        .count()
+                        .min(4) as u8
+                });
+                g.kinds.insert(
+                    *slot,
+                    PubNote {
+                        kind,
+                        pos,
+                        rank,
+                        used: 0,
+                    },
+                );
             }
         }
         self.c.published += out.len() as u64;
@@ -1152,7 +1607,7 @@ impl Policy for Gateways {
         let pushes = 2.0 * peers * self.c.pushes as f64 / n;
         let total = 2.0 * bytes + (pulls_per_req + pushes) * PULL_BYTES;
         let news = |i: usize| self.c.news[i] as f64 / n;
-        vec![
+        let mut out = vec![
             ("news_block_per_req".into(), news(0)),
             ("news_confirmed_per_req".into(), news(1)),
             ("news_placement_per_req".into(), news(2)),
@@ -1171,7 +1626,14 @@ impl Policy for Gateways {
             ("peer_applies_per_req".into(), self.c.applied as f64 / n),
             ("peer_dropped".into(), self.c.dropped as f64),
             ("taught_per_req".into(), self.c.taught as f64 / n),
-        ]
+            ("found_per_req".into(), self.c.found as f64 / n),
+            ("found_peer_per_req".into(), self.c.found_peer as f64 / n),
+            ("pull_head_bytes_per_req".into(), pulls_per_req * PULL_BYTES),
+        ];
+        if self.spec.mode.peer {
+            self.prof.report(n, peers, &mut out);
+        }
+        out
     }
 }
 
@@ -1416,6 +1878,61 @@ mod tests {
             .map_or(0, |p| p + 1)
     }
 
+    /// A small sagemaker run, 7 idle replicas and knobs recording at routing.
+    fn at_route_setup() -> (
+        KeyBook,
+        Vec<SimRequest>,
+        ModelParams,
+        Vec<crate::replica::Replica>,
+        Knobs,
+    ) {
+        let (book, reqs) = sagemaker(0.01);
+        let m = ModelParams::default();
+        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
+        let knobs = Knobs {
+            record_at_route: true,
+            ..Knobs::default()
+        };
+        (book, reqs, m, reps, knobs)
+    }
+
+    #[test]
+    fn the_profile_counts_what_peers_read() {
+        let (book, reqs, m, reps, knobs) = at_route_setup();
+        let mut g = gateways(&book, "peer/2/200", knobs);
+        g.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
+        let published = g.prof.pubs.len();
+        assert!(published > 1);
+        assert_eq!(g.c.published as usize, published);
+        // Every published byte is an entry, a stamp pair or run overhead.
+        let p = &g.prof;
+        assert_eq!(p.entry_bytes + p.stamp_bytes + p.run_bytes, g.c.wire_bytes);
+        assert_eq!(p.entry_bytes, (peers::MIN_ITEM_BYTES * published) as u64);
+        // Gateway 0 reads its own writes: no peer use.
+        g.route_on(0, 1, &reqs[0], &view(1.1, &reps, &m));
+        assert!(g.prof.pubs.iter().all(|x| x.used == 0));
+        assert_eq!(g.c.found_peer, 0);
+        // Merged at gateway 1 after the delay: its lookup of the same prompt
+        // finds the deepest published ladder block (rank 0), the merge was
+        // news to it, and the search read a few of the others.
+        g.route_on(1, 2, &reqs[0], &view(1.3, &reps, &m));
+        assert_eq!(g.c.found_peer, 1);
+        let deepest: Vec<_> = g.prof.pubs.iter().filter(|x| x.used & 2 != 0).collect();
+        assert_eq!(deepest.len(), 1);
+        assert_eq!((deepest[0].rank, deepest[0].used & 4), (0, 4));
+        let read = g.prof.pubs.iter().filter(|x| x.used & 1 != 0).count();
+        assert!(read >= 1 && read < published, "{read} of {published}");
+        assert_eq!(g.prof.merges[usize::from(MERGE_NEW)], published as u64);
+        // A prompt of another group reads none of them.
+        let other = (1..reqs.len())
+            .find(|&i| reqs[i].keys.core[0].blocks[0] != reqs[0].keys.core[0].blocks[0])
+            .unwrap();
+        let before: Vec<u8> = g.prof.pubs.iter().map(|x| x.used).collect();
+        g.route_on(1, 3, &reqs[other], &view(1.4, &reps, &m));
+        let after: Vec<u8> = g.prof.pubs.iter().take(published).map(|x| x.used).collect();
+        assert_eq!(before[..published], after[..]);
+    }
+
     #[test]
     fn peer_writes_arrive_after_the_delay_and_the_outbox_is_bounded() {
         let (book, reqs) = sagemaker(0.01);
@@ -1464,13 +1981,7 @@ mod tests {
 
     #[test]
     fn only_news_is_published() {
-        let (book, reqs) = sagemaker(0.01);
-        let m = ModelParams::default();
-        let reps: Vec<_> = (0..7).map(|_| crate::replica::Replica::new(&m)).collect();
-        let at_route = Knobs {
-            record_at_route: true,
-            ..Knobs::default()
-        };
+        let (book, reqs, m, reps, at_route) = at_route_setup();
         let mut g = gateways(&book, "peer/2/0", at_route);
         g.route_on(0, 0, &reqs[0], &view(1.0, &reps, &m));
         let first = g.c.wire_bytes;
