@@ -17,12 +17,23 @@ carries the cap and both sides generate the same number of tokens). The unit of 
 report: one markdown table, per strategy the simulator's figures, Envoy's and their difference
 (Envoy minus simulator), and OUT_JSON with every input. Exit status 1 when an Envoy run lost a
 request, has no hit rate from the replicas, or did not replay the whole slice.
+
+With --replay-sim BIN --slice FILE --time-scale T, each Envoy run is also replayed in the
+simulator on Envoy's own routing ("simulator on Envoy's routing"): the slice is split by the
+replica that served each request (prefix-load's --requests-jsonl, next to its JSON), and each
+part runs on one simulated replica (`--replicas 1`; replicas do not interact, so this is the
+simulator's answer for exactly that placement). A difference left there is the engine's and
+the clock's (real time, arrival order of simultaneous requests), not the router's. Cost: 7
+simulator runs per Envoy run (under a second each).
 """
 import argparse
 import json
+import csv
 import math
 import os
+import subprocess
 import sys
+import tempfile
 from datetime import datetime, timezone
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -139,6 +150,43 @@ def sim_row(path, policy):
     }
 
 
+def nearest_rank(v, q):
+    """prefix-load's percentile (emulator/src/load/report.rs `Dist`)."""
+    v = sorted(v)
+    return v[min(max(math.ceil(q * len(v)), 1), len(v)) - 1]
+
+
+def replay_row(args, envoy_json):
+    """The simulator on the placement of one Envoy run (see the module docs)."""
+    reqs = envoy_json[:-len(".json")] + ".requests.jsonl"
+    with open(args.slice) as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    by = {}
+    with open(reqs) as f:
+        for ln in f:
+            r = json.loads(ln)
+            by.setdefault(r["replica"], []).append(r["index"])
+    ttft, cached, prompt = [], 0, 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep, idx in sorted(by.items()):
+            part = os.path.join(tmp, f"{rep}.jsonl")
+            os.makedirs(os.path.join(tmp, rep))
+            with open(part, "w") as f:
+                f.write("\n".join(lines[i] for i in sorted(idx)) + "\n")
+            subprocess.run([args.replay_sim, "--workload", "trace", "--trace", part,
+                            "--time-unit", "ms", "--time-scale", args.time_scale, "--replicas",
+                            "1", "--policies", "random", "--threads", "1"],
+                           env=dict(os.environ, SIM_DUMP=os.path.join(tmp, rep)), check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            with open(os.path.join(tmp, rep, "random.csv")) as f:
+                for row in csv.DictReader(f):
+                    ttft.append(float(row["ttft"]) * 1000)
+                    cached += int(row["cached"])
+                    prompt += int(row["prompt"])
+    return {"hit_rate": cached / prompt if prompt else None, "requests": len(ttft),
+            **{k: nearest_rank(ttft, q) for k, q in (("p50", .5), ("p90", .9), ("p99", .99))}}
+
+
 def envoy_row(path):
     with open(path) as f:
         s = json.load(f)
@@ -200,6 +248,16 @@ def report(args):
                      f"| {'–' if d['spills'] is None else signed(d['spills'])} |")
         pairs[name] = {"simulator": sm, "envoy": {k: v for k, v in ev.items() if k != "summary"},
                        "difference": d}
+        if args.replay_sim:
+            rp = replay_row(args, envoy[name])
+            lines.append(f"| | simulator on Envoy's routing | {rp['hit_rate'] * 100:.1f} "
+                         f"| {fmt_ms(rp['p50'])} | {fmt_ms(rp['p90'])} | {fmt_ms(rp['p99'])} | |")
+            rd = {k: ev[k] - rp[k] for k in ("p50", "p90", "p99")}
+            rd["hit_points"] = (ev["hit_rate"] - rp["hit_rate"]) * 100
+            lines.append(f"| | Envoy − that | {signed(rd['hit_points'], 1)} | {signed(rd['p50'])} "
+                         f"| {signed(rd['p90'])} | {signed(rd['p99'])} | |")
+            pairs[name]["simulator_on_envoy_routing"] = rp
+            pairs[name]["difference_to_replay"] = rd
         if abs(d["hit_points"]) > 3:
             print(f"warning: {name}: hit rates differ by {d['hit_points']:+.1f} points "
                   "(more than 3: look for a setting that differs first)", file=sys.stderr)
@@ -215,7 +273,10 @@ def report(args):
         f"Envoy: 7 replica-emulators `{meta.get('emulator', '?')}`, `envoy/envoy.yaml`, "
         "prefix-load at the trace's times, one run; hit = cached / prompt tokens (the replicas' "
         "counters); TTFT at the client; spills = the filter's `branch.spill` / the simulator's "
-        "spill rate × requests.")
+        "spill rate × requests"
+        + ("; simulator on Envoy's routing = the slice split by the replica Envoy chose, each "
+           "part on one simulated replica (percentiles nearest-rank, as prefix-load's)."
+           if args.replay_sim else "."))
     md = "\n".join(lines)
     out = {
         "part": "agreement",
@@ -251,6 +312,9 @@ def main():
     r.add_argument("--sim-share", default=None)
     r.add_argument("--envoy", action="append", default=[], help="NAME=prefix-load JSON")
     r.add_argument("--meta", action="append", default=[], help="KEY=VALUE for the caption")
+    r.add_argument("--replay-sim", default=None, help="simulate binary: replay Envoy's routing")
+    r.add_argument("--slice", default=None)
+    r.add_argument("--time-scale", default="1")
     args = ap.parse_args()
     return {"slice": slice_trace, "report": report}[args.cmd](args)
 

@@ -16,8 +16,10 @@
 #    strategy `random`, then `affinity` with share_factor 0 (ROUTER_SET, as the simulator).
 #    AGREE_SHARE=1 adds the pair with share_factor 1.0 (envoy.yaml's value) on both sides.
 # 4. One markdown table (simulator, Envoy, difference per strategy) and
-#    .work/bench/agreement.json (scripts/bench/agreement.py report). Fails (non-zero) when a
-#    build, a run or a request fails.
+#    .work/bench/agreement.json (scripts/bench/agreement.py report). A further row per run,
+#    "simulator on Envoy's routing", replays the slice in the simulator with each request on
+#    the replica Envoy sent it to: what is left between that row and Envoy is the engine and
+#    the clock, not the router. Fails (non-zero) when a build, a run or a request fails.
 #
 # Environment: AGREE_TRACE (file), AGREE_FROM (0-based first request, default 0), AGREE_COUNT
 # (default 800), AGREE_TIME_SCALE (default 0.45: the 800 requests in 120 s, 6.7 req/s, the
@@ -100,6 +102,8 @@ bench_agreement() {
 
   "$py" "$BENCH_DIR_SELF/agreement.py" report "$ROOT/.work/bench/agreement.json" \
     --sim "$dir/sim.json" "${sim_share[@]}" "${envoy_args[@]}" \
+    --replay-sim "$ROOT/target/release/examples/simulate" --slice "$AGREE_SLICE" \
+    --time-scale "$AGREE_SCALE" \
     --meta "trace=$(basename "$trace")" --meta "window=$((from + 1))–$((from + total))" \
     --meta "time_scale=$AGREE_SCALE" --meta "max_tokens=$AGREE_TOKENS" \
     --meta "emulator=${AGREE_EMULATOR_ARGS[*]}" --meta "machine=$(machine_line)" \
