@@ -9,7 +9,7 @@
 #    the trace's output_length, so the cap in the file makes both generate the same tokens.
 # 2. The simulator (examples/simulate, its calibrated engine model) replays the slice on 7
 #    replicas: `ours` (the filter's affinity code, share_factor 0 = the code default) and
-#    `random`, AGREE_SIM_SEEDS seeds.
+#    `random`, AGREE_SIM_SEEDS seeds (mean and 95 % CI; on this slice only `random` varies).
 # 3. 7 replica-emulators with the same engine model as flags (AGREE_EMULATOR_ARGS, used for
 #    every run; emulator/README.md, "Step time") behind Envoy with envoy/envoy.yaml, fresh
 #    replicas and Envoy per run; prefix-load replays the slice at the trace's times with
@@ -24,7 +24,7 @@
 # Environment: AGREE_TRACE (file), AGREE_FROM (0-based first request, default 0), AGREE_COUNT
 # (default 800), AGREE_TIME_SCALE (default 0.45: the 800 requests in 120 s, 6.7 req/s, the
 # replicas' prefill ~40 % busy under `ours`), AGREE_TIME_UNIT (default: detected on the whole
-# file), AGREE_MAX_TOKENS (16), AGREE_SIM_SEEDS (3), AGREE_SHARE (0). ~6 min (two 2-minute
+# file), AGREE_MAX_TOKENS (16), AGREE_SIM_SEEDS (10), AGREE_SHARE (0). ~5 min (two 2-minute
 # replays + builds); 9 with AGREE_SHARE=1.
 #
 # What still differs by construction: the simulator charges an API delay (10 ms + 1 µs per
@@ -59,7 +59,7 @@ agreement_sim() {
   log "agreement: simulator, policies $policies $*"
   if ! run_tracked simulate "$ROOT/target/release/examples/simulate" --workload trace \
     --trace "$AGREE_SLICE" --time-unit ms --time-scale "$AGREE_SCALE" --replicas 7 \
-    --policies "$policies" --seeds "${AGREE_SIM_SEEDS:-3}" --threads 1 --json "$out" "$@" \
+    --policies "$policies" --seeds "${AGREE_SIM_SEEDS:-10}" --threads 1 --json "$out" "$@" \
     >"${out%.json}.out" 2>&1; then
     echo "error: simulate failed; output:" >&2
     tail -20 "${out%.json}.out" >&2
