@@ -37,7 +37,7 @@ import tempfile
 from datetime import datetime, timezone
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import spill  # noqa: E402  (the Envoy spill count of a prefix-load summary)
+from report import finish, spill  # noqa: E402
 
 PER_SECOND = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
@@ -286,13 +286,7 @@ def report(args):
         "envoy_runs": {n: envoy_row(p)["summary"] for n, p in envoy.items()},
         "markdown": md,
     }
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=2)
-        f.write("\n")
-    print(md)
-    for p in problems:
-        print(f"error: {p}", file=sys.stderr)
-    return 1 if problems else 0
+    return finish(args.out, out, problems)
 
 
 def main():
