@@ -27,16 +27,19 @@
 # file), AGREE_MAX_TOKENS (16), AGREE_SIM_SEEDS (10), AGREE_SHARE (0). ~5 min (two 2-minute
 # replays + builds); 9 with AGREE_SHARE=1.
 #
-# What still differs by construction: the simulator charges an API delay (10 ms + 1 µs per
-# prompt token) before the engine, the emulator a 10 ms per-request step cost
-# (--prefill-overhead-ms 10) inside it; Envoy's TTFT is measured at the client (HTTP, Envoy,
-# the filter). Envoy's `engine` setting (queue/KV scrape) has no counterpart in the
-# simulator's `ours` (its engine_load is off).
+# The API delay is the simulator's (10 ms + 1 µs per prompt token before the engine:
+# --api-delay-ms 10 --api-us-per-token 1 --prefill-overhead-ms 0), not a 10 ms step cost: this
+# trace's requests arrive in bursts, and which prompt of a burst reaches the engine first
+# decides who waits behind a long prefill (docs/benchmarks.md, "Eleventh session: simulator and
+# Envoy on one trace"). What still differs by construction: Envoy's TTFT is measured at the
+# client (HTTP, Envoy, the filter); requests of one burst reach an emulator in real-time order;
+# Envoy's `engine` setting (queue/KV scrape) has no counterpart in the simulator's `ours` (its
+# engine_load is off).
 
-AGREE_EMULATOR_ARGS=(--prefill-us-per-token 30 --attention-tokens 53800 --prefill-overhead-ms 10
-  --prefill-lanes 0 --decode-ms-per-token 12 --decode-us-per-seq 30 --decode-ns-per-ctx-token 20
-  --max-running 256 --max-num-batched-tokens 8192 --cache-blocks 78000 --max-model-len 262144
-  --block-tokens 16)
+AGREE_EMULATOR_ARGS=(--prefill-us-per-token 30 --attention-tokens 53800 --prefill-overhead-ms 0
+  --api-delay-ms 10 --api-us-per-token 1 --prefill-lanes 0 --decode-ms-per-token 12
+  --decode-us-per-seq 30 --decode-ns-per-ctx-token 20 --max-running 256
+  --max-num-batched-tokens 8192 --cache-blocks 78000 --max-model-len 262144 --block-tokens 16)
 
 # agreement_envoy_run NAME STRATEGY SHARE_FACTOR DIR SLICE TOTAL — fresh replicas + Envoy, one replay.
 agreement_envoy_run() {
