@@ -25,7 +25,7 @@
 # (default 800), AGREE_TIME_SCALE (default 0.45: the 800 requests in 120 s, 6.7 req/s, the
 # replicas' prefill ~40 % busy under `ours`), AGREE_TIME_UNIT (default: detected on the whole
 # file), AGREE_MAX_TOKENS (16), AGREE_SIM_SEEDS (10), AGREE_SHARE (0). ~5 min (two 2-minute
-# replays + builds); 9 with AGREE_SHARE=1.
+# replays + builds); ~7 with AGREE_SHARE=1.
 #
 # The API delay is the simulator's (10 ms + 1 µs per prompt token before the engine:
 # --api-delay-ms 10 --api-us-per-token 1 --prefill-overhead-ms 0), not a 10 ms step cost: this
