@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # prefix-router benchmarks (kept out of the test suite). Run from anywhere:
-#   ./build.sh bench [overhead|profile|hostcalls|routing|llama|quick|all]     (default: all)
+#   ./build.sh bench [overhead|profile|hostcalls|price|routing|agreement|llama|quick|all]
+#                                                                          (default: all)
 # Parts:
 #   overhead  the filter's added latency, throughput and CPU cost: one real Envoy, listeners
 #             with the filter (prefix, affinity, affinity with read_usage off) and one without,
@@ -12,6 +13,13 @@
 #   routing   routing quality through Envoy: 7 emulated replicas, round_robin vs least_request
 #             vs prefix vs affinity on a SageMaker-style 8k-token workload, the demo mix at
 #             scale and unique prompts (~7 min)
+#   agreement one trace slice on one engine model, in the simulator and through Envoy
+#             (7 emulators with the simulator's calibrated model as flags): per strategy
+#             (random; affinity with share_factor 0 as the simulator's default; AGREE_SHARE=1
+#             adds share_factor 1.0) hit rate, TTFT p50/p90/p99 and spills on both sides and
+#             their difference; 800 requests of the Mooncake conversation trace shipped in
+#             scripts/bench/traces/ (AGREE_TRACE/AGREE_FROM/AGREE_COUNT/AGREE_TIME_SCALE pick
+#             another; scripts/bench/agreement.sh). Not part of `all` (~6 min)
 #   llama     real llama.cpp replicas (scripts/llama.sh bench; skips if llama-server is absent;
 #             ~3 min when built)
 #   quick     the smallest run that draws the routing and overhead plots: overhead with 3
@@ -27,15 +35,16 @@ source scripts/bench/lib.sh
 source scripts/bench/overhead.sh
 source scripts/bench/cluster.sh
 source scripts/bench/routing.sh
+source scripts/bench/agreement.sh
 
 part="${1:-all}"
 case "$part" in
-  overhead|profile|hostcalls|price|routing|llama|all) ;;
+  overhead|profile|hostcalls|price|routing|agreement|llama|all) ;;
   quick)
     export OVERHEAD_LAT_ROUNDS="${OVERHEAD_LAT_ROUNDS:-3}" OVERHEAD_TPUT_ROUNDS="${OVERHEAD_TPUT_ROUNDS:-1}"
     export ROUTING_WORKLOADS="${ROUTING_WORKLOADS:-sagemaker unique}" ;;
-  -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
-  *) echo "usage: ./build.sh bench [overhead|profile|hostcalls|price|routing|llama|quick|all]" >&2; exit 2 ;;
+  -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+  *) echo "usage: ./build.sh bench [overhead|profile|hostcalls|price|routing|agreement|llama|quick|all]" >&2; exit 2 ;;
 esac
 
 proc_install_trap
@@ -72,7 +81,8 @@ case "$part" in
   *) run_part "$part" ;;
 esac
 
-if [ "$part" != profile ] && [ "$part" != hostcalls ] && [ "$part" != price ]; then
+if [ "$part" != profile ] && [ "$part" != hostcalls ] && [ "$part" != price ] &&
+  [ "$part" != agreement ]; then
   # The plots of every part that wrote its JSON during this run (docs/img/*.svg).
   "$(bench_python)" scripts/bench/plot.py .work/bench docs/img --since "$started_at" \
     --command "$run_label" --machine "$(machine_line)" || rc=1

@@ -96,6 +96,16 @@ pub struct EmulatorArgs {
     /// Fixed prefill cost per request, in milliseconds.
     #[arg(long, default_value_t = 5.0)]
     pub prefill_overhead_ms: f64,
+    /// API-server delay before the engine sees a request, in milliseconds (0 = none). Unlike
+    /// `--prefill-overhead-ms` it is spent outside the engine: concurrent requests do not add
+    /// up, and the engine admits them in the order their delays end.
+    #[arg(long, default_value_t = 0.0)]
+    pub api_delay_ms: f64,
+    /// API-server delay per prompt token (tokenization), in microseconds (0 = none): of
+    /// requests that arrive together, the short prompts reach the engine first. The
+    /// simulator's calibrated model: `--api-delay-ms 10 --api-us-per-token 1`.
+    #[arg(long, default_value_t = 0.0)]
+    pub api_us_per_token: f64,
     /// Fixed cost of one engine step, in milliseconds: the inter-token latency of a small batch.
     #[arg(long, default_value_t = 10.0)]
     pub decode_ms_per_token: f64,

@@ -202,6 +202,13 @@ impl Format<'_> {
     }
 }
 
+/// The API-server delay of a prompt of `tokens`: `ms` + `us_per_token` × tokens; `None` when
+/// it is zero or not a valid duration (negative, NaN, infinite).
+fn api_delay(ms: f64, us_per_token: f64, tokens: usize) -> Option<Duration> {
+    let s = ms / 1e3 + us_per_token * tokens as f64 / 1e6;
+    Duration::try_from_secs_f64(s).ok().filter(|d| !d.is_zero())
+}
+
 /// Runs `job` to completion. With `sink`, each token is sent as an SSE event as it is produced
 /// (and the final usage/[DONE] events); a failed send means the client left: the sequence stops
 /// (and leaves the engine).
@@ -228,6 +235,11 @@ pub async fn run(emu: Arc<Emulator>, job: Job, sink: Option<mpsc::Sender<Bytes>>
     let root = root_hash(job.lora.as_deref(), job.cache_salt.as_deref());
     m.prompt_tokens.fetch_add(n as u64, Relaxed);
     let sat = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    // The API server's delay (tokenization) before the engine sees the request; it counts in
+    // the TTFT and the queue time (measured from `arrived`).
+    if let Some(d) = api_delay(cfg.api_delay_ms, cfg.api_us_per_token, n) {
+        tokio::time::sleep(d).await;
+    }
     let mut ticket = emu.driver.submit(Request {
         id: 0,
         prompt_tokens: sat(n),
@@ -319,6 +331,19 @@ mod tests {
             .strip_suffix("\n\n")
             .unwrap();
         serde_json::from_str(t).unwrap()
+    }
+
+    #[test]
+    fn api_delay_is_base_plus_per_token_and_never_invalid() {
+        let d = |ms, us, n| api_delay(ms, us, n).map(|d| d.as_secs_f64());
+        assert_eq!(d(0.0, 0.0, 100_000), None);
+        assert_eq!(d(10.0, 0.0, 100_000), Some(0.010));
+        let long = d(10.0, 1.0, 100_000).unwrap();
+        assert!((long - 0.110).abs() < 1e-9, "{long}");
+        assert!(d(10.0, 1.0, 1_000).unwrap() < long);
+        for bad in [-1.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(d(bad, 0.0, 10), None);
+        }
     }
 
     #[test]

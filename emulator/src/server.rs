@@ -385,6 +385,8 @@ fn state(emu: &Emulator) -> Value {
         "chars_per_token": cfg.chars_per_token,
         "prefill_us_per_token": cfg.prefill_us_per_token,
         "prefill_overhead_ms": cfg.prefill_overhead_ms,
+        "api_delay_ms": cfg.api_delay_ms,
+        "api_us_per_token": cfg.api_us_per_token,
         "decode_ms_per_token": cfg.decode_ms_per_token,
         "max_running": cfg.max_running,
         "max_num_batched_tokens": cfg.max_num_batched_tokens,

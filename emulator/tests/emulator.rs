@@ -580,3 +580,51 @@ fn kv_pressure_preempts_and_budget_chunks_the_prefill() {
         assert!(s.events[0].0 >= 8.0, "TTFT {} ms", s.events[0].0);
     });
 }
+
+/// TTFT (ms) of a short prompt sent 30 ms after a long one, on an emulator with `args`.
+fn short_after_long_ttft(args: &[&str]) -> (f64, f64) {
+    let emu = Emu::start(args);
+    rt().block_on(async {
+        let c = Client::new(&emu.url()).unwrap();
+        let (long, short) = (chat_body(2000, true, 1), chat_body(16, true, 1));
+        let later = async {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            stream(&c, "/v1/chat/completions", &short, &[]).await
+        };
+        let (l, s) = tokio::join!(stream(&c, "/v1/chat/completions", &long, &[]), later);
+        assert_eq!((l.status, s.status), (200, 200));
+        (l.events[0].0, s.events[0].0)
+    })
+}
+
+#[test]
+fn api_delay_lets_a_short_prompt_reach_the_engine_before_a_long_one() {
+    // One prefill at a time, 100 µs per prompt token: the long prompt's prefill takes 200 ms.
+    let base = [
+        "--prefill-lanes",
+        "1",
+        "--prefill-us-per-token",
+        "100",
+        "--prefill-overhead-ms",
+        "0",
+        "--decode-ms-per-token",
+        "5",
+    ];
+    // Without an API delay the engine admits in arrival order: the short prompt waits for
+    // the long one's prefill.
+    let (_, short) = short_after_long_ttft(&base);
+    assert!(
+        short >= 120.0,
+        "short prompt not behind the long one: {short} ms"
+    );
+    // With 100 µs per token of API delay the long prompt reaches the engine after 200 ms,
+    // the short one after 31.6 ms: it is prefilled first, and the delay counts in the TTFT.
+    let mut args = base.to_vec();
+    args.extend(["--api-delay-ms", "0", "--api-us-per-token", "100"]);
+    let (long, short) = short_after_long_ttft(&args);
+    assert!(short < 80.0, "short prompt waited: {short} ms");
+    assert!(
+        long >= 390.0,
+        "long prompt: {long} ms < 200 ms delay + 200 ms prefill"
+    );
+}

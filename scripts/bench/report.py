@@ -418,10 +418,16 @@ def routing(args):
         "ratios": ratios,
         "markdown": md,
     }
-    with open(args.out, "w") as f:
+    return finish(args.out, out, problems)
+
+
+def finish(path, out, problems):
+    """Write a part's JSON (OUT with its "markdown") to PATH, print the markdown and the
+    problems; the exit status: 1 if there is any problem."""
+    with open(path, "w") as f:
         json.dump(out, f, indent=2)
         f.write("\n")
-    print(md)
+    print(out["markdown"])
     for p in problems:
         print(f"error: {p}", file=sys.stderr)
     return 1 if problems else 0
