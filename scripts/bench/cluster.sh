@@ -97,9 +97,9 @@ cluster_healthy_hosts() {
     grep -c '^llm::.*::health_flags::healthy$' || true
 }
 
-# cluster_start_envoy STRATEGY LOGDIR [CONCURRENCY]
+# cluster_start_envoy STRATEGY LOGDIR [CONCURRENCY]  (default $CLUSTER_ENVOY_CONCURRENCY, else 2 workers)
 cluster_start_envoy() {
-  local strategy="$1" logdir="$2" conc="${3:-2}" pid i
+  local strategy="$1" logdir="$2" conc="${3:-${CLUSTER_ENVOY_CONCURRENCY:-2}}" pid i
   mkdir -p "$logdir"
   cluster_render_envoy "$strategy" "$logdir/envoy-$strategy.yaml"
   start_envoy "envoy-$strategy" "$logdir/envoy-$strategy.yaml" "$logdir/envoy-$strategy.log" \
