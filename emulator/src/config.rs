@@ -81,6 +81,13 @@ pub struct EmulatorArgs {
     /// Reject requests whose `model` is neither the served model nor a LoRA adapter (404, like vLLM).
     #[arg(long)]
     pub strict_model: bool,
+    /// An engine model by name, in place of the capacity and timing flags (`--block-tokens`,
+    /// `--cache-blocks`, `--prefill-*`, `--attention-tokens`, `--api-*`, `--decode-*`,
+    /// `--max-running`, `--max-num-batched-tokens`, which are then ignored):
+    /// `llama70b-h100x8` is the simulator's calibrated model
+    /// (`engine_model::Params::llama70b_h100x8` and its API delay).
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
     /// Tokens per KV block (vLLM `--block-size`).
     #[arg(long, default_value_t = 16)]
     pub block_tokens: usize,
@@ -162,9 +169,44 @@ pub struct EmulatorArgs {
     pub threads: usize,
 }
 
+/// Named engine models (`--preset`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    /// Llama-3.1-70B on 8×H100 (TP=8), vLLM V1: the simulator's calibrated model.
+    #[value(name = "llama70b-h100x8")]
+    Llama70bH100x8,
+}
+
+/// The simulator's API-server delay (`examples/simulate/model.rs`): 10 ms plus 1 µs per
+/// prompt token, before the engine.
+const SIM_API_DELAY: (f64, f64) = (10.0, 1.0);
+
 impl EmulatorArgs {
     /// Arguments with every default (for tests and embedding).
     pub fn defaults() -> Self {
         EmulatorArgs::parse_from(["replica-emulator"])
+    }
+
+    /// The arguments with `--preset`'s values in place of the capacity and timing flags
+    /// (unchanged without a preset). Called once, at start.
+    pub fn resolved(mut self) -> Self {
+        let Some(Preset::Llama70bH100x8) = self.preset else {
+            return self;
+        };
+        let p = engine_model::Params::llama70b_h100x8();
+        let us = |s: f64| s * 1e6;
+        self.block_tokens = p.block_tokens as usize;
+        self.cache_blocks = p.kv_blocks as usize;
+        self.max_running = p.max_num_seqs as usize;
+        self.max_num_batched_tokens = p.max_batched_tokens as usize;
+        self.prefill_lanes = p.max_partial_prefills as usize;
+        self.prefill_us_per_token = us(p.prefill_s_per_token);
+        self.attention_tokens = p.attention_tokens;
+        self.prefill_overhead_ms = p.request_overhead_s * 1e3;
+        self.decode_ms_per_token = p.step_base_s * 1e3;
+        self.decode_us_per_seq = us(p.decode_s_per_seq);
+        self.decode_ns_per_ctx_token = p.decode_s_per_ctx_token * 1e9;
+        (self.api_delay_ms, self.api_us_per_token) = SIM_API_DELAY;
+        self
     }
 }

@@ -218,6 +218,57 @@ mod tests {
         assert!((ratio - 2.775).abs() < 0.01, "{ratio}");
     }
 
+    #[test]
+    fn the_preset_is_the_simulator_s_calibrated_model() {
+        let r = EmulatorArgs::parse_from(["replica-emulator", "--preset", "llama70b-h100x8"])
+            .resolved();
+        let p = params(&r);
+        assert_eq!(p, engine_model::Params::llama70b_h100x8().sanitized());
+        // The same as the flags the agreement bench used to spell out.
+        let flags = EmulatorArgs::parse_from([
+            "replica-emulator",
+            "--prefill-us-per-token",
+            "30",
+            "--attention-tokens",
+            "53800",
+            "--prefill-overhead-ms",
+            "0",
+            "--prefill-lanes",
+            "0",
+            "--decode-ms-per-token",
+            "12",
+            "--decode-us-per-seq",
+            "30",
+            "--decode-ns-per-ctx-token",
+            "20",
+            "--max-running",
+            "256",
+            "--max-num-batched-tokens",
+            "8192",
+            "--cache-blocks",
+            "78000",
+            "--block-tokens",
+            "16",
+        ]);
+        let q = params(&flags);
+        assert_eq!(
+            (q.kv_blocks, q.max_num_seqs, q.block_tokens),
+            (p.kv_blocks, p.max_num_seqs, p.block_tokens)
+        );
+        for (a, b) in [
+            (q.prefill_s_per_token, p.prefill_s_per_token),
+            (q.attention_tokens, p.attention_tokens),
+            (q.step_base_s, p.step_base_s),
+            (q.decode_s_per_seq, p.decode_s_per_seq),
+            (q.decode_s_per_ctx_token, p.decode_s_per_ctx_token),
+        ] {
+            assert!((a - b).abs() <= 1e-9 * b.abs().max(1e-12), "{a} vs {b}");
+        }
+        assert_eq!((r.api_delay_ms, r.api_us_per_token), (10.0, 1.0));
+        // No preset: the flags as given.
+        assert_eq!(EmulatorArgs::defaults().resolved().cache_blocks, 4096);
+    }
+
     fn plain_at(us: f64) -> Params {
         params(&EmulatorArgs::parse_from([
             "replica-emulator".to_string(),

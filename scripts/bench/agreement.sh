@@ -10,8 +10,9 @@
 # 2. The simulator (examples/simulate, its calibrated engine model) replays the slice on 7
 #    replicas: `ours` (the filter's affinity code, share_factor 0 = the code default) and
 #    `random`, AGREE_SIM_SEEDS seeds (mean and 95 % CI; on this slice only `random` varies).
-# 3. 7 replica-emulators with the same engine model as flags (AGREE_EMULATOR_ARGS, used for
-#    every run; emulator/README.md, "Step time") behind Envoy with envoy/envoy.yaml, fresh
+# 3. 7 replica-emulators with the same engine model (`--preset llama70b-h100x8`, the
+#    engine-model crate's `Params::llama70b_h100x8` and the simulator's API delay;
+#    AGREE_EMULATOR_ARGS, used for every run; emulator/README.md, "Step time") behind Envoy with envoy/envoy.yaml, fresh
 #    replicas and Envoy per run; prefix-load replays the slice at the trace's times with
 #    strategy `random`, then `affinity` with share_factor 0 (ROUTER_SET, as the simulator).
 #    AGREE_SHARE=1 adds the pair with share_factor 1.0 (envoy.yaml's value) on both sides.
@@ -27,8 +28,8 @@
 # file), AGREE_MAX_TOKENS (16), AGREE_SIM_SEEDS (10), AGREE_SHARE (0). ~5 min (two 2-minute
 # replays + builds); ~7 with AGREE_SHARE=1.
 #
-# The API delay is the simulator's (10 ms + 1 µs per prompt token before the engine:
-# --api-delay-ms 10 --api-us-per-token 1 --prefill-overhead-ms 0), not a 10 ms step cost: this
+# The API delay is the simulator's (10 ms + 1 µs per prompt token before the engine, in the
+# preset: --api-delay-ms 10 --api-us-per-token 1 --prefill-overhead-ms 0), not a 10 ms step cost: this
 # trace's requests arrive in bursts, and which prompt of a burst reaches the engine first
 # decides who waits behind a long prefill (docs/benchmarks.md, "Eleventh session: simulator and
 # Envoy on one trace"). What still differs by construction: Envoy's TTFT is measured at the
@@ -36,10 +37,7 @@
 # Envoy's `engine` setting (queue/KV scrape) has no counterpart in the simulator's `ours` (its
 # engine_load is off).
 
-AGREE_EMULATOR_ARGS=(--prefill-us-per-token 30 --attention-tokens 53800 --prefill-overhead-ms 0
-  --api-delay-ms 10 --api-us-per-token 1 --prefill-lanes 0 --decode-ms-per-token 12
-  --decode-us-per-seq 30 --decode-ns-per-ctx-token 20 --max-running 256
-  --max-num-batched-tokens 8192 --cache-blocks 78000 --max-model-len 262144 --block-tokens 16)
+AGREE_EMULATOR_ARGS=(--preset llama70b-h100x8 --max-model-len 262144)
 
 # agreement_envoy_run NAME STRATEGY SHARE_FACTOR DIR SLICE TOTAL — fresh replicas + Envoy, one replay.
 agreement_envoy_run() {

@@ -8,7 +8,7 @@ use replica_emulator::config::EmulatorArgs;
 use replica_emulator::server::{self, Emulator};
 
 fn main() {
-    let args = EmulatorArgs::parse();
+    let args = EmulatorArgs::parse().resolved();
     let rt = match replica_emulator::runtime(args.threads) {
         Ok(r) => r,
         Err(e) => {
