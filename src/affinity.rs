@@ -152,6 +152,34 @@
 //! everything past the window (the public Mooncake `synthetic_trace`, 7
 //! replicas: 53.5 → 54.7 % hit; `docs/benchmarks.md`, "Tenth session").
 //!
+//! **Pending prefix** (`pending_progress`, on): a known prefix whose
+//! deepest entry is still *pending* (written at routing by
+//! [`crate::index::PrefixIndex::record_pending`], no response yet) is being
+//! prefilled on its holder, and the entry's age tells since when: `e` =
+//! age − (`max_age_ms` − [`crate::index::PENDING_MS`]). The holder's queue
+//! picture still counts the whole prefill (it drops at the first token), so
+//! a holder deep into a long prefill of this very prefix looks as dear as
+//! one that has not started, and the spill rule (or the load bound) sends
+//! the request to re-prefill it all elsewhere. When the spill rule or the
+//! bound would move such a request and the prefill has run for `done =
+//! min(e, prefill_ms(cached)) ≥ routing_budget_ms`, the least-delay holder
+//! (available, under the concurrency threshold and the share bound) is
+//! kept if `delay(h) − done + routing_budget_ms ≤ delay(a) + prefill_ms(cached)`:
+//! the spill would cost this request more than the budget. Below one
+//! budget of progress nothing changes: a burst of requests on a prefix
+//! whose prefill just started still spreads over new holders, which
+//! prefill in parallel (keeping them on the pending holder from the first
+//! request cost a long-document burst up to 1.2 s of p90). On the public
+//! Mooncake `synthetic_trace` at 32 replicas with the load scaled, a
+//! 191 000-token prompt arriving 10–12 s into the 17 s prefill of the same
+//! document on its holder was moved and re-prefilled (17 s of TTFT against
+//! SGLang's 5–7 s): +0.25 to +0.86 points of hit at 4 of 21 load levels,
+//! no other run of the held-out, criterion or long-document sets changed
+//! beyond one p90 (−57 ms) (`docs/benchmarks.md`, "Twelfth session").
+//! Approximation: `e` counts from routing, not from the prefill's start,
+//! so a prefill that waited in a queue is credited for its wait (the
+//! holder's queue picture, which counts that wait, is charged in full).
+//!
 //! **Light load** (`light_slack`, 8 requests): a holder is over the load
 //! bound of step 3 only when it is also more than `light_slack × min(1, 2 ×
 //! coverage)` requests above the mean. At a light load the relative bound
@@ -294,6 +322,11 @@ pub struct AffinityConfig {
     /// holder of the whole window is expected to have cached (module docs,
     /// "Past the window"; 0 = only the window counts).
     pub beyond_window: f64,
+    /// Pending progress (module docs, "Pending prefix"): a holder whose
+    /// known prefix has been prefilling there for at least
+    /// `routing_budget_ms` is kept, over the load bound too, when a spill
+    /// would cost this request more than `routing_budget_ms`.
+    pub pending_progress: bool,
 }
 
 impl AffinityConfig {
@@ -336,6 +369,7 @@ impl Default for AffinityConfig {
             pending_warm: false,
             short_warm: false,
             beyond_window: 1.0,
+            pending_progress: true,
         }
     }
 }
@@ -882,18 +916,26 @@ fn decide(
                 let penalty = cost.prefill_ms(cached).min(cfg.routing_budget_ms);
                 if extra <= penalty {
                     (h, Reason::Warm)
+                } else if let Some(k) = pending_keep(&v, cost, cfg, known, holders, a, cached) {
+                    (k, Reason::Warm)
                 } else {
                     (a, Reason::Spill)
                 }
             }
             (None, Some(a)) => {
-                // The second tier: the caller's lookup, asked here only.
-                let found = known
-                    .filter(|_| ask)
-                    .and_then(|k| lookup.and_then(|f| f(k)));
-                tier_wanted = ask && found.is_none();
-                let shallow = found.as_ref().or(req.shallow).filter(|_| cfg.tier);
-                new_holder(a, shallow.and_then(tier_of), &mut moved_cached)
+                if let Some(h) = pending_keep(&v, cost, cfg, known, holders, a, cached) {
+                    // Every holder over the bound, one deep into this
+                    // prefix's prefill (`pending_progress`).
+                    (h, Reason::Warm)
+                } else {
+                    // The second tier: the caller's lookup, asked here only.
+                    let found = known
+                        .filter(|_| ask)
+                        .and_then(|k| lookup.and_then(|f| f(k)));
+                    tier_wanted = ask && found.is_none();
+                    let shallow = found.as_ref().or(req.shallow).filter(|_| cfg.tier);
+                    new_holder(a, shallow.and_then(tier_of), &mut moved_cached)
+                }
             }
             (None, None) => (
                 holders
@@ -952,6 +994,44 @@ fn decide(
         prompt_tokens,
         tier_wanted: false,
     }
+}
+
+/// [`AffinityConfig::pending_progress`] (module docs, "Pending prefix"):
+/// the holder to keep instead of spilling to `a`, for a request whose known
+/// prefix `k` (`cached` tokens) is **pending**. `None` unless the prefill
+/// has run for `done = min(e, P) ≥ routing_budget_ms` (`e`: time since the
+/// pending record, `P = prefill_ms(cached)`) and the least-delay available
+/// holder under the concurrency threshold and the share bound satisfies
+/// `delay(h) − done + routing_budget_ms ≤ delay(a) + P`. Needs the queue
+/// picture (without it `delay` is 0 and says nothing). Cost: O(holders).
+fn pending_keep(
+    v: &View<'_>,
+    cost: &CostModel,
+    cfg: &AffinityConfig,
+    known: Option<&Known>,
+    holders: &[usize],
+    a: usize,
+    cached: f64,
+) -> Option<usize> {
+    let k = known.filter(|_| cfg.pending_progress && v.queued.is_some())?;
+    let back = cfg
+        .max_age_ms
+        .checked_sub(crate::index::PENDING_MS)
+        .filter(|&b| b > 0)?;
+    if k.age_ms < back || k.age_ms > cfg.max_age_ms {
+        return None;
+    }
+    let p = cost.prefill_ms(cached);
+    let done = ((k.age_ms - back) as f64).min(p);
+    if done < cfg.routing_budget_ms {
+        return None;
+    }
+    let h = holders
+        .iter()
+        .copied()
+        .filter(|&h| v.available(h) && v.load(h) < v.threshold && !v.over_share(h))
+        .min_by_key(|&h| v.holder_rank(h))?;
+    (v.delay(h) as f64 - done + cfg.routing_budget_ms <= v.delay(a) as f64 + p).then_some(h)
 }
 
 /// Tokens a holder of the known prefix `k` is expected to have cached: the
@@ -1155,6 +1235,54 @@ mod tests {
         };
         let c = choose(&r, &req, &cost(), &AffinityConfig::default());
         assert!(c.expected_cached_tokens <= (short.units_at(40) as f64 / 4.0) + 0.5);
+    }
+
+    #[test]
+    fn a_holder_deep_into_this_prefix_s_prefill_is_kept() {
+        let r = ring(8);
+        // The whole window known on replica 0, the prompt 200 000 tokens
+        // (6 s of prefill at 30 ms per 1000): the holder has 13 requests in
+        // flight and that prefill queued, every other replica 1 and none.
+        let k = key(9, 64);
+        let loads = [13, 1, 1, 1, 1, 1, 1, 1];
+        let back = AffinityConfig::default().max_age_ms - crate::index::PENDING_MS;
+        let decide = |age_ms: u64, queued0: u32, on: bool| {
+            let kn = known(64, &[0], age_ms);
+            let queued = [queued0, 0, 0, 0, 0, 0, 0, 0];
+            let req = Request {
+                prompt_chars: 800_000,
+                ..request_queued(&k, Some(&kn), &loads, &queued)
+            };
+            let cfg = AffinityConfig {
+                pending_progress: on,
+                ..AffinityConfig::default()
+            };
+            let c = choose(&r, &req, &cost(), &cfg);
+            (c.primary, c.reason)
+        };
+        // Pending, routed 3 s ago: at most 3 s of the 6 s are left, the
+        // spill would re-prefill all 6 s: kept over the bound.
+        assert_eq!(decide(back + 3_000, 200_000, true), (0, Reason::Warm));
+        // Off, or a confirmed entry (not pending): moved, as before.
+        assert_eq!(decide(back + 3_000, 200_000, false).1, Reason::Spill);
+        assert_eq!(decide(1_000, 200_000, true).1, Reason::Spill);
+        // Half of that prefill queued (3.1 s with the 13 requests): kept
+        // after 2 s of progress, not after 1.5 s (less than the budget:
+        // the prefill may have just started; a burst spreads instead).
+        assert_eq!(decide(back + 2_000, 100_000, true), (0, Reason::Warm));
+        assert_eq!(decide(back + 1_500, 100_000, true).1, Reason::Spill);
+        // Another 6 s of work queued behind it on the holder: moved.
+        assert_eq!(decide(back + 3_000, 400_000, true).1, Reason::Spill);
+        // Without a queue picture the rule says nothing.
+        let kn = known(64, &[0], back + 3_000);
+        let req = Request {
+            prompt_chars: 800_000,
+            ..request(&k, Some(&kn), Loads::new(&loads))
+        };
+        assert_eq!(
+            choose(&r, &req, &cost(), &AffinityConfig::default()).reason,
+            Reason::Spill
+        );
     }
 
     #[test]

@@ -726,6 +726,49 @@ mod tests {
     }
 
     #[test]
+    fn a_repeat_waits_for_its_prefix_s_long_prefill_on_a_busy_holder() {
+        use crate::affinity::Reason;
+        use crate::index::VecStore;
+        let r = eight_replicas();
+        let cost = CostModel::new(r.cost_config());
+        // One 300 000-character document (75 000 tokens, past the hashed
+        // window), asked twice; the clock far from 0, as the filter's.
+        let doc = "Clause 12 of the agreement applies. ".repeat(8_400);
+        let body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{doc}"}}]}}"#);
+        let key = r.key(Body::Complete(body.as_bytes()), None);
+        let t0 = 1_700_000_000_000u64;
+        let mut store = VecStore::new(r.config().affinity.index_slots);
+        let (_, first, known) =
+            r.choose_affinity(&key, body.len(), Loads::new(&[0; 8]), &store, &cost, t0, 1);
+        let x = first.primary;
+        r.record_pending(&mut store, &key.blocks, known.as_ref(), &first, t0);
+        // The repeat: `x` has its prefill queued and 12 more requests, over
+        // the load bound; the others 1 request each and nothing queued.
+        let mut loads = [1u32; 8];
+        loads[x] = 13;
+        let mut queued = [0u32; 8];
+        queued[x] = 75_000;
+        let decide = |after_ms: u64| {
+            let (_, c, _) = r.choose_affinity_fed(
+                &key,
+                body.len(),
+                Loads::new(&loads),
+                &store,
+                &cost,
+                (t0 + after_ms, 2),
+                &Horizons::default(),
+                Some(&queued),
+            );
+            (c.primary, c.reason)
+        };
+        // 1 s into it (less than the 2 s budget): moved, as a burst is.
+        let (p, reason) = decide(1_000);
+        assert!(p != x && reason == Reason::Spill);
+        // 3 s into it: kept, a spill would prefill the document again.
+        assert_eq!(decide(3_000), (x, Reason::Warm));
+    }
+
+    #[test]
     fn a_spill_holder_survives_a_stale_record() {
         use crate::index::VecStore;
         let r = eight_replicas();
