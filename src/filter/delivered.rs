@@ -494,7 +494,7 @@ impl Delivery {
         }
         match (surprise, served) {
             (Surprise::ExpectedHitGotMiss, Some(r)) => {
-                if let Some(t) = self.entry_time {
+                if let (Some(t), true) = (self.entry_time, p.config().eviction_horizons) {
                     d.raise(view, r, t, self.routed_at);
                 }
             }

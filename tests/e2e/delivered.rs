@@ -212,8 +212,48 @@ fn predicted_matches_delivered_on_a_steady_workload() {
     );
 }
 
-/// Six groups are warmed on one replica, whose cache is then reset behind the router's
-/// back (what a restart does). The newest group's next request, then the two oldest
+/// By default (`eviction_horizons` off) the misses after a cache reset are counted but
+/// forget nothing: each of six warmed groups is predicted a hit and delivered a miss
+/// (six surprises, not three), then hits again where it was.
+#[test]
+fn by_default_a_reset_replica_keeps_its_index_entries() {
+    let w = World::start("delivered-noevict", &World::replicas(1), |c| {
+        c.with("strategy", json!("affinity"))
+    });
+    for g in 0..6 {
+        for i in 0..2 {
+            assert_eq!(w.chat(&request(g, i, false)).status, 200);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(250));
+    let ep = w.fleet.endpoints()[0].clone();
+    let r = Client::new(Duration::from_secs(5))
+        .post(&format!("http://{ep}/admin/reset-cache"), b"", &[])
+        .expect("reset-cache");
+    assert_eq!(r.status, 200);
+    let miss_name = format!(
+        "prefix_router.endpoint.{}.surprise.expected_hit_got_miss",
+        ep.replace(['.', ':'], "_")
+    );
+    for (n, g) in [5, 0, 1, 2, 3, 4].into_iter().enumerate() {
+        let reply = w.chat(&request(g, 10, false));
+        let cached = cached_in(&reply.body).unwrap_or(0);
+        let misses = w.envoy.stats().get(&miss_name);
+        assert!(
+            cached < 100 && misses == n as u64 + 1,
+            "group {g}: {cached} cached, {misses} surprises"
+        );
+    }
+    for g in 0..6 {
+        let reply = w.chat(&request(g, 11, false));
+        let cached = cached_in(&reply.body).unwrap_or(0);
+        assert!(cached > 1000, "group {g}: {cached} cached");
+    }
+    assert_eq!(w.envoy.wait_idle().get(&miss_name), 6);
+}
+
+/// With `eviction_horizons` (off by default): six groups are warmed on one replica,
+/// whose cache is then reset behind the router's back (what a restart does). The newest group's next request, then the two oldest
 /// ones', are predicted hits and delivered misses: three `expected_hit_got_miss`. Three
 /// misses in a row raise the replica's eviction horizon to the newest entry among them,
 /// so the three groups in between are no longer predicted hits (no further surprise:
@@ -223,6 +263,7 @@ fn predicted_matches_delivered_on_a_steady_workload() {
 fn an_evicted_replica_is_detected_and_the_index_recovers() {
     let w = World::start("delivered-evict", &World::replicas(1), |c| {
         c.with("strategy", json!("affinity"))
+            .with("eviction_horizons", json!(true))
     });
     for g in 0..6 {
         for i in 0..2 {

@@ -51,6 +51,10 @@ pub struct OursParams {
     /// added at routing and taken off at the first token (on by default, as
     /// in the filter; `--ours queue=0` turns it off).
     pub queued_prefill: bool,
+    /// `ours_feedback` only: expected hits that got misses raise eviction
+    /// horizons (the filter's `eviction_horizons`, off by default;
+    /// `--ours horizons=1`).
+    pub horizons: bool,
 }
 
 /// Which load the policy sees per replica (the filter's `engine` block,
@@ -93,6 +97,7 @@ impl Default for OursParams {
                 engine_load: EngineLoad::Off,
                 engine_refresh_ms: 500.0,
                 queued_prefill: true,
+                horizons: r.config().eviction_horizons,
             },
             None => OursParams {
                 prefix_length: 65536,
@@ -104,6 +109,7 @@ impl Default for OursParams {
                 engine_load: EngineLoad::Off,
                 engine_refresh_ms: 500.0,
                 queued_prefill: true,
+                horizons: false,
             },
         }
     }
@@ -154,6 +160,7 @@ impl OursParams {
                 }
             }
             "engine_refresh_ms" => self.engine_refresh_ms = f()?.max(1.0),
+            "horizons" => self.horizons = v == "1" || v == "true",
             "queue" | "queued_prefill" => self.queued_prefill = v == "1" || v == "true",
             "end_marks" => self.index.end_marks = v == "1" || v == "true",
             "last_mark" => self.index.last_mark = v == "1" || v == "true",

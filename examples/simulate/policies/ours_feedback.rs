@@ -6,10 +6,16 @@
 //!    when the response starts (as `ours` and the filter do);
 //! 2. at the first token (the engine's `cached_tokens` is known),
 //!    [`prefix_router::usage::compare`] the prediction with what was
-//!    delivered; an expected hit that got a miss raises the replica's horizon
-//!    to the time of the index entry that predicted it; a delivery deeper
-//!    than predicted writes the confirmed depth
+//!    delivered; with `--ours horizons=1` (the filter's `eviction_horizons`,
+//!    off by default) an expected hit that got a miss raises the replica's
+//!    horizon to the time of the index entry that predicted it; a delivery
+//!    deeper than predicted writes the confirmed depth
 //!    ([`prefix_router::index::PrefixIndex::confirm`]).
+//!
+//! As the filter, it keeps the queue picture (`src/cluster/queued.rs`, as
+//! `ours`; before the twelfth session this policy had none, so it measured
+//! the filter without it) and, when the horizons empty the deepest entry,
+//! falls back to a shallower one ([`prefix_router::Router::past_horizon`]).
 //!
 //! `ours_feedback_2x`: two gateways, each with its own index, horizons, cost
 //! model and in-flight counts, requests split at random (as `ours_2x`); each
@@ -34,6 +40,9 @@ struct Gateway {
     horizons: Horizons,
     cost: CostModel,
     in_flight: Vec<u32>,
+    /// Prompt tokens routed per replica whose first token has not come
+    /// (the filter's queue picture, `src/cluster/queued.rs`; as `ours`).
+    queued: Option<Vec<u32>>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -46,6 +55,8 @@ struct Pending {
     entry_time: Option<u32>,
     routed_at: u32,
     known: Option<Known>,
+    /// Tokens this request added to its gateway's queue picture.
+    queued: u32,
 }
 
 /// OURS with feedback, over `m` gateways.
@@ -64,6 +75,8 @@ pub struct OursFeedback {
     predicted_tokens: f64,
     delivered_tokens: f64,
     confirms: u64,
+    /// Raise eviction horizons ([`OursParams::horizons`]).
+    horizons: bool,
 }
 
 impl OursFeedback {
@@ -75,6 +88,7 @@ impl OursFeedback {
                 horizons: Horizons::new(n),
                 cost: CostModel::new(p.cost),
                 in_flight: vec![0; n],
+                queued: p.queued_prefill.then(|| vec![0; n]),
             })
             .collect();
         OursFeedback {
@@ -91,6 +105,7 @@ impl OursFeedback {
             predicted_tokens: 0.0,
             delivered_tokens: 0.0,
             confirms: 0,
+            horizons: p.horizons,
         }
     }
 }
@@ -120,6 +135,9 @@ impl Policy for OursFeedback {
             .index
             .lookup(&gw.store, &key.blocks, now_ms)
             .map(|k| gw.horizons.filter(k));
+        let found = self
+            .router
+            .past_horizon(&gw.store, &key.blocks, found, &gw.horizons, now_ms);
         let known = found.filter(|k| k.entry.holders().next().is_some());
         self.ticket += 1;
         let pressure = self
@@ -134,7 +152,7 @@ impl Policy for OursFeedback {
             ticket: self.ticket,
             pressure: pressure.as_ref(),
             share: share.as_ref(),
-            queued_prefill: None,
+            queued_prefill: gw.queued.as_deref(),
             shallow: None,
         };
         // The filter's second lookup tier (its holders aged by the horizons).
@@ -152,7 +170,13 @@ impl Policy for OursFeedback {
             || prefix_router::share::lazy_pressure(store, self.router.ring().len(), &self.cfg),
         );
         let n = self.router.ring().len();
+        // The records read the decision from the lookup (`new_holder_known`).
+        let found = found.map(|k| k.spilled(c.reason == Reason::Spill));
         Share::note(&mut gw.store, n, c.primary, &self.cfg);
+        let queued = c.expected_uncached_tokens().round() as u32;
+        if let Some(x) = gw.queued.as_mut().and_then(|q| q.get_mut(c.primary)) {
+            *x = x.saturating_add(queued);
+        }
         // As the filter: a new placement is written at once as pending.
         self.router
             .record_pending(&mut gw.store, &key.blocks, found.as_ref(), &c, now_ms);
@@ -183,6 +207,7 @@ impl Policy for OursFeedback {
             entry_time: known.map(|k| k.entry.time),
             routed_at: decis(now_ms),
             known: found,
+            queued,
         };
         self.routed += 1;
         Routed {
@@ -194,6 +219,13 @@ impl Policy for OursFeedback {
     fn on_first_token(&mut self, idx: u32, req: &SimRequest, r: usize, ttft: f64, now: f64) {
         if let Some(p) = self.pending.get(idx as usize) {
             if let Some(gw) = self.gateways.get_mut(p.gateway as usize) {
+                if let Some(x) = gw
+                    .queued
+                    .as_mut()
+                    .and_then(|q| q.get_mut(p.primary as usize))
+                {
+                    *x = x.saturating_sub(p.queued);
+                }
                 // Recorded once the response starts, for the replica that served it (as the
                 // filter records after a 2xx).
                 if let Some(key) = req.keys.core.get(self.key) {
@@ -264,7 +296,7 @@ impl Policy for OursFeedback {
                 if let (Some(gw), Some(t)) =
                     (self.gateways.get_mut(p.gateway as usize), p.entry_time)
                 {
-                    if gw.horizons.raise(replica, t, p.routed_at) {
+                    if self.horizons && gw.horizons.raise(replica, t, p.routed_at) {
                         self.surprises[2] += 1;
                     }
                 }
