@@ -187,12 +187,16 @@ impl Ts {
                 .or_else(|| n.as_f64().filter(|f| f.is_finite()).map(Ts::Float)),
             Value::String(s) => {
                 let s = s.trim();
-                s.parse::<i128>().map(Ts::Int).ok().or_else(|| {
-                    s.parse::<f64>()
-                        .ok()
-                        .filter(|f| f.is_finite())
-                        .map(Ts::Float)
-                })
+                s.parse::<i128>()
+                    .map(Ts::Int)
+                    .ok()
+                    .or_else(|| {
+                        s.parse::<f64>()
+                            .ok()
+                            .filter(|f| f.is_finite())
+                            .map(Ts::Float)
+                    })
+                    .or_else(|| rfc3339_ns(s).map(Ts::Int))
             }
             _ => None,
         }
@@ -212,6 +216,67 @@ impl Ts {
             (a, b) => a.as_f64() - b.as_f64(),
         }
     }
+}
+
+/// An RFC 3339 / ISO 8601 date-time (`2026-12-01T10:00:00.250Z`, a space
+/// instead of `T`, an offset `±HH:MM`, or no zone: UTC) as nanoseconds since
+/// the Unix epoch (days from the civil date, Hinnant's algorithm). `None`
+/// if it is not one.
+fn rfc3339_ns(s: &str) -> Option<i128> {
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let t = s.get(r)?;
+        (!t.is_empty() && t.bytes().all(|c| c.is_ascii_digit())).then(|| t.parse().ok())?
+    };
+    if b.len() < 19 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    if b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut i = 19;
+    let mut frac_ns: i128 = 0;
+    if b.get(i) == Some(&b'.') {
+        let start = i + 1;
+        let mut end = start;
+        while end < b.len() && b[end].is_ascii_digit() {
+            end += 1;
+        }
+        if end == start {
+            return None;
+        }
+        let digits = s.get(start..end.min(start + 9))?;
+        frac_ns = i128::from(digits.parse::<i64>().ok()?) * 10i128.pow(9 - digits.len() as u32);
+        i = end;
+    }
+    let offset_s: i64 = match b.get(i) {
+        None => 0,
+        Some(b'Z' | b'z') if i + 1 == b.len() => 0,
+        Some(&sign @ (b'+' | b'-')) if b.len() == i + 6 && b[i + 3] == b':' => {
+            let (oh, om) = (num(i + 1..i + 3)?, num(i + 4..i + 6)?);
+            let o = oh * 3600 + om * 60;
+            if sign == b'+' {
+                o
+            } else {
+                -o
+            }
+        }
+        _ => return None,
+    };
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_s;
+    Some(i128::from(secs) * 1_000_000_000 + frac_ns)
 }
 
 /// Detect the unit of timestamps from the first (smallest) absolute value
@@ -323,19 +388,23 @@ struct Row {
 
 fn id_of(v: &Value) -> Option<u64> {
     match v {
-        Value::Number(_) => as_u64(Some(v)),
+        // Ids are opaque: a negative one (a signed hash) is kept bit for bit.
+        Value::Number(n) => as_u64(Some(v)).or_else(|| n.as_i64().map(|i| i as u64)),
         Value::String(s) => Some(as_u64(Some(v)).unwrap_or_else(|| xxh3_64(s.as_bytes()))),
         _ => None,
     }
 }
 
-fn parse_line(line: &str, lineno: usize, st: &mut TraceStats) -> Result<Row, String> {
+/// One line: `Ok(None)` for a request with `input_length` 0 (nothing to
+/// prefill: skipped and counted in the summary).
+fn parse_line(line: &str, lineno: usize, st: &mut TraceStats) -> Result<Option<Row>, String> {
     let obj = match serde_json::from_str::<Value>(line) {
         Ok(Value::Object(o)) => o,
         Ok(_) => return Err("not a JSON object".into()),
         Err(e) => return Err(format!("not JSON ({e})")),
     };
-    let ts = Ts::parse(obj.get("timestamp")).ok_or("no numeric `timestamp`")?;
+    let ts = Ts::parse(obj.get("timestamp"))
+        .ok_or("no `timestamp` (a number, a numeric string or an RFC 3339 date-time)")?;
     let Some(Value::Array(ids)) = obj.get("hash_ids") else {
         return Err("no `hash_ids` array".into());
     };
@@ -343,12 +412,12 @@ fn parse_line(line: &str, lineno: usize, st: &mut TraceStats) -> Result<Row, Str
     let ids = ids.ok_or("a `hash_ids` element is neither a number nor a string")?;
     let input = match obj.get("input_length") {
         None | Some(Value::Null) => None,
-        v => Some(
-            as_u64(v)
-                .filter(|&n| n > 0)
-                .ok_or("`input_length` is not a positive number")?,
-        ),
+        v => Some(as_u64(v).ok_or("`input_length` is not a number ≥ 0")?),
     };
+    if input == Some(0) {
+        st.adjust("input_length 0: line skipped");
+        return Ok(None);
+    }
     if input.is_none() && ids.is_empty() {
         return Err("neither `input_length` nor `hash_ids`".into());
     }
@@ -359,13 +428,13 @@ fn parse_line(line: &str, lineno: usize, st: &mut TraceStats) -> Result<Row, Str
             1
         }
     };
-    Ok(Row {
+    Ok(Some(Row {
         ts,
         input: input.map(|i| i.min(u64::from(u32::MAX / 4)) as u32),
         output: output.min(1 << 20) as u32,
         ids,
         line: lineno,
-    })
+    }))
 }
 
 /// One request of a trace, ready to be replayed.
@@ -401,6 +470,8 @@ pub fn parse_requests(
     }
     let mut st = TraceStats::default();
     let mut rows: Vec<Row> = Vec::new();
+    // A UTF-8 byte order mark (files saved by some Windows tools).
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() {
@@ -409,7 +480,7 @@ pub fn parse_requests(
         st.lines += 1;
         let row = parse_line(line, i + 1, &mut st)
             .map_err(|e| format!("trace {name} line {}: {e}", i + 1))?;
-        rows.push(row);
+        rows.extend(row);
     }
     if rows.is_empty() {
         return Err(format!("trace {name}: no request"));
@@ -545,6 +616,49 @@ mod tests {
         assert_eq!(r[1].line, 4);
         assert!(parse_requests("\n\n", &opt(1.0), "t").is_err());
         assert!(parse_requests(text, &opt(0.0), "t").is_err());
+    }
+
+    #[test]
+    fn dates_a_byte_order_mark_signed_ids_and_empty_prompts() {
+        assert_eq!(rfc3339_ns("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            rfc3339_ns("2000-03-01T00:00:00Z"),
+            Some(951_868_800 * 1_000_000_000)
+        );
+        assert_eq!(
+            rfc3339_ns("2026-12-01 10:00:00.25+01:00"),
+            rfc3339_ns("2026-12-01T09:00:00.250Z")
+        );
+        assert_eq!(
+            rfc3339_ns("2026-12-01T09:00:00"),
+            rfc3339_ns("2026-12-01T09:00:00Z")
+        );
+        for bad in [
+            "2026-13-01T00:00:00Z",
+            "2026-12-01",
+            "2026-12-01T09:00:00.Z",
+            "x",
+            "2026-12-01T09:00:00+1",
+        ] {
+            assert_eq!(rfc3339_ns(bad), None, "{bad}");
+        }
+        // A BOM, RFC 3339 arrivals 250 ms apart, a negative id, an empty prompt.
+        let text = "\u{feff}{\"timestamp\": \"2026-12-01T09:00:00Z\", \"input_length\": 600, \"hash_ids\": [-1, 2]}\n\
+                    {\"timestamp\": \"2026-12-01T09:00:00.250Z\", \"input_length\": 600, \"hash_ids\": [-1, 3]}\n\
+                    {\"timestamp\": \"2026-12-01T09:00:00.500Z\", \"input_length\": 0, \"hash_ids\": []}\n";
+        let (r, st) = parse_requests(text, &opt(1.0), "t").unwrap();
+        assert_eq!(r.len(), 2);
+        assert!((r[1].at_s - 0.25).abs() < 1e-9, "{:?} {}", r, st.summary());
+        assert_eq!(r[0].ids[0], u64::MAX);
+        assert_eq!(r[0].ids[0], r[1].ids[0]);
+        assert!(st.summary().contains("input_length 0"), "{}", st.summary());
+        // Only empty prompts: no request.
+        let e = parse_requests(
+            "{\"timestamp\": 1, \"input_length\": 0, \"hash_ids\": []}",
+            &opt(1.0),
+            "t",
+        );
+        assert!(e.is_err());
     }
 
     #[test]
