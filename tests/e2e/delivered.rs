@@ -212,19 +212,21 @@ fn predicted_matches_delivered_on_a_steady_workload() {
     );
 }
 
-/// By default (`eviction_horizons` off) the misses after a cache reset are counted but
-/// forget nothing: each of six warmed groups is predicted a hit and delivered a miss
-/// (six surprises, not three), then hits again where it was.
-#[test]
-fn by_default_a_reset_replica_keeps_its_index_entries() {
-    let w = World::start("delivered-noevict", &World::replicas(1), |c| {
+/// Six prefix groups warmed (two requests each) on one replica, whose cache is then
+/// reset behind the router's back (what a restart does); `horizons`: the filter's
+/// `eviction_horizons`. Returns the world and the replica's `expected_hit_got_miss`
+/// counter name (still 0).
+fn warmed_then_reset(name: &str, horizons: bool) -> (World, String) {
+    let w = World::start(name, &World::replicas(1), |c| {
         c.with("strategy", json!("affinity"))
+            .with("eviction_horizons", json!(horizons))
     });
     for g in 0..6 {
         for i in 0..2 {
             assert_eq!(w.chat(&request(g, i, false)).status, 200);
         }
     }
+    // Entries strictly older than the requests that follow (the index clock is 100 ms).
     std::thread::sleep(Duration::from_millis(250));
     let ep = w.fleet.endpoints()[0].clone();
     let r = Client::new(Duration::from_secs(5))
@@ -235,6 +237,16 @@ fn by_default_a_reset_replica_keeps_its_index_entries() {
         "prefix_router.endpoint.{}.surprise.expected_hit_got_miss",
         ep.replace(['.', ':'], "_")
     );
+    assert_eq!(w.envoy.stats().get(&miss_name), 0);
+    (w, miss_name)
+}
+
+/// By default (`eviction_horizons` off) the misses after a cache reset are counted but
+/// forget nothing: each of six warmed groups is predicted a hit and delivered a miss
+/// (six surprises, not three), then hits again where it was.
+#[test]
+fn by_default_a_reset_replica_keeps_its_index_entries() {
+    let (w, miss_name) = warmed_then_reset("delivered-noevict", false);
     for (n, g) in [5, 0, 1, 2, 3, 4].into_iter().enumerate() {
         let reply = w.chat(&request(g, 10, false));
         let cached = cached_in(&reply.body).unwrap_or(0);
@@ -261,27 +273,7 @@ fn by_default_a_reset_replica_keeps_its_index_entries() {
 /// on its next request.
 #[test]
 fn an_evicted_replica_is_detected_and_the_index_recovers() {
-    let w = World::start("delivered-evict", &World::replicas(1), |c| {
-        c.with("strategy", json!("affinity"))
-            .with("eviction_horizons", json!(true))
-    });
-    for g in 0..6 {
-        for i in 0..2 {
-            assert_eq!(w.chat(&request(g, i, false)).status, 200);
-        }
-    }
-    // Entries strictly older than the requests that follow (the index clock is 100 ms).
-    std::thread::sleep(Duration::from_millis(250));
-    let ep = w.fleet.endpoints()[0].clone();
-    let r = Client::new(Duration::from_secs(5))
-        .post(&format!("http://{ep}/admin/reset-cache"), b"", &[])
-        .expect("reset-cache");
-    assert_eq!(r.status, 200);
-    let miss_name = format!(
-        "prefix_router.endpoint.{}.surprise.expected_hit_got_miss",
-        ep.replace(['.', ':'], "_")
-    );
-    assert_eq!(w.envoy.stats().get(&miss_name), 0);
+    let (w, miss_name) = warmed_then_reset("delivered-evict", true);
 
     // Cached tokens of group `g`'s next request; the surprise count after it.
     let next = |g: usize, i: usize| {
