@@ -154,7 +154,10 @@
 //!
 //! **Pending prefix** (`pending_progress`, on): a known prefix whose
 //! deepest entry is still *pending* (written at routing by
-//! [`crate::index::PrefixIndex::record_pending`], no response yet) is being
+//! [`crate::index::PrefixIndex::record_pending`], not yet confirmed: the
+//! filter confirms a 2xx answer at its headers, and an event stream at its
+//! first body byte, since streaming servers send their headers before the
+//! prefill) is being
 //! prefilled on its holder, and the entry's age tells since when: `e` =
 //! age − (`max_age_ms` − [`crate::index::PENDING_MS`]). The holder's queue
 //! picture still counts the whole prefill (it drops at the first token), so

@@ -85,6 +85,13 @@ pub struct RouterHttp {
     queued: Queued,
     /// The response is a server-sent-event stream.
     streaming: bool,
+    /// A 2xx event stream's record, waiting for its first body byte (the
+    /// first token: the prefill is done and cached), with the host that
+    /// served it. Streaming servers (vLLM, SGLang, the emulator) send their
+    /// headers before the prefill; recorded then, the entry would stop
+    /// being *pending* while its prefill still runs
+    /// ([`crate::affinity`], "Pending prefix").
+    deferred_record: Option<Option<String>>,
     /// `upstream.address` as read at response headers (final: a response that
     /// has started is never retried), so `on_log` need not read it again.
     upstream: Option<String>,
@@ -117,6 +124,7 @@ impl RouterHttp {
             pending_cost: None,
             queued: Queued::default(),
             streaming: false,
+            deferred_record: None,
             upstream: None,
             delivery: Delivery::default(),
             _live: super::batch::Live::new(),
@@ -724,7 +732,16 @@ impl RouterHttp {
                 .and_then(|m| header_pairs::value(m, name))
         };
         let status = header(b":status");
-        self.record_if_accepted(&p, upstream.as_deref(), status);
+        let ct = header(b"content-type");
+        let stream = ct.is_some_and(is_event_stream);
+        if stream
+            && self.pending_record.is_some()
+            && status.is_some_and(|s| s.first() == Some(&b'2'))
+        {
+            self.deferred_record = Some(upstream.clone());
+        } else {
+            self.record_if_accepted(&p, upstream.as_deref(), status);
+        }
         // Passive health: the primary did not serve (a retry or the fallback
         // used another host, or no host was reached): mark it down for every
         // worker until a poll shows it recovered.
@@ -734,14 +751,11 @@ impl RouterHttp {
             super::local::LOCAL.with(|local| self.slot.moved_later(actual, &local.releases));
         }
         self.upstream = upstream;
-        // One read of the content type serves the usage scanner and the cost model.
-        let ct = header(b"content-type");
+        // One read of the content type serves the usage scanner, the cost
+        // model and the deferred record.
         self.delivery.on_headers(&p, ct);
         if self.pending_cost.is_some() {
-            self.streaming = ct.is_some_and(|v| {
-                v.windows(17)
-                    .any(|w| w.eq_ignore_ascii_case(b"text/event-stream"))
-            });
+            self.streaming = stream;
         }
     }
 
@@ -752,6 +766,12 @@ impl RouterHttp {
             // is done.
             if size > 0 || end_of_stream {
                 self.finish_queued();
+            }
+            // The stream's first token: its record, deferred at the headers.
+            if size > 0 {
+                if let Some(served) = self.deferred_record.take() {
+                    self.record_if_accepted(&p, served.as_deref(), Some(b"200"));
+                }
             }
             self.load_upstream();
             self.delivery.on_chunk(
@@ -779,10 +799,19 @@ impl RouterHttp {
     }
 }
 
+/// Is a `content-type` value `text/event-stream` (any case, any parameters)?
+fn is_event_stream(v: &[u8]) -> bool {
+    v.windows(17)
+        .any(|w| w.eq_ignore_ascii_case(b"text/event-stream"))
+}
+
 impl RouterHttp {
     /// `on_log`: the response-end bookkeeping and the in-flight release.
     fn log_end(&mut self) {
         let Some(p) = self.plugin.clone() else { return };
+        // A stream that ended before its first token is not recorded (the
+        // engine did not finish the prefill).
+        self.deferred_record = None;
         // No body byte came (an error, a reset): written with the release.
         self.finish_queued();
         self.load_upstream();

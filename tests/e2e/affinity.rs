@@ -2,10 +2,12 @@
 //! index, across Envoy worker VMs, and the cost model learning from streamed responses.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::harness::workload::{text, MODEL};
+use crate::harness::client::Client;
+use crate::harness::workload::{chat_with, text, MODEL};
 use crate::harness::{ReplicaOpts, World};
 
 /// A conversation's body after `turns` user turns (and the assistant answers between).
@@ -111,5 +113,77 @@ fn streamed_responses_teach_the_cost_model() {
         matches!(price, Some(p) if p > 0 && p != 5_000),
         "learned prefill price not published or unchanged: {price:?}\n{}",
         s.dump("prefix_router.cost")
+    );
+}
+
+/// A streamed prompt's index entry stays *pending* until its first token (streaming
+/// servers send their headers before the prefill), and a repeat that arrives well into
+/// that prefill waits for it on the holder (`pending_progress`) instead of prefilling
+/// the prompt again elsewhere. 3 replicas at 1 ms per prompt token; the router's
+/// prices fixed at the same 1 000 ms per 1 000 tokens, budget 500 ms, `load_factor` 1
+/// (one request in flight puts the holder over the relative bound, so its queue is
+/// priced). The repeat comes 1.2 s into a ~3 s prefill: the holder's queue (3 s) is
+/// dearer than the budget, so without the rule, or with the entry confirmed at the
+/// headers, it spills.
+#[test]
+fn a_repeat_waits_for_a_streamed_prefill_under_way() {
+    let slow = ReplicaOpts {
+        prefill_us_per_token: 1000.0,
+        ..ReplicaOpts::default()
+    };
+    let w = World::start(
+        "affinity-pending",
+        &[slow.clone(), slow.clone(), slow],
+        |c| {
+            c.with("strategy", json!("affinity"))
+                .with("learn_costs", json!(false))
+                .with("prefill_ms_per_ktok", json!(1000.0))
+                .with("routing_budget_ms", json!(500.0))
+                .with("load_factor", json!(1.0))
+        },
+    );
+    let doc = text("pending-doc", 12_000);
+    let body = |stream: bool| chat_with(&doc, "summarise the document", 4, stream);
+    let t0 = std::time::Instant::now();
+    let mut first = w
+        .client
+        .post_streaming(&w.envoy.url("/v1/chat/completions"), &body(true))
+        .expect("first request");
+    assert_eq!(first.status, 200);
+    let holder = first
+        .headers
+        .iter()
+        .find(|(k, _)| k == "x-replica-id")
+        .map(|(_, v)| v.clone())
+        .expect("x-replica-id");
+    std::thread::sleep(Duration::from_millis(1200));
+    let sent = t0.elapsed();
+    let repeat = std::thread::spawn({
+        let client = Client::new(Duration::from_secs(30));
+        let url = w.envoy.url("/v1/chat/completions");
+        let b = body(false);
+        move || client.post_json(&url, &b)
+    });
+    assert!(first.first_chunk().expect("first token") > 0);
+    let ttft = t0.elapsed();
+    assert!(
+        ttft > sent + Duration::from_millis(500),
+        "the prefill ({ttft:?}) must still run when the repeat is sent ({sent:?})"
+    );
+    let _ = first.finish();
+    let repeat = repeat.join().expect("repeat thread").expect("repeat");
+    assert_eq!(repeat.status, 200, "{}", repeat.body);
+    assert_eq!(
+        repeat.replica(),
+        Some(holder.as_str()),
+        "the repeat left the holder:\n{}",
+        w.envoy.log_tail(2000)
+    );
+    let s = w.envoy.wait_idle();
+    assert_eq!(
+        s.get("prefix_router.branch.spill"),
+        0,
+        "{}",
+        s.dump("branch")
     );
 }
