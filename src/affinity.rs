@@ -1017,15 +1017,9 @@ fn pending_keep(
     cached: f64,
 ) -> Option<usize> {
     let k = known.filter(|_| cfg.pending_progress && v.queued.is_some())?;
-    let back = cfg
-        .max_age_ms
-        .checked_sub(crate::index::PENDING_MS)
-        .filter(|&b| b > 0)?;
-    if k.age_ms < back || k.age_ms > cfg.max_age_ms {
-        return None;
-    }
+    let elapsed = crate::index::pending_elapsed_ms(k.age_ms, cfg.max_age_ms)?;
     let p = cost.prefill_ms(cached);
-    let done = ((k.age_ms - back) as f64).min(p);
+    let done = (elapsed as f64).min(p);
     if done < cfg.routing_budget_ms {
         return None;
     }
@@ -1248,7 +1242,7 @@ mod tests {
         // flight and that prefill queued, every other replica 1 and none.
         let k = key(9, 64);
         let loads = [13, 1, 1, 1, 1, 1, 1, 1];
-        let back = AffinityConfig::default().max_age_ms - crate::index::PENDING_MS;
+        let back = crate::index::pending_offset_ms(AffinityConfig::default().max_age_ms);
         let decide = |age_ms: u64, queued0: u32, on: bool| {
             let kn = known(64, &[0], age_ms);
             let queued = [queued0, 0, 0, 0, 0, 0, 0, 0];

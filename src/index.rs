@@ -150,6 +150,23 @@ pub fn refresh_skip_ms(max_age_ms: u64, publish_ms: Option<u64>) -> u64 {
 /// confirms it) stays fresh, milliseconds ([`PrefixIndex::record_pending`]).
 pub const PENDING_MS: u64 = 30_000;
 
+/// How far back a pending record sets its entry's time: `max_age_ms −
+/// PENDING_MS`, so that it reads as older than any confirmed entry yet
+/// stays fresh for [`PENDING_MS`] ([`PrefixIndex::record_pending`]).
+pub fn pending_offset_ms(max_age_ms: u64) -> u64 {
+    max_age_ms.saturating_sub(PENDING_MS)
+}
+
+/// Milliseconds since a *pending* entry was written, if an entry found
+/// `age_ms` old under `max_age_ms` is one (its age lies in
+/// `[offset, max_age_ms]`, [`pending_offset_ms`]); `None` for a confirmed
+/// entry, a stale one, or when `max_age_ms ≤ PENDING_MS` (no offset: the
+/// two cannot be told apart). Cost: O(1).
+pub fn pending_elapsed_ms(age_ms: u64, max_age_ms: u64) -> Option<u64> {
+    let back = pending_offset_ms(max_age_ms);
+    (back > 0 && (back..=max_age_ms).contains(&age_ms)).then(|| age_ms - back)
+}
+
 /// Bytes per slot value.
 pub const ENTRY_BYTES: usize = 16;
 /// Replicas remembered per prefix point.
@@ -865,8 +882,7 @@ impl PrefixIndex {
         replica: usize,
         (now_ms, max_age_ms): (u64, u64),
     ) -> usize {
-        let back = max_age_ms.saturating_sub(PENDING_MS);
-        let at = now_ms.saturating_sub(back);
+        let at = now_ms.saturating_sub(pending_offset_ms(max_age_ms));
         // The last-block mark is written here too (a continuation cannot
         // come before the response; the confirming record then writes the
         // same tag, so peers see a confirmation, not a new block).

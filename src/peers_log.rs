@@ -267,7 +267,7 @@ impl NewsRule {
     /// Pending entries written with `max_age_ms` (their offset is
     /// `max_age_ms − PENDING_MS`).
     pub fn with_pending(self, max_age_ms: u64) -> NewsRule {
-        let back = max_age_ms.saturating_sub(crate::index::PENDING_MS) / 100;
+        let back = crate::index::pending_offset_ms(max_age_ms) / 100;
         NewsRule {
             pending_ds: u32::try_from(back).unwrap_or(u32::MAX),
             ..self

@@ -475,15 +475,16 @@ impl RouterHttp {
     }
 
     /// `affinity`: the upstream answered; record the prefix for the host that
-    /// served it (`served`, else the primary) if the answer is 2xx (an engine
-    /// that accepted the prompt has it cached; `status`: the response's
-    /// `:status`). At most once per request.
+    /// served it (`served`, else the primary) if the answer was `accepted`
+    /// (a 2xx `:status`: an engine that accepted the prompt has it cached;
+    /// an event stream is recorded at its first body byte). At most once
+    /// per request.
     /// Holders are written as address ids through the routing-time view.
-    fn record_if_accepted(&mut self, p: &Plugin, served: Option<&str>, status: Option<&[u8]>) {
+    fn record_if_accepted(&mut self, p: &Plugin, served: Option<&str>, accepted: bool) {
         let Some((blocks, known, chars)) = self.pending_record.take() else {
             return;
         };
-        self.record_blocks(p, served, status, &blocks, known, chars);
+        self.record_blocks(p, served, accepted, &blocks, known, chars);
         self.delivery.hand_blocks(blocks);
     }
 
@@ -493,13 +494,12 @@ impl RouterHttp {
         &mut self,
         p: &Plugin,
         served: Option<&str>,
-        status: Option<&[u8]>,
+        accepted: bool,
         blocks: &[u64],
         known: Option<Known>,
         chars: (usize, usize),
     ) {
-        let ok = status.is_some_and(|s| s.first() == Some(&b'2'));
-        let Some(view) = self.view.clone().filter(|_| ok) else {
+        let Some(view) = self.view.clone().filter(|_| accepted) else {
             return;
         };
         let Some(served) = served
@@ -732,15 +732,13 @@ impl RouterHttp {
                 .and_then(|m| header_pairs::value(m, name))
         };
         let status = header(b":status");
+        let accepted = status.is_some_and(|s| s.first() == Some(&b'2'));
         let ct = header(b"content-type");
         let stream = ct.is_some_and(is_event_stream);
-        if stream
-            && self.pending_record.is_some()
-            && status.is_some_and(|s| s.first() == Some(&b'2'))
-        {
+        if stream && accepted && self.pending_record.is_some() {
             self.deferred_record = Some(upstream.clone());
         } else {
-            self.record_if_accepted(&p, upstream.as_deref(), status);
+            self.record_if_accepted(&p, upstream.as_deref(), accepted);
         }
         // Passive health: the primary did not serve (a retry or the fallback
         // used another host, or no host was reached): mark it down for every
@@ -770,7 +768,7 @@ impl RouterHttp {
             // The stream's first token: its record, deferred at the headers.
             if size > 0 {
                 if let Some(served) = self.deferred_record.take() {
-                    self.record_if_accepted(&p, served.as_deref(), Some(b"200"));
+                    self.record_if_accepted(&p, served.as_deref(), true);
                 }
             }
             self.load_upstream();

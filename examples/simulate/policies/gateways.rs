@@ -1189,10 +1189,8 @@ impl Gateways {
         let known = known.map(|k| k.spilled(c.reason == Reason::Spill));
         Share::note(&mut g.store, n, c.primary, &self.cfg);
         // The filter's `Queued::start`: this gateway's own count.
-        let queued_tokens = c.expected_uncached_tokens().round() as u32;
-        if let Some(x) = g.queued.as_mut().and_then(|q| q.get_mut(c.primary)) {
-            *x = x.saturating_add(queued_tokens);
-        }
+        let queued_tokens =
+            super::queue_start(g.queued.as_mut(), c.primary, c.expected_uncached_tokens());
         let push = self.knobs.push_tokens;
         if push > 0 && queued_tokens >= push && n_peers > 0 {
             if let (Some(q), Some(snap)) = (g.queued.as_ref(), self.peer_loads.get_mut(k)) {
@@ -1524,13 +1522,8 @@ impl Policy for Gateways {
         let k = usize::from(p.gateway);
         let now_ms = clock_ms(now);
         // The filter's `Queued::finish` at the first response byte.
-        if let Some(x) = self
-            .gws
-            .get_mut(k)
-            .and_then(|g| g.queued.as_mut())
-            .and_then(|q| q.get_mut(usize::from(p.primary)))
-        {
-            *x = x.saturating_sub(p.queued_tokens);
+        if let Some(g) = self.gws.get_mut(k) {
+            super::queue_finish(g.queued.as_mut(), usize::from(p.primary), p.queued_tokens);
         }
         if p.record && !self.knobs.record_at_route && k < self.gws.len() {
             if let Some(key) = req.keys.core.get(self.key) {

@@ -38,6 +38,26 @@ use crate::engine::SimRequest;
 use crate::model::ModelParams;
 use crate::replica::{Metrics, Replica};
 
+/// The filter's queue picture (`src/cluster/queued.rs`, `Queued::start`):
+/// add the expected uncached prompt tokens of a request routed to replica
+/// `r` to its count (`q`: `None` without the picture). Returns the tokens
+/// (rounded), to be taken off by [`queue_finish`] at the first token.
+pub fn queue_start(q: Option<&mut Vec<u32>>, r: usize, tokens: f64) -> u32 {
+    let t = tokens.round() as u32;
+    if let Some(x) = q.and_then(|q| q.get_mut(r)) {
+        *x = x.saturating_add(t);
+    }
+    t
+}
+
+/// The filter's `Queued::finish` at the first response byte: take the
+/// `tokens` that [`queue_start`] added for replica `r` off its count.
+pub fn queue_finish(q: Option<&mut Vec<u32>>, r: usize, tokens: u32) {
+    if let Some(x) = q.and_then(|q| q.get_mut(r)) {
+        *x = x.saturating_sub(tokens);
+    }
+}
+
 /// What a policy may look at when routing.
 pub struct View<'a> {
     /// Simulated time, seconds.

@@ -441,11 +441,12 @@ impl Policy for Ours {
             self.pending_known.resize(idx as usize + 1, None);
         }
         self.pending_known[idx as usize] = known;
-        if let Some(q) = &mut self.queued {
-            let tokens = c.expected_uncached_tokens().round() as u32;
-            if let Some(x) = q.get_mut(c.primary) {
-                *x = x.saturating_add(tokens);
-            }
+        if self.queued.is_some() {
+            let tokens = super::queue_start(
+                self.queued.as_mut(),
+                c.primary,
+                c.expected_uncached_tokens(),
+            );
             if self.queued_of.len() <= idx as usize {
                 self.queued_of.resize(idx as usize + 1, (0, 0));
             }
@@ -472,11 +473,8 @@ impl Policy for Ours {
     }
 
     fn on_first_token(&mut self, idx: u32, req: &SimRequest, replica: usize, ttft: f64, now: f64) {
-        if let (Some(q), Some(&(r, tokens))) = (&mut self.queued, self.queued_of.get(idx as usize))
-        {
-            if let Some(x) = q.get_mut(r as usize) {
-                *x = x.saturating_sub(tokens);
-            }
+        if let Some(&(r, tokens)) = self.queued_of.get(idx as usize) {
+            super::queue_finish(self.queued.as_mut(), r as usize, tokens);
         }
         if !self.record_at_route {
             if let Some(key) = req.keys.core.get(self.key) {

@@ -173,10 +173,8 @@ impl Policy for OursFeedback {
         // The records read the decision from the lookup (`new_holder_known`).
         let found = found.map(|k| k.spilled(c.reason == Reason::Spill));
         Share::note(&mut gw.store, n, c.primary, &self.cfg);
-        let queued = c.expected_uncached_tokens().round() as u32;
-        if let Some(x) = gw.queued.as_mut().and_then(|q| q.get_mut(c.primary)) {
-            *x = x.saturating_add(queued);
-        }
+        let queued =
+            super::queue_start(gw.queued.as_mut(), c.primary, c.expected_uncached_tokens());
         // As the filter: a new placement is written at once as pending.
         self.router
             .record_pending(&mut gw.store, &key.blocks, found.as_ref(), &c, now_ms);
@@ -219,13 +217,7 @@ impl Policy for OursFeedback {
     fn on_first_token(&mut self, idx: u32, req: &SimRequest, r: usize, ttft: f64, now: f64) {
         if let Some(p) = self.pending.get(idx as usize) {
             if let Some(gw) = self.gateways.get_mut(p.gateway as usize) {
-                if let Some(x) = gw
-                    .queued
-                    .as_mut()
-                    .and_then(|q| q.get_mut(p.primary as usize))
-                {
-                    *x = x.saturating_sub(p.queued);
-                }
+                super::queue_finish(gw.queued.as_mut(), p.primary as usize, p.queued);
                 // Recorded once the response starts, for the replica that served it (as the
                 // filter records after a 2xx).
                 if let Some(key) = req.keys.core.get(self.key) {
