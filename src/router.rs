@@ -152,6 +152,14 @@ impl Router {
         self
     }
 
+    /// The same router with another index layout (tests, models: the
+    /// simulator's `--ours` knobs build the router its policies decide
+    /// with). The slot table must be sized for `index.slots`.
+    pub fn with_index_config(mut self, index: IndexConfig) -> Router {
+        self.index = PrefixIndex::new(index);
+        self
+    }
+
     /// Initial prices of the cost model (`affinity`).
     pub fn cost_config(&self) -> CostConfig {
         let a = self.config.affinity;
@@ -385,12 +393,12 @@ impl Router {
 
     /// Key the index's slot hash with a per-process secret
     /// ([`crate::index`], "Keyed placement").
-    pub fn with_index_secret(mut self, secret: u64) -> Router {
-        self.index = PrefixIndex::new(IndexConfig {
+    pub fn with_index_secret(self, secret: u64) -> Router {
+        let index = IndexConfig {
             secret,
             ..self.index.config()
-        });
-        self
+        };
+        self.with_index_config(index)
     }
 
     fn affinity_decision(&self, key: &RoutingKey, c: &Choice) -> Decision {

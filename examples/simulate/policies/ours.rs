@@ -1,21 +1,24 @@
 //! OURS: the `affinity` policy of the routing core, driven exactly as the
-//! filter drives it, per request:
+//! filter drives it, per request, through the filter's own functions on a
+//! router carrying this policy's index and affinity parameters
+//! ([`OursParams`], `Router::with_index_config` / `with_affinity_config`):
 //! 1. `Router::key` (done once per request at preparation, with this
 //!    policy's `prefix_length`);
-//! 2. `PrefixIndex::lookup` on a slot table (`VecStore` here, shared data in
-//!    the filter);
-//! 3. `affinity::choose` with the router-side in-flight counts and the
-//!    current `CostModel` prices;
-//! 4. `PrefixIndex::record` of the decision;
-//! 5. at the first token: `CostModel::observe` (expected uncached tokens,
+//! 2. `Router::choose_affinity` (the filter's `choose_affinity_fed` without
+//!    engine feedback: `PrefixIndex::lookup` on a slot table, `VecStore`
+//!    here, shared data in the filter; request share; placement pressure;
+//!    `affinity::choose_tiered` with the router-side in-flight counts, the
+//!    queue picture and the current `CostModel` prices), then
+//!    `Router::note_routed` and `Router::record_pending`;
+//! 3. `Router::record_affinity` of the decision when the response starts;
+//! 4. at the first token: `CostModel::observe` (expected uncached tokens,
 //!    in-flight at routing, observed TTFT).
 
 use prefix_router::affinity::{self, AffinityConfig, Reason};
 use prefix_router::cost::{CostConfig, CostModel};
 use prefix_router::engine::load::{host_load, LoadRule};
-use prefix_router::index::{IndexConfig, Known, NewHolder, PrefixIndex, VecStore};
-use prefix_router::pressure::Pressure;
-use prefix_router::share::{self, Share};
+use prefix_router::feedback::Horizons;
+use prefix_router::index::{IndexConfig, Known, NewHolder, VecStore};
 use prefix_router::{Config, Loads, Router};
 
 use super::gateways::clock_ms;
@@ -186,12 +189,11 @@ impl OursParams {
 
 /// Our policy.
 pub struct Ours {
+    /// The ring with [`OursParams`]' index and affinity parameters.
     router: Router,
     key: usize,
-    index: PrefixIndex,
     store: VecStore,
     cost: CostModel,
-    cfg: AffinityConfig,
     pending: Vec<(f32, u32)>,
     /// Lookup result per request, kept until its response starts.
     pending_known: Vec<Option<Known>>,
@@ -225,7 +227,8 @@ pub struct Ours {
 }
 
 impl Ours {
-    /// Build; `key` indexes `Keys::core`.
+    /// Build; `key` indexes `Keys::core`; `router` is given `p`'s index
+    /// and affinity parameters.
     ///
     /// # Errors
     /// Never today (kept for parameter validation).
@@ -235,13 +238,14 @@ impl Ours {
         p: OursParams,
         _m: &ModelParams,
     ) -> Result<Ours, String> {
+        let router = router
+            .with_index_config(p.index)
+            .with_affinity_config(p.affinity);
         Ok(Ours {
             router,
             key,
-            index: PrefixIndex::new(p.index),
             store: VecStore::new(p.index.slots),
             cost: CostModel::new(p.cost),
-            cfg: p.affinity,
             pending: Vec::new(),
             pending_known: Vec::new(),
             record_at_route: p.record_at_route,
@@ -354,44 +358,32 @@ impl Policy for Ours {
                 spill: false,
             };
         };
-        let known = self.index.lookup(&self.store, &key.blocks, now_ms);
         if self.engine_load != EngineLoad::Off {
             self.engine_loads(view);
         }
         self.ticket += 1;
         let n = self.router.ring().len();
-        let pressure = share::pressure_for(&self.store, n, key, known.as_ref(), &self.cfg);
-        let share = Share::for_config(&self.store, n, &self.cfg);
         if let Some(q) = &mut self.queued {
             q.resize(n, 0);
         }
-        let request = affinity::Request {
+        let loads = Loads::new(if self.engine_load == EngineLoad::Off {
+            view.in_flight
+        } else {
+            &self.loads
+        });
+        // The filter's decision without engine feedback (`src/filter/http.rs`,
+        // `select_affinity`, with no horizon).
+        let (_, c, known) = self.router.choose_affinity_fed(
             key,
-            prompt_chars: req.body_chars as usize,
-            known: known.as_ref(),
-            loads: Loads::new(if self.engine_load == EngineLoad::Off {
-                view.in_flight
-            } else {
-                &self.loads
-            }),
-            ticket: self.ticket,
-            pressure: pressure.as_ref(),
-            share: share.as_ref(),
-            queued_prefill: self.queued.as_deref(),
-            shallow: None,
-        };
-        let (index, store) = (&self.index, &self.store);
-        let c = affinity::choose_tiered(
-            self.router.ring(),
-            &request,
+            req.body_chars as usize,
+            loads,
+            &self.store,
             &self.cost,
-            &self.cfg,
-            |k| index.lookup_shallow(store, &key.blocks, k, now_ms),
-            || share::lazy_pressure(store, n, &self.cfg),
+            (now_ms, self.ticket),
+            &Horizons::default(),
+            self.queued.as_deref(),
         );
-        // The records read the decision from the lookup (`new_holder_known`).
-        let known = known.map(|k| k.spilled(c.reason == Reason::Spill));
-        Share::note(&mut self.store, n, c.primary, &self.cfg);
+        self.router.note_routed(&mut self.store, c.primary);
         if self.decide_log {
             self.log_decision(idx, &c, known.as_ref(), view);
         }
@@ -405,7 +397,7 @@ impl Policy for Ours {
             // Why cold: nothing known, known but stale, known but too short.
             let why = match &known {
                 None => 0,
-                Some(k) if k.age_ms > self.cfg.max_age_ms => 1,
+                Some(k) if k.age_ms > self.router.affinity_config().max_age_ms => 1,
                 Some(_) => 2,
             };
             self.cold_why[why] += 1;
@@ -415,26 +407,17 @@ impl Policy for Ours {
             self.class.resize(idx as usize + 1, 0);
         }
         self.class[idx as usize] = class;
-        if !self.record_at_route
-            && self.cfg.wants_pending(
-                c.reason,
-                known.as_ref().map_or(0, |k| k.depth),
-                key.blocks.len(),
-            )
-        {
-            let at = (now_ms, self.cfg.max_age_ms);
-            self.index
-                .record_pending(&mut self.store, &key.blocks, known.as_ref(), c.primary, at);
-        }
         if self.record_at_route {
-            self.index.record(
+            self.router.record_affinity(
                 &mut self.store,
                 &key.blocks,
                 known.as_ref(),
                 c.primary,
                 now_ms,
             );
-            Pressure::note(&mut self.store, n, known.as_ref(), c.primary, &self.cfg);
+        } else {
+            self.router
+                .record_pending(&mut self.store, &key.blocks, known.as_ref(), &c, now_ms);
         }
         if self.pending.len() <= idx as usize {
             self.pending.resize(idx as usize + 1, (0.0, 0));
@@ -480,15 +463,13 @@ impl Policy for Ours {
             if let Some(key) = req.keys.core.get(self.key) {
                 let known = self.pending_known.get(idx as usize).copied().flatten();
                 let now_ms = clock_ms(now);
-                self.index.record(
+                self.router.record_affinity(
                     &mut self.store,
                     &key.blocks,
                     known.as_ref(),
                     replica,
                     now_ms,
                 );
-                let n = self.router.ring().len();
-                Pressure::note(&mut self.store, n, known.as_ref(), replica, &self.cfg);
             }
         }
         if let Some(&(u, l)) = self.pending.get(idx as usize) {

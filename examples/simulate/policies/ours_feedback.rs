@@ -1,9 +1,20 @@
 //! OURS + engine feedback: `ours` whose index is corrected by what the
 //! engines report (`cached_tokens` of each response), as the filter does
 //! (`src/filter/delivered.rs`):
-//! 1. lookup, then drop the holders older than their replica's eviction
-//!    horizon ([`prefix_router::feedback::Horizons::filter`]), choose; record
-//!    when the response starts (as `ours` and the filter do);
+//! 1. the decision is the filter's own function,
+//!    [`prefix_router::Router::choose_affinity_fed`] (lookup, holders older
+//!    than their replica's eviction horizon dropped
+//!    ([`prefix_router::feedback::Horizons::filter`]), the shallower entry
+//!    when the horizons empty the deepest one
+//!    ([`prefix_router::Router::past_horizon`]), request share, placement
+//!    pressure, [`prefix_router::affinity::choose_tiered`], the lookup marked
+//!    spilled), on a router carrying this policy's index and affinity
+//!    parameters ([`OursParams`], `Router::with_index_config` /
+//!    `with_affinity_config`); then, as the filter, the request-share count
+//!    ([`prefix_router::Router::note_routed`]), the queue picture
+//!    (`src/cluster/queued.rs`, as `ours`) and the pending record
+//!    ([`prefix_router::Router::record_pending`]); the record
+//!    ([`prefix_router::Router::record_affinity`]) when the response starts;
 //! 2. at the first token (the engine's `cached_tokens` is known),
 //!    [`prefix_router::usage::compare`] the prediction with what was
 //!    delivered; with `--ours horizons=1` (the filter's `eviction_horizons`,
@@ -12,21 +23,19 @@
 //!    deeper than predicted writes the confirmed depth
 //!    ([`prefix_router::index::PrefixIndex::confirm`]).
 //!
-//! As the filter, it keeps the queue picture (`src/cluster/queued.rs`, as
-//! `ours`; before the twelfth session this policy had none, so it measured
-//! the filter without it) and, when the horizons empty the deepest entry,
-//! falls back to a shallower one ([`prefix_router::Router::past_horizon`]).
+//! Until the thirteenth session step 1 was a hand copy of the filter's
+//! steps (it ran without the queue picture for four sessions unnoticed);
+//! what the simulator still does around the call is bookkeeping only.
 //!
 //! `ours_feedback_2x`: two gateways, each with its own index, horizons, cost
 //! model and in-flight counts, requests split at random (as `ours_2x`); each
 //! learns only from the responses it proxied.
 
-use prefix_router::affinity::{self, AffinityConfig, Reason};
+use prefix_router::affinity::Reason;
 use prefix_router::cost::CostModel;
 use prefix_router::feedback::Horizons;
 use prefix_router::hash::BLOCK_UNITS;
-use prefix_router::index::{decis, Known, PrefixIndex, VecStore};
-use prefix_router::share::Share;
+use prefix_router::index::{decis, Known, VecStore};
 use prefix_router::usage::{compare, predict, Prediction, Surprise};
 use prefix_router::{Loads, Router};
 
@@ -61,10 +70,9 @@ struct Pending {
 
 /// OURS with feedback, over `m` gateways.
 pub struct OursFeedback {
+    /// The ring with [`OursParams`]' index and affinity parameters.
     router: Router,
     key: usize,
-    index: PrefixIndex,
-    cfg: AffinityConfig,
     gateways: Vec<Gateway>,
     pending: Vec<Pending>,
     rng: crate::rng::Rng,
@@ -80,8 +88,12 @@ pub struct OursFeedback {
 }
 
 impl OursFeedback {
-    /// `m` gateways over `n` replicas; `key` indexes `Keys::core`.
+    /// `m` gateways over `n` replicas; `key` indexes `Keys::core`;
+    /// `router` is given `p`'s index and affinity parameters.
     pub fn new(router: Router, key: usize, p: OursParams, m: usize, n: usize, seed: u64) -> Self {
+        let router = router
+            .with_index_config(p.index)
+            .with_affinity_config(p.affinity);
         let gateways = (0..m.clamp(1, 255))
             .map(|_| Gateway {
                 store: VecStore::new(p.index.slots),
@@ -94,8 +106,6 @@ impl OursFeedback {
         OursFeedback {
             router,
             key,
-            index: PrefixIndex::new(p.index),
-            cfg: p.affinity,
             gateways,
             pending: Vec::new(),
             rng: crate::rng::Rng::new(seed ^ 0x6662),
@@ -131,48 +141,19 @@ impl Policy for OursFeedback {
         } else {
             view.in_flight
         };
-        let found = self
-            .index
-            .lookup(&gw.store, &key.blocks, now_ms)
-            .map(|k| gw.horizons.filter(k));
-        let found = self
-            .router
-            .past_horizon(&gw.store, &key.blocks, found, &gw.horizons, now_ms);
-        let known = found.filter(|k| k.entry.holders().next().is_some());
         self.ticket += 1;
-        let pressure = self
-            .router
-            .placement_pressure(&gw.store, key, known.as_ref());
-        let share = Share::for_config(&gw.store, self.router.ring().len(), &self.cfg);
-        let request = affinity::Request {
+        // The filter's decision (`src/filter/http.rs`, `select_affinity`).
+        let (_, c, found) = self.router.choose_affinity_fed(
             key,
-            prompt_chars: req.body_chars as usize,
-            known: known.as_ref(),
-            loads: Loads::new(loads),
-            ticket: self.ticket,
-            pressure: pressure.as_ref(),
-            share: share.as_ref(),
-            queued_prefill: gw.queued.as_deref(),
-            shallow: None,
-        };
-        // The filter's second lookup tier (its holders aged by the horizons).
-        let (index, store, horizons) = (&self.index, &gw.store, &gw.horizons);
-        let c = affinity::choose_tiered(
-            self.router.ring(),
-            &request,
+            req.body_chars as usize,
+            Loads::new(loads),
+            &gw.store,
             &gw.cost,
-            &self.cfg,
-            |d| {
-                index
-                    .lookup_shallow(store, &key.blocks, d, now_ms)
-                    .map(|k| horizons.filter(k))
-            },
-            || prefix_router::share::lazy_pressure(store, self.router.ring().len(), &self.cfg),
+            (now_ms, self.ticket),
+            &gw.horizons,
+            gw.queued.as_deref(),
         );
-        let n = self.router.ring().len();
-        // The records read the decision from the lookup (`new_holder_known`).
-        let found = found.map(|k| k.spilled(c.reason == Reason::Spill));
-        Share::note(&mut gw.store, n, c.primary, &self.cfg);
+        self.router.note_routed(&mut gw.store, c.primary);
         let queued =
             super::queue_start(gw.queued.as_mut(), c.primary, c.expected_uncached_tokens());
         // As the filter: a new placement is written at once as pending.
@@ -188,21 +169,23 @@ impl Policy for OursFeedback {
         self.pending[idx as usize] = Pending {
             gateway: g as u8,
             primary: c.primary as u32,
+            // As the filter (`Delivery::predicted_from`): from the lookup the
+            // decision returned, an entry the horizons emptied included.
             predicted: {
                 // The block after the known depth (blocks are uneven), in tokens.
-                let depth = known.map_or(0, |k| k.depth);
+                let depth = found.map_or(0, |k| k.depth);
                 let next = key.units_at(depth + 1).saturating_sub(key.units_at(depth));
                 predict(
                     c.expected_cached_tokens,
                     depth,
                     key.blocks.len(),
-                    next as f64 / self.cfg.chars_per_token.max(0.1),
+                    next as f64 / self.router.affinity_config().chars_per_token.max(0.1),
                     c.prompt_tokens,
                 ) as f32
             },
             uncached: c.expected_uncached_tokens() as f32,
             load,
-            entry_time: known.map(|k| k.entry.time),
+            entry_time: found.map(|k| k.entry.time),
             routed_at: decis(now_ms),
             known: found,
             queued,
@@ -222,10 +205,13 @@ impl Policy for OursFeedback {
                 // filter records after a 2xx).
                 if let Some(key) = req.keys.core.get(self.key) {
                     let now_ms = clock_ms(now);
-                    self.index
-                        .record(&mut gw.store, &key.blocks, p.known.as_ref(), r, now_ms);
-                    self.router
-                        .note_placement(&mut gw.store, p.known.as_ref(), r);
+                    self.router.record_affinity(
+                        &mut gw.store,
+                        &key.blocks,
+                        p.known.as_ref(),
+                        r,
+                        now_ms,
+                    );
                 }
                 gw.cost
                     .observe(f64::from(p.uncached), f64::from(p.load), ttft * 1000.0);
@@ -244,7 +230,8 @@ impl Policy for OursFeedback {
         };
         // The engine had more than the index could show: confirm that depth.
         // Whole blocks within the cached characters (blocks are uneven).
-        let cpt = self.cfg.chars_per_token.max(0.1);
+        let cfg = self.router.affinity_config();
+        let cpt = cfg.chars_per_token.max(0.1);
         let key = req.keys.core.get(self.key);
         let confirmed = key.map_or(0, |k| k.depth_at((f64::from(cached) * cpt) as usize));
         let confirmed_tokens = key.map_or(0, |k| k.units_at(confirmed)) as f64 / cpt;
@@ -256,7 +243,7 @@ impl Policy for OursFeedback {
                 let n = key.blocks.len();
                 let short = (confirmed == n && n > 1).then(|| n - 1);
                 for depth in std::iter::once(confirmed).chain(short) {
-                    self.index.confirm(
+                    self.router.index().confirm(
                         &mut gw.store,
                         &key.blocks,
                         depth,
@@ -274,13 +261,13 @@ impl Policy for OursFeedback {
             cached_tokens: predicted,
             prompt_tokens: f64::from(req.prompt_tokens),
         };
-        let hit_tokens = BLOCK_UNITS as f64 / self.cfg.chars_per_token.max(0.1);
+        let hit_tokens = BLOCK_UNITS as f64 / cpt;
         let s = compare(
             &pr,
             u64::from(cached),
             Some(u64::from(req.prompt_tokens)),
             hit_tokens,
-            self.cfg.min_match,
+            cfg.min_match,
         );
         match s {
             Surprise::ExpectedHitGotMiss => {
