@@ -318,3 +318,53 @@ impl Policy for OursFeedback {
         ]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelParams;
+    use crate::policies::KeyBook;
+    use crate::workload::{self, prepare_one};
+
+    /// `--ours` knobs reach every step of the decision and its records:
+    /// before the thirteenth session the pending record, the placement
+    /// pressure and the horizon fallback read the key book's router (the
+    /// shipped defaults), so `record_pending=0` still wrote pending records.
+    #[test]
+    fn the_policy_s_knobs_reach_the_filter_s_decision() {
+        let k = workload::Knobs {
+            scale: 0.01,
+            load: 1.0,
+            seed: 3,
+        };
+        let w = workload::sagemaker(&k);
+        let base = OursParams::default();
+        let book = KeyBook::new(&["ours_feedback".to_string()], 7, &base).unwrap();
+        let req = prepare_one(&w.specs[0], &book, book.max_chars());
+        let m = ModelParams::default();
+        let view = View {
+            now: 1.0,
+            in_flight: &[0; 7],
+            replicas: &[],
+            scraped: &[],
+            model: &m,
+        };
+        let sets = |p: OursParams| {
+            let mut o = OursFeedback::new(book.routers[0].1.clone(), 0, p.clone(), 1, 7, 1);
+            assert_eq!(o.router.index().config(), p.index);
+            assert_eq!(*o.router.affinity_config(), p.affinity);
+            o.route(0, &req, &view);
+            o.gateways[0].store.sets()
+        };
+        // Nothing else writes at routing (no request-share counts).
+        assert!(base.affinity.record_pending && base.affinity.share_factor == 0.0);
+        assert!(
+            sets(base.clone()) > 0,
+            "a cold placement is written as pending"
+        );
+        let mut off = base;
+        off.set("record_pending", "0").unwrap();
+        off.set("slots", "1024").unwrap();
+        assert_eq!(sets(off), 0);
+    }
+}
