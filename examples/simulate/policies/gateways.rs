@@ -1203,15 +1203,17 @@ impl Gateways {
             .and_then(|rk| self.router.ring().candidates(rk).next());
         let exception = c.reason != Reason::Cold || Some(c.primary) != first_choice;
         let record = !mode.exceptions || exception;
-        let placed = matches!(c.reason, Reason::Cold | Reason::Spill);
-        if record && !self.knobs.record_at_route && self.cfg.record_pending && placed {
+        // The filter's rule (`Router::record_pending`): cold and spilled
+        // requests, a warm one extending its prefix with `pending_warm`.
+        let depth = known.as_ref().map_or(0, |k| k.depth);
+        let placed = self.cfg.wants_pending(c.reason, depth, key.blocks.len());
+        if record && !self.knobs.record_at_route && placed {
             // The filter's pending record: local only, unless `pub_pending`.
             let at = (now_ms, self.cfg.max_age_ms);
             let seq = g.log.next_seq();
             if mode.peer && self.knobs.pub_pending {
                 let ladder = peer_ladder(&self.index, &self.knobs);
                 let mut p = Publishing::with_rule(&mut g.store, self.rule, true);
-                let depth = known.as_ref().map_or(0, |k| k.depth);
                 p.withhold(&self.index, &key.blocks, depth, ladder);
                 self.index
                     .record_pending(&mut p, &key.blocks, known.as_ref(), c.primary, at);
@@ -1741,6 +1743,41 @@ mod tests {
         let mut blind = Gateways::new(r, 0, &off, spec, Knobs::default(), 7, 1);
         let e = engine::run(&mut blind, &reqs, &m, 7, &engine::Limits::default()).unwrap();
         assert_ne!(pick(&a), pick(&e));
+    }
+
+    #[test]
+    fn one_independent_gateway_is_ours_with_pending_warm() {
+        // Conversations: a warm turn extends its known prefix.
+        let k = workload::Knobs {
+            scale: 0.1,
+            load: 1.0,
+            seed: 1,
+        };
+        let w = workload::chat(&k);
+        let book = KeyBook::new(&["ours".to_string()], 7, &OursParams::default()).unwrap();
+        let reqs: Vec<SimRequest> = w
+            .specs
+            .iter()
+            .map(|s| prepare_one(s, &book, book.max_chars()))
+            .collect();
+        let m = ModelParams::default();
+        let pick = |r: &engine::RunResult| r.records.iter().map(|x| x.replica).collect::<Vec<_>>();
+        let run = |p: &OursParams| {
+            let r = book.routers[0].1.clone();
+            let mut ours = Ours::new(r.clone(), 0, p.clone(), &m).unwrap();
+            let spec = parse_name("indep/1").unwrap();
+            let mut one = Gateways::new(r, 0, p, spec, Knobs::default(), 7, 1);
+            let a = engine::run(&mut ours, &reqs, &m, 7, &engine::Limits::default()).unwrap();
+            let b = engine::run(&mut one, &reqs, &m, 7, &engine::Limits::default()).unwrap();
+            (pick(&a), pick(&b))
+        };
+        // The filter's pending rule (`AffinityConfig::wants_pending`) in both.
+        let mut warm = OursParams::default();
+        warm.set("pending_warm", "1").unwrap();
+        let (plain, _) = run(&OursParams::default());
+        let (ours, one) = run(&warm);
+        assert_ne!(plain, ours, "pending_warm changes decisions");
+        assert_eq!(ours, one);
     }
 
     #[test]
