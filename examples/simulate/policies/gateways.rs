@@ -1641,12 +1641,21 @@ mod tests {
     use crate::workload::{self, prepare_one};
 
     fn sagemaker(scale: f64) -> (KeyBook, Vec<SimRequest>) {
+        prepared(workload::sagemaker, scale, 3)
+    }
+
+    /// The requests of workload `make` for `ours` on 7 replicas.
+    fn prepared(
+        make: fn(&workload::Knobs) -> workload::Workload,
+        scale: f64,
+        seed: u64,
+    ) -> (KeyBook, Vec<SimRequest>) {
         let k = workload::Knobs {
             scale,
             load: 1.0,
-            seed: 3,
+            seed,
         };
-        let w = workload::sagemaker(&k);
+        let w = make(&k);
         let book = KeyBook::new(&["ours".to_string()], 7, &OursParams::default()).unwrap();
         let reqs = w
             .specs
@@ -1748,18 +1757,7 @@ mod tests {
     #[test]
     fn one_independent_gateway_is_ours_with_pending_warm() {
         // Conversations: a warm turn extends its known prefix.
-        let k = workload::Knobs {
-            scale: 0.1,
-            load: 1.0,
-            seed: 1,
-        };
-        let w = workload::chat(&k);
-        let book = KeyBook::new(&["ours".to_string()], 7, &OursParams::default()).unwrap();
-        let reqs: Vec<SimRequest> = w
-            .specs
-            .iter()
-            .map(|s| prepare_one(s, &book, book.max_chars()))
-            .collect();
+        let (book, reqs) = prepared(workload::chat, 0.1, 1);
         let m = ModelParams::default();
         let pick = |r: &engine::RunResult| r.records.iter().map(|x| x.replica).collect::<Vec<_>>();
         let run = |p: &OursParams| {
