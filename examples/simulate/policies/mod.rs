@@ -395,6 +395,17 @@ impl KeyBook {
     }
 }
 
+/// `o` with the index secret of run `seed`. The filter draws its secret
+/// per Envoy process (`src/filter/secret.rs`); it moves every slot, so which
+/// keys collide, and through them the decisions of a loaded fleet. On a trace,
+/// whose requests do not depend on the seed, this is what `--seeds` varies for
+/// `ours` (before, every seed of a trace gave the same run). Seed 1 keeps
+/// secret 0, so every single-seed figure is unchanged.
+fn with_run_secret(mut o: ours::OursParams, seed: u64) -> ours::OursParams {
+    o.index.secret = seed.wrapping_sub(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    o
+}
+
 /// Build policy `name`.
 pub fn build(
     name: &str,
@@ -451,23 +462,23 @@ pub fn build(
         "greedy_true_state" => Box::new(oracle::Oracle::new(n, true, &ours.affinity)),
         "greedy_true_ttft" => Box::new(oracle::Oracle::new(n, false, &ours.affinity)),
         "ours" => {
-            let o = spec.ours_params(ours)?;
+            let o = with_run_secret(spec.ours_params(ours)?, seed);
             let (i, router) = core(&ours_label(&o))?;
             Box::new(ours::Ours::new(router, i, o, model)?)
         }
         "ours_2x" => {
-            let o = spec.ours_params(ours)?;
+            let o = with_run_secret(spec.ours_params(ours)?, seed);
             let (i, router) = core(&ours_label(&o))?;
             Box::new(ours::OursMulti::new(router, i, o, model, 2, n, seed)?)
         }
         "ours_feedback" | "ours_feedback_2x" => {
-            let o = spec.ours_params(ours)?;
+            let o = with_run_secret(spec.ours_params(ours)?, seed);
             let (i, router) = core(&ours_label(&o))?;
             let m = if spec.base == "ours_feedback" { 1 } else { 2 };
             Box::new(ours_feedback::OursFeedback::new(router, i, o, m, n, seed))
         }
         GATEWAYS => {
-            let o = spec.ours_params(ours)?;
+            let o = with_run_secret(spec.ours_params(ours)?, seed);
             let (i, router) = core(&ours_label(&o))?;
             Box::new(gateways::build(name, router, i, &o, n, seed)?)
         }
@@ -478,4 +489,23 @@ pub fn build(
             ))
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_seed_draws_its_own_index_secret_and_seed_1_keeps_0() {
+        let o = ours::OursParams::default();
+        assert_eq!(with_run_secret(o.clone(), 1).index.secret, 0);
+        let secrets: Vec<u64> = (1..=6)
+            .map(|s| with_run_secret(o.clone(), s).index.secret)
+            .collect();
+        for (i, a) in secrets.iter().enumerate() {
+            for b in &secrets[i + 1..] {
+                assert_ne!(a, b, "two seeds drew the same secret: {secrets:?}");
+            }
+        }
+    }
 }
