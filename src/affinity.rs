@@ -321,6 +321,8 @@ pub struct AffinityConfig {
     /// `nsblocks` runs lose the p90 comparison with SGLang/GIE instead of 2
     /// (`docs/benchmarks.md`, "Ninth session: short known prefixes").
     pub short_warm: bool,
+    /// Scratch: weight of the known tokens' prefill in the `short_warm` test.
+    pub short_weight: f64,
     /// Share of the prompt past the hashed window (`prefix_length`) that a
     /// holder of the whole window is expected to have cached (module docs,
     /// "Past the window"; 0 = only the window counts).
@@ -371,6 +373,7 @@ impl Default for AffinityConfig {
             soft_threshold: true,
             pending_warm: false,
             short_warm: false,
+            short_weight: 1.0,
             beyond_window: 1.0,
             pending_progress: true,
         }
@@ -1116,7 +1119,8 @@ fn short_holder(
         })
         .min_by_key(|&h| v.holder_rank(h))?;
     let extra = queued_extra(cost, v, h, c, cfg);
-    (extra <= cost.prefill_ms(cached).min(cfg.routing_budget_ms)).then_some((h, cached))
+    (extra <= (cfg.short_weight * cost.prefill_ms(cached)).min(cfg.routing_budget_ms))
+        .then_some((h, cached))
 }
 
 #[cfg(test)]
