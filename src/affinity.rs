@@ -323,12 +323,12 @@ pub struct AffinityConfig {
     /// went); kept on a holder, `expected_cached_tokens` is the known
     /// prefix. Off: such a request is placed by the cold rule alone. On
     /// (the default since the thirteenth session; `docs/benchmarks.md`,
-    /// "Thirteenth session: sw13"): +0.15–0.30 points of hit on the
+    /// "Thirteenth session: sw13"): +0.15–0.26 points of hit on the
     /// Mooncake conversation trace at 16 and 32 replicas (the cold
     /// requests whose 1.5k–4k-token system prompt SGLang and SageMaker
     /// send to its holder), `nsblocks` p90 unchanged thanks to
-    /// `short_min_load`. Cost: O(holders) per cold request with a known
-    /// prefix.
+    /// `short_min_load`; fast-mode chat +0.30 ± 0.04 points, p90 +0.5 ms.
+    /// Cost: O(holders) per cold request with a known prefix.
     pub short_warm: bool,
     /// Weight `w` of the known tokens' prefill in the `short_warm` test
     /// (extra delay ≤ `w` × prefill). A miss costs the request its own
