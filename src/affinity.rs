@@ -1458,6 +1458,23 @@ mod tests {
         choose(&ring(loads.len()), &req, &cost(), &cfg)
     }
 
+    /// A decision of the `short_warm` tests: known prefix `kn`, in-flight
+    /// `loads`, queued prefill tokens `queued`.
+    fn short_decide(
+        r: &HashRing,
+        k: &RoutingKey,
+        cfg: &AffinityConfig,
+        kn: &Known,
+        loads: &[u32],
+        queued: &[u32],
+    ) -> Choice {
+        let req = Request {
+            queued_prefill: Some(queued),
+            ..request(k, Some(kn), Loads::new(loads))
+        };
+        choose(r, &req, &cost(), cfg)
+    }
+
     #[test]
     fn short_warm_keeps_a_holder_of_a_prefix_under_min_match_while_it_is_cheap() {
         // 10 of 128 blocks known (640 tokens, 19 ms of prefill at 30 ms per
@@ -1479,11 +1496,7 @@ mod tests {
         let idle = [0u32; 7];
         let none = [0u32; 7];
         let decide = |cfg: &AffinityConfig, kn: &Known, loads: &[u32], queued: &[u32]| {
-            let req = Request {
-                queued_prefill: Some(queued),
-                ..request(&k, Some(kn), Loads::new(loads))
-            };
-            choose(&r, &req, &cost(), cfg)
+            short_decide(&r, &k, cfg, kn, loads, queued)
         };
         let cold = decide(&off, &known(10, &[], 0), &idle, &none).primary;
         let h = (cold + 1) % 7;
@@ -1523,11 +1536,7 @@ mod tests {
         };
         assert!(d.short_warm);
         let decide = |cfg: &AffinityConfig, kn: &Known, loads: &[u32], queued: &[u32]| {
-            let req = Request {
-                queued_prefill: Some(queued),
-                ..request(&k, Some(kn), Loads::new(loads))
-            };
-            choose(&r, &req, &cost(), cfg)
+            short_decide(&r, &k, cfg, kn, loads, queued)
         };
         let off = AffinityConfig {
             short_warm: false,
