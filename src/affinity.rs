@@ -34,13 +34,17 @@
 //!    when loads tie (idle or sequential clients), where the ring alone can
 //!    put most of a few prefixes on one replica. If none is acceptable: the
 //!    least loaded available replica.
-//!    **Short known prefix** ([`AffinityConfig::short_warm`], off): a fresh
-//!    known prefix under `min_match` (a system prompt) whose best holder is
-//!    within the coverage-scaled load bound and the share bound replaces
-//!    the cold choice `c` when its extra expected delay over `c` (queued
-//!    prefill included) is at most the prefill of the known tokens; the
-//!    reason stays [`Reason::Cold`] (pending record) and the cold key is
-//!    unchanged.
+//!    **Short known prefix** ([`AffinityConfig::short_warm`], on): while
+//!    the mean in-flight count per replica is at least
+//!    [`AffinityConfig::short_min_load`] (2), a fresh known prefix under
+//!    `min_match` (a system prompt) whose best holder is within the
+//!    coverage-scaled load bound and the share bound replaces the cold
+//!    choice `c` when its extra expected delay over `c` (queued prefill
+//!    included) is at most [`AffinityConfig::short_weight`] (4) × the
+//!    prefill of the known tokens (capped by `routing_budget_ms`): a miss
+//!    costs the request its own prefill and costs the same GPU time to the
+//!    requests queued behind it on `c`. The reason stays [`Reason::Cold`]
+//!    (pending record) and the cold key is unchanged.
 //! 3. **Warm**: when the index knows a fresh prefix (`age ≤ max_age_ms`)
 //!    covering at least `min_match` of the hashed window (the first
 //!    `prefix_length` characters), the holders (replicas that
@@ -307,20 +311,44 @@ pub struct AffinityConfig {
     pub pending_warm: bool,
     /// A fresh known prefix under `min_match` (a system prompt under a long
     /// prompt) whose holders are available makes them warm candidates
-    /// under the coverage-scaled load bound (`warm_cap`): the least-delay
-    /// holder is kept only if its expected delay, queued prefill included,
-    /// exceeds the cold choice's by at most the prefill of the known
-    /// tokens; otherwise the request is placed as cold (the cold key
-    /// unchanged, no spill to a new holder). Either way its reason stays
-    /// [`Reason::Cold`] (it gets the pending record of a cold request, so
-    /// that its next turn finds the deeper prefix where it went); kept on
-    /// a holder, `expected_cached_tokens` is the known prefix. Off (the
-    /// default): such a request is placed by the cold rule alone. Measured
-    /// on: +0.11 ± 0.05 points of hit over 26 held-out runs, but light-load
-    /// p90 on small-block traces up by up to 1.9 ms, which made 4 of 8
-    /// `nsblocks` runs lose the p90 comparison with SGLang/GIE instead of 2
-    /// (`docs/benchmarks.md`, "Ninth session: short known prefixes").
+    /// under the coverage-scaled load bound (`warm_cap`), while the mean
+    /// in-flight count per replica is at least `short_min_load`: the
+    /// least-delay holder is kept only if its expected delay, queued
+    /// prefill included, exceeds the cold choice's by at most
+    /// `short_weight` × the prefill of the known tokens (and at most
+    /// `routing_budget_ms`); otherwise the request is placed as cold (the
+    /// cold key unchanged, no spill to a new holder). Either way its
+    /// reason stays [`Reason::Cold`] (it gets the pending record of a cold
+    /// request, so that its next turn finds the deeper prefix where it
+    /// went); kept on a holder, `expected_cached_tokens` is the known
+    /// prefix. Off: such a request is placed by the cold rule alone. On
+    /// (the default since the thirteenth session; `docs/benchmarks.md`,
+    /// "Thirteenth session: sw13"): +0.15–0.26 points of hit on the
+    /// Mooncake conversation trace at 16 and 32 replicas (the cold
+    /// requests whose 1.5k–4k-token system prompt SGLang and SageMaker
+    /// send to its holder), `nsblocks` p90 unchanged thanks to
+    /// `short_min_load`; fast-mode chat +0.30 ± 0.04 points, p90 +0.5 ms.
+    /// Cost: O(holders) per cold request with a known prefix.
     pub short_warm: bool,
+    /// Weight `w` of the known tokens' prefill in the `short_warm` test
+    /// (extra delay ≤ `w` × prefill). A miss costs the request its own
+    /// prefill (weight 1, the local TTFT rule) and also delays every
+    /// request that queues behind it on the replica it lands on by the
+    /// same GPU time; at the loads where the rule acts (≥ 2 in flight per
+    /// replica) that is a few requests, so `w` = 4. Measured with 5 seeds
+    /// on the Mooncake trace and its foreign-format copy at 7/16/32
+    /// replicas: w = 1 / 2 / 4 gained +0.12–0.17 / +0.16–0.21 /
+    /// +0.23–0.30 points of hit at 16/32 over `short_warm` off, p90 within
+    /// noise (`docs/benchmarks.md`, "Thirteenth session: sw13").
+    pub short_weight: f64,
+    /// `short_warm` acts only while the mean in-flight count per replica
+    /// (the requests of the replicas counted in the load bound) is at least
+    /// this. Under it nobody queues behind a miss, and keeping the holders
+    /// of a system prompt concentrates its traffic: on the 20 `nsblocks`
+    /// traces (light load, 7 replicas) `short_warm` without this gate
+    /// raised p90 by +0.35 ± 0.20 ms (paired) and lost 4 more p90
+    /// comparisons; with 2: −0.03 ± 0.13 ms, and the Mooncake gains kept.
+    pub short_min_load: f64,
     /// Share of the prompt past the hashed window (`prefix_length`) that a
     /// holder of the whole window is expected to have cached (module docs,
     /// "Past the window"; 0 = only the window counts).
@@ -370,7 +398,9 @@ impl Default for AffinityConfig {
             tier: true,
             soft_threshold: true,
             pending_warm: false,
-            short_warm: false,
+            short_warm: true,
+            short_weight: DEFAULT_SHORT_WEIGHT,
+            short_min_load: 2.0,
             beyond_window: 1.0,
             pending_progress: true,
         }
@@ -444,6 +474,10 @@ impl Choice {
 /// points of hit rate for no TTFT gain (`docs/benchmarks.md`, "Tenth
 /// session: a share bound on by default", and the lead's check after it).
 pub const DEFAULT_SHARE_FACTOR: f64 = 0.0;
+
+/// Default [`AffinityConfig::short_weight`] (the filter's
+/// `short_prefix_weight`).
+pub const DEFAULT_SHORT_WEIGHT: f64 = 4.0;
 
 const MAX_CHOICES: usize = 8;
 
@@ -970,7 +1004,12 @@ fn decide(
     let primary = place(ring, ring_key, &v, &[], cfg.cold_choices, false).unwrap_or(0);
     // `short_warm`: a fresh known prefix under `min_match`.
     let short = known
-        .filter(|k| cfg.short_warm && k.age_ms <= cfg.max_age_ms && k.depth > 0)
+        .filter(|k| {
+            cfg.short_warm
+                && mean1 - 1.0 >= cfg.short_min_load
+                && k.age_ms <= cfg.max_age_ms
+                && k.depth > 0
+        })
         .and_then(|k| {
             let seen = key.units_at(k.depth).min(key.units) as f64;
             let coverage = (seen / key.units.max(1) as f64).clamp(0.0, 1.0);
@@ -1090,8 +1129,9 @@ fn warm_cap(v: &View<'_>, cfg: &AffinityConfig, mean1: f64, coverage: f64) -> f6
 /// within the coverage-scaled load bound `warm_cap` ([`warm_cap`]) and the share
 /// bound, the least expected delay first; kept if its extra delay over `c`
 /// (queued prefill included, and at least the spill rule's
-/// [`spill_extra`]) is at most the prefill of the known tokens (capped by
-/// `routing_budget_ms`). `None` (place cold) also when `c` is a holder.
+/// [`spill_extra`]) is at most `short_weight` × the prefill of the known
+/// tokens (capped by `routing_budget_ms`). `None` (place cold) also when
+/// `c` is a holder. The caller checks the gate (`short_min_load`).
 /// Cost: O(holders).
 fn short_holder(
     v: &View<'_>,
@@ -1116,7 +1156,8 @@ fn short_holder(
         })
         .min_by_key(|&h| v.holder_rank(h))?;
     let extra = queued_extra(cost, v, h, c, cfg);
-    (extra <= cost.prefill_ms(cached).min(cfg.routing_budget_ms)).then_some((h, cached))
+    (extra <= (cfg.short_weight * cost.prefill_ms(cached)).min(cfg.routing_budget_ms))
+        .then_some((h, cached))
 }
 
 #[cfg(test)]
@@ -1417,15 +1458,35 @@ mod tests {
         choose(&ring(loads.len()), &req, &cost(), &cfg)
     }
 
+    /// A decision of the `short_warm` tests: known prefix `kn`, in-flight
+    /// `loads`, queued prefill tokens `queued`.
+    fn short_decide(
+        r: &HashRing,
+        k: &RoutingKey,
+        cfg: &AffinityConfig,
+        kn: &Known,
+        loads: &[u32],
+        queued: &[u32],
+    ) -> Choice {
+        let req = Request {
+            queued_prefill: Some(queued),
+            ..request(k, Some(kn), Loads::new(loads))
+        };
+        choose(r, &req, &cost(), cfg)
+    }
+
     #[test]
     fn short_warm_keeps_a_holder_of_a_prefix_under_min_match_while_it_is_cheap() {
         // 10 of 128 blocks known (640 tokens, 19 ms of prefill at 30 ms per
         // 1000): under `min_match`, so cold without the knob.
         let r = ring(7);
         let k = key(7, 128);
+        // The local rule (weight 1), at any load.
         let on = AffinityConfig {
             share_factor: 0.0,
             short_warm: true,
+            short_weight: 1.0,
+            short_min_load: 0.0,
             ..AffinityConfig::default()
         };
         let off = AffinityConfig {
@@ -1435,11 +1496,7 @@ mod tests {
         let idle = [0u32; 7];
         let none = [0u32; 7];
         let decide = |cfg: &AffinityConfig, kn: &Known, loads: &[u32], queued: &[u32]| {
-            let req = Request {
-                queued_prefill: Some(queued),
-                ..request(&k, Some(kn), Loads::new(loads))
-            };
-            choose(&r, &req, &cost(), cfg)
+            short_decide(&r, &k, cfg, kn, loads, queued)
         };
         let cold = decide(&off, &known(10, &[], 0), &idle, &none).primary;
         let h = (cold + 1) % 7;
@@ -1466,6 +1523,58 @@ mod tests {
         // under the prefill saved.
         loads[h] = 1;
         assert_eq!(decide(&on, &kn, &loads, &none).primary, h);
+    }
+
+    #[test]
+    fn short_warm_weighs_the_miss_for_the_queue_behind_it_from_two_in_flight() {
+        // 10 of 128 blocks known: 640 tokens, 19.2 ms of prefill.
+        let r = ring(7);
+        let k = key(7, 128);
+        let d = AffinityConfig {
+            share_factor: 0.0,
+            ..AffinityConfig::default()
+        };
+        assert!(d.short_warm);
+        let decide = |cfg: &AffinityConfig, kn: &Known, loads: &[u32], queued: &[u32]| {
+            short_decide(&r, &k, cfg, kn, loads, queued)
+        };
+        let off = AffinityConfig {
+            short_warm: false,
+            ..d
+        };
+        let busy = [2u32; 7];
+        let none = [0u32; 7];
+        let cold = decide(&off, &known(10, &[], 0), &busy, &none).primary;
+        let h = (cold + 1) % 7;
+        let kn = known(10, &[h as u16], 0);
+        // 2 000 tokens queued on the holder: 60 ms more than the cold
+        // choice, over 1 × 19.2 ms but under 4 × 19.2 ms.
+        let mut queued = [0u32; 7];
+        queued[h] = 2000;
+        let c = decide(&d, &kn, &busy, &queued);
+        assert_eq!((c.primary, c.reason), (h, Reason::Cold));
+        assert!((c.expected_cached_tokens - 640.0).abs() < 1e-9);
+        let w1 = AffinityConfig {
+            short_weight: 1.0,
+            ..d
+        };
+        assert_eq!(decide(&w1, &kn, &busy, &queued).primary, cold);
+        assert_eq!(decide(&off, &kn, &busy, &queued).primary, cold);
+        // Over 4 × 19.2 ms (3 000 tokens: 90 ms): cold.
+        queued[h] = 3000;
+        assert_eq!(decide(&d, &kn, &busy, &queued).primary, cold);
+        // Light load (1 in flight per replica): nobody queues behind a
+        // miss, the cold rule alone, even for an idle holder.
+        let light = [1u32; 7];
+        let cold = decide(&off, &known(10, &[], 0), &light, &none).primary;
+        let h = (cold + 1) % 7;
+        let kn = known(10, &[h as u16], 0);
+        assert_eq!(decide(&d, &kn, &light, &none).primary, cold);
+        let ungated = AffinityConfig {
+            short_min_load: 0.0,
+            ..d
+        };
+        assert_eq!(decide(&ungated, &kn, &light, &none).primary, h);
     }
 
     #[test]

@@ -157,6 +157,8 @@ pub struct RawConfig {
     pub spread_cold: Option<bool>,
     /// See [`AffinityParams::share_factor`].
     pub share_factor: Option<f64>,
+    /// See [`AffinityParams::short_prefix_weight`].
+    pub short_prefix_weight: Option<f64>,
     /// See [`Config::read_usage`].
     pub read_usage: Option<bool>,
     /// See [`Config::eviction_horizons`].
@@ -214,6 +216,12 @@ pub struct AffinityParams {
     pub spread_cold: bool,
     /// Request-share bound ([`crate::share`]): 0 (off) or 1–10.
     pub share_factor: f64,
+    /// Short known prefix ([`crate::affinity::AffinityConfig::short_warm`]):
+    /// the holder of a fresh known prefix under `min_match` is kept while
+    /// its extra expected delay is at most this × the prefill of the known
+    /// tokens (from 2 in flight per replica on average); 0 = off (cold
+    /// placement alone). 0–100.
+    pub short_prefix_weight: f64,
 }
 
 impl Default for AffinityParams {
@@ -229,6 +237,7 @@ impl Default for AffinityParams {
             chars_per_token: 4.0,
             spread_cold: true,
             share_factor: crate::affinity::DEFAULT_SHARE_FACTOR,
+            short_prefix_weight: crate::affinity::DEFAULT_SHORT_WEIGHT,
         }
     }
 }
@@ -627,6 +636,12 @@ impl Config {
                 (1.0, 16.0),
                 d.chars_per_token,
             )?,
+            short_prefix_weight: float_in_range(
+                "short_prefix_weight",
+                raw.short_prefix_weight,
+                (0.0, 100.0),
+                d.short_prefix_weight,
+            )?,
         };
 
         let affinity_header = raw
@@ -793,6 +808,18 @@ mod tests {
                 .spread_cold
         );
         assert!(parse(&format!("{{{EPS},\"spread_cold\":1}}")).is_err());
+    }
+
+    #[test]
+    fn short_prefix_weight_is_zero_to_a_hundred_and_zero_turns_it_off() {
+        let f = |v: &str| parse(&format!("{{{EPS},\"short_prefix_weight\":{v}}}"));
+        let d = parse(&format!("{{{EPS}}}")).unwrap().affinity;
+        assert_eq!(d.short_prefix_weight, 4.0);
+        assert_eq!(f("0").unwrap().affinity.short_prefix_weight, 0.0);
+        assert_eq!(f("1.5").unwrap().affinity.short_prefix_weight, 1.5);
+        for bad in ["-1", "100.5", "true", "\"2\""] {
+            assert_eq!(f(bad).unwrap_err().field, "short_prefix_weight");
+        }
     }
 
     #[test]

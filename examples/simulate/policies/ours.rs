@@ -179,6 +179,8 @@ impl OursParams {
             "soft_threshold" => self.affinity.soft_threshold = v == "1" || v == "true",
             "pending_warm" => self.affinity.pending_warm = v == "1" || v == "true",
             "short_warm" => self.affinity.short_warm = v == "1" || v == "true",
+            "short_weight" => self.affinity.short_weight = f()?,
+            "short_min_load" => self.affinity.short_min_load = f()?,
             "pending_progress" => self.affinity.pending_progress = v == "1" || v == "true",
             "tier" => self.affinity.tier = v == "1" || v == "true",
             _ => return Err(format!("--ours: unknown parameter {k}")),
