@@ -603,6 +603,48 @@ mod balance {
         seed: u64,
         verbose: bool,
     ) -> Outcome {
+        run_at(factor, settled, groups, requests, seed, verbose, None)
+    }
+
+    /// The request's own (last) block: `u64::MAX − i` when `salt` is 0
+    /// (the model before the thirteenth session: every such key lies past
+    /// the last ring point, so every request walks the ring from the same
+    /// point and ties of cold placement break in one fixed order), else a
+    /// hash of (`salt`, `i`) as the filter's text hashes are: each request
+    /// walks the ring from its own point, the tie order differs per request
+    /// and per `salt` (the "text" of a run).
+    fn own_block(i: u64, salt: u64) -> u64 {
+        if salt == 0 {
+            return u64::MAX - i;
+        }
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&salt.to_le_bytes());
+        b[8..].copy_from_slice(&i.to_le_bytes());
+        crate::hash::hash_id(&b)
+    }
+
+    /// The key salt of run `seed` when `KEYS=1` is set (0: fixed keys).
+    fn salt_of(seed: u64) -> u64 {
+        match std::env::var("KEYS").as_deref() {
+            Ok("1") => seed.wrapping_mul(0xa076_1d64_78bd_642f) | 1,
+            _ => 0,
+        }
+    }
+
+    /// [`run_v`] with the arrivals and service times given: `times[i]` =
+    /// (arrival ms, service ms) of request `i` (a bench run's
+    /// `--requests-jsonl`: `start_ms`, `latency_ms`), instead of Poisson
+    /// arrivals from `seed` and the 180 / 580 ms service times.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_at(
+        factor: f64,
+        settled: f64,
+        groups: u64,
+        requests: u64,
+        seed: u64,
+        verbose: bool,
+        times: Option<&[(f64, f64)]>,
+    ) -> Outcome {
         let seq = sequence(groups, requests, seed);
         let groups = if groups == 0 { 16 } else { groups };
         let eps: Vec<String> = (1..=7)
@@ -634,7 +676,7 @@ mod balance {
             rng ^= rng >> 7;
             rng ^= rng << 17;
             let mut blocks: Vec<u64> = (0..125).map(|b| (g << 32) | b).collect();
-            blocks.push(u64::MAX - i);
+            blocks.push(own_block(i, salt_of(seed)));
             let key = RoutingKey {
                 key: blocks.last().copied(),
                 units: blocks.len() * BLOCK_UNITS,
@@ -649,6 +691,10 @@ mod balance {
             // for 180 ms warm, 580 ms cold (the bench's emulator timing).
             let u = (rng >> 11) as f64 / (1u64 << 53) as f64;
             clock += -(1.0 - u).ln() * 125.0;
+            let given = times.and_then(|t| t.get(i as usize)).copied();
+            if let Some((at, _)) = given {
+                clock = at;
+            }
             let now = clock as u64;
             busy.retain(|&(_, t)| t > clock);
             let loads: Vec<u32> = (0..7)
@@ -658,7 +704,11 @@ mod balance {
                 router.choose_affinity(&key, key.units, Loads::new(&loads), &store, &cost, now, i);
             let hit = caches[c.primary].serve(g, i);
             found += u64::from(hit);
-            let service = if hit >= PREFIX / 2 { 180.0 } else { 580.0 };
+            let service = match given {
+                Some((_, ms)) => ms,
+                None if hit >= PREFIX / 2 => 180.0,
+                None => 580.0,
+            };
             busy.push((c.primary, clock + service));
             router.note_routed(&mut store, c.primary);
             router.record_affinity(&mut store, &key.blocks, known.as_ref(), c.primary, now);
@@ -728,6 +778,26 @@ mod balance {
             "{:?}",
             run_v(1.0, settled, var("GROUPS", 16), 320, var("SEED", 1), true)
         );
+    }
+
+    /// The bench's sequence with one bench run's arrival and service times:
+    /// `TIMES=file` (lines `start_ms latency_ms` in request order, from the
+    /// run's `.requests.jsonl`): `TIMES=... cargo test -p prefix-router
+    /// --lib share::balance::replay -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn replay() {
+        let path = std::env::var("TIMES").unwrap();
+        let times: Vec<(f64, f64)> = std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let mut w = l.split_whitespace().map(|x| x.parse::<f64>().unwrap());
+                (w.next().unwrap(), w.next().unwrap())
+            })
+            .collect();
+        let r = run_at(1.0, super::SETTLED, 0, 320, 1, true, Some(&times));
+        println!("{r:?}");
     }
 
     /// Per shape: runs in SageMaker's band, shares, extra placements and
