@@ -758,8 +758,10 @@ mod balance {
     }
 
     /// One seed's placements: `SEED=5 cargo test -p prefix-router --lib
-    /// share::balance::trace -- --ignored --nocapture` (`GROUPS=0`: the
-    /// bench's sequence; `FLOOR=0`: without the floor).
+    /// share::balance::trace -- --ignored --nocapture` (`NGROUPS=0`: the
+    /// bench's sequence; not `GROUPS`, which bash ignores as a special
+    /// variable
+    /// — `FLOOR=0`: without the floor; `KEYS=1`: hashed keys, [`own_block`]).
     #[test]
     #[ignore]
     fn trace() {
@@ -776,7 +778,14 @@ mod balance {
         };
         println!(
             "{:?}",
-            run_v(1.0, settled, var("GROUPS", 16), 320, var("SEED", 1), true)
+            run_v(
+                1.0,
+                settled,
+                var("NGROUPS", 16),
+                320,
+                var("SEED", 1),
+                var("VERBOSE", 1) == 1
+            )
         );
     }
 
@@ -819,6 +828,11 @@ mod balance {
                 let runs: Vec<_> = (1..=seeds)
                     .map(|seed| run_v(factor, settled, groups, requests, seed, false))
                     .collect();
+                if std::env::var("LIST").is_ok() {
+                    for (seed, r) in (1..).zip(&runs).filter(|(_, r)| !r.in_band()) {
+                        println!("  out of band: seed {seed} {r:?}");
+                    }
+                }
                 let n = runs.len() as f64;
                 let band = runs.iter().filter(|r| r.in_band()).count();
                 let lo = runs.iter().map(|r| r.lo).fold(f64::INFINITY, f64::min);
