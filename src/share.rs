@@ -439,7 +439,7 @@ mod tests {
         // more placement per run on average.
         let stats = |settled: f64| {
             let runs: Vec<_> = (1..=40)
-                .map(|seed| balance::run_v(1.0, settled, 16, 320, seed, false))
+                .map(|seed| balance::run_v(1.0, settled, 16, 320, seed, false, None))
                 .collect();
             let band = runs.iter().filter(|r| r.in_band()).count();
             let extra = runs.iter().map(|r| r.extra).sum::<u64>() as f64 / 40.0;
@@ -590,20 +590,7 @@ mod balance {
     /// Route the requests of [`sequence`] with `share_factor` = `factor`,
     /// arrival times from `seed`.
     pub(super) fn run(factor: f64, groups: u64, requests: u64, seed: u64) -> Outcome {
-        run_v(factor, super::SETTLED, groups, requests, seed, false)
-    }
-
-    /// [`run`] with `share_settled` = `settled` (0: no floor); `verbose`
-    /// prints every placement and partial hit.
-    pub(super) fn run_v(
-        factor: f64,
-        settled: f64,
-        groups: u64,
-        requests: u64,
-        seed: u64,
-        verbose: bool,
-    ) -> Outcome {
-        run_at(factor, settled, groups, requests, seed, verbose, None)
+        run_v(factor, super::SETTLED, groups, requests, seed, false, None)
     }
 
     /// The request's own (last) block: `u64::MAX − i` when `salt` is 0
@@ -631,12 +618,12 @@ mod balance {
         }
     }
 
-    /// [`run_v`] with the arrivals and service times given: `times[i]` =
-    /// (arrival ms, service ms) of request `i` (a bench run's
-    /// `--requests-jsonl`: `start_ms`, `latency_ms`), instead of Poisson
-    /// arrivals from `seed` and the 180 / 580 ms service times.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn run_at(
+    /// [`run`] with `share_settled` = `settled` (0: no floor); `verbose`
+    /// prints every placement and partial hit; `times[i]` = (arrival ms,
+    /// service ms) of request `i` (a bench run's `--requests-jsonl`:
+    /// `start_ms`, `latency_ms`) instead of Poisson arrivals from `seed`
+    /// and the 180 / 580 ms service times.
+    pub(super) fn run_v(
         factor: f64,
         settled: f64,
         groups: u64,
@@ -784,7 +771,8 @@ mod balance {
                 var("NGROUPS", 16),
                 320,
                 var("SEED", 1),
-                var("VERBOSE", 1) == 1
+                var("VERBOSE", 1) == 1,
+                None,
             )
         );
     }
@@ -805,7 +793,7 @@ mod balance {
                 (w.next().unwrap(), w.next().unwrap())
             })
             .collect();
-        let r = run_at(1.0, super::SETTLED, 0, 320, 1, true, Some(&times));
+        let r = run_v(1.0, super::SETTLED, 0, 320, 1, true, Some(&times));
         println!("{r:?}");
     }
 
@@ -826,7 +814,7 @@ mod balance {
                 ("56 groups", 56, 1120),
             ] {
                 let runs: Vec<_> = (1..=seeds)
-                    .map(|seed| run_v(factor, settled, groups, requests, seed, false))
+                    .map(|seed| run_v(factor, settled, groups, requests, seed, false, None))
                     .collect();
                 if std::env::var("LIST").is_ok() {
                     for (seed, r) in (1..).zip(&runs).filter(|(_, r)| !r.in_band()) {
