@@ -918,6 +918,10 @@ mod balance {
     /// Per shape: runs in SageMaker's band, shares, extra placements and
     /// prefix hit rate over `SEEDS` seeds (40): `cargo test -p
     /// prefix-router --lib share::balance::explore -- --ignored --nocapture`.
+    /// `ONLY=1`: the shipped configuration only (not the no-bound and
+    /// no-floor rows); `SHAPE=bench` (a prefix of the shape's name): one
+    /// shape; `DUMP=path`: per-seed `in_band extra hit lo` lines to
+    /// `path.<shape>`, for paired differences between two builds.
     #[test]
     #[ignore]
     fn explore() {
