@@ -34,7 +34,7 @@
 //!    when loads tie (idle or sequential clients), where the ring alone can
 //!    put most of a few prefixes on one replica. If none is acceptable: the
 //!    least loaded available replica.
-//!    **Short known prefix** ([`AffinityConfig::short_warm`], on): while
+//!    **Short known prefix** ([`AffinityConfig::short_weight`], on): while
 //!    the mean in-flight count per replica is at least
 //!    [`AffinityConfig::short_min_load`] (2), a fresh known prefix under
 //!    `min_match` (a system prompt) whose best holder is within the
@@ -329,9 +329,9 @@ pub struct AffinityConfig {
     /// send to its holder), `nsblocks` p90 unchanged thanks to
     /// `short_min_load`; fast-mode chat +0.30 ± 0.04 points, p90 +0.5 ms.
     /// Cost: O(holders) per cold request with a known prefix.
-    pub short_warm: bool,
-    /// Weight `w` of the known tokens' prefill in the `short_warm` test
-    /// (extra delay ≤ `w` × prefill). A miss costs the request its own
+    ///
+    /// This field is the weight `w` of the known tokens' prefill in that
+    /// test (extra delay ≤ `w` × prefill; 0 = the rule off). A miss costs the request its own
     /// prefill (weight 1, the local TTFT rule) and also delays every
     /// request that queues behind it on the replica it lands on by the
     /// same GPU time; at the loads where the rule acts (≥ 2 in flight per
@@ -398,7 +398,6 @@ impl Default for AffinityConfig {
             tier: true,
             soft_threshold: true,
             pending_warm: false,
-            short_warm: true,
             short_weight: DEFAULT_SHORT_WEIGHT,
             short_min_load: 2.0,
             beyond_window: 1.0,
@@ -1005,7 +1004,7 @@ fn decide(
     // `short_warm`: a fresh known prefix under `min_match`.
     let short = known
         .filter(|k| {
-            cfg.short_warm
+            cfg.short_weight > 0.0
                 && mean1 - 1.0 >= cfg.short_min_load
                 && k.age_ms <= cfg.max_age_ms
                 && k.depth > 0
@@ -1123,7 +1122,7 @@ fn warm_cap(v: &View<'_>, cfg: &AffinityConfig, mean1: f64, coverage: f64) -> f6
         .min(mean1 * (1.0 + (cfg.load_factor - 1.0).max(0.0) * (2.0 * coverage).min(1.0)) + 1.0)
 }
 
-/// [`AffinityConfig::short_warm`]: for a request whose fresh known prefix
+/// [`AffinityConfig::short_weight`]: for a request whose fresh known prefix
 /// `k` (`cached` tokens) is under `min_match`, the holder to keep instead
 /// of the cold choice `c`, with `cached`. Candidates: available holders
 /// within the coverage-scaled load bound `warm_cap` ([`warm_cap`]) and the share
@@ -1484,13 +1483,12 @@ mod tests {
         // The local rule (weight 1), at any load.
         let on = AffinityConfig {
             share_factor: 0.0,
-            short_warm: true,
             short_weight: 1.0,
             short_min_load: 0.0,
             ..AffinityConfig::default()
         };
         let off = AffinityConfig {
-            short_warm: false,
+            short_weight: 0.0,
             ..on
         };
         let idle = [0u32; 7];
@@ -1534,12 +1532,12 @@ mod tests {
             share_factor: 0.0,
             ..AffinityConfig::default()
         };
-        assert!(d.short_warm);
+        assert!(d.short_weight > 0.0);
         let decide = |cfg: &AffinityConfig, kn: &Known, loads: &[u32], queued: &[u32]| {
             short_decide(&r, &k, cfg, kn, loads, queued)
         };
         let off = AffinityConfig {
-            short_warm: false,
+            short_weight: 0.0,
             ..d
         };
         let busy = [2u32; 7];

@@ -216,7 +216,7 @@ pub struct AffinityParams {
     pub spread_cold: bool,
     /// Request-share bound ([`crate::share`]): 0 (off) or 1–10.
     pub share_factor: f64,
-    /// Short known prefix ([`crate::affinity::AffinityConfig::short_warm`]):
+    /// Short known prefix ([`crate::affinity::AffinityConfig::short_weight`]):
     /// the holder of a fresh known prefix under `min_match` is kept while
     /// its extra expected delay is at most this × the prefill of the known
     /// tokens (from 2 in flight per replica on average); 0 = off (cold

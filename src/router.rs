@@ -126,7 +126,6 @@ impl Router {
             max_age_ms: u64::from(a.index_ttl_s) * 1000,
             spread_cold: a.spread_cold,
             share_factor: a.share_factor,
-            short_warm: a.short_prefix_weight > 0.0,
             short_weight: a.short_prefix_weight,
             ..AffinityConfig::default()
         };

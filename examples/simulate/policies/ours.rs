@@ -178,7 +178,16 @@ impl OursParams {
             "queue_wait_cap" => self.affinity.queue_wait_cap = v == "1" || v == "true",
             "soft_threshold" => self.affinity.soft_threshold = v == "1" || v == "true",
             "pending_warm" => self.affinity.pending_warm = v == "1" || v == "true",
-            "short_warm" => self.affinity.short_warm = v == "1" || v == "true",
+            // On at the default weight (unless a weight was set), off = weight 0.
+            "short_warm" => {
+                let on = v == "1" || v == "true";
+                let w = self.affinity.short_weight;
+                self.affinity.short_weight = match (on, w > 0.0) {
+                    (false, _) => 0.0,
+                    (true, true) => w,
+                    (true, false) => affinity::DEFAULT_SHORT_WEIGHT,
+                };
+            }
             "short_weight" => self.affinity.short_weight = f()?,
             "short_min_load" => self.affinity.short_min_load = f()?,
             "pending_progress" => self.affinity.pending_progress = v == "1" || v == "true",
