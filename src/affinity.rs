@@ -76,6 +76,20 @@
 //!    counts out for free; on chat in fast mode those moves were the whole
 //!    1.0–1.5 points the bound cost (`docs/benchmarks.md`, "Tenth session:
 //!    a share bound on by default").
+//!    Such a move **waits while its target is prefilling**
+//!    (`share_wait_busy`, with the queue picture): while `place(holders)`
+//!    has more prompt tokens queued for prefill than the holder it would
+//!    leave, the request stays on the holder (warm) and the holder's next
+//!    request asks again. Moving onto a replica that is prefilling makes
+//!    the moved request wait behind that prefill and stacks a second new
+//!    prefix there; through Envoy (the SageMaker-style bench: 7 replicas
+//!    holding 4 prefixes each) two moves 0.2–0.3 s apart onto one replica
+//!    were followed by load spills off it (its own groups queued behind two
+//!    prefills) and evictions (a 5th prefix): 27.0 requests without a
+//!    cached token per run before, 23.9 after, hit 90.45 → 91.64 %
+//!    (`docs/benchmarks.md`, "Fourteenth session: miss14"). Waiting is
+//!    cheap: the holder is under the load bound and keeps the request's
+//!    cache hit; only the share correction comes a request later.
 //!    A known prefix that ends on an **end mark** (a recorded prompt's last
 //!    block or last whole block, [`crate::index`]: the request continues that prompt, and
 //!    its holder also cached the answer the index cannot see) is warm

@@ -32,7 +32,9 @@
 //!   the fewest new prefixes recently ([`Pressure`]: the cache with room;
 //!   with the smallest count only, a replica given a 4th and 5th prefix
 //!   thrashed end to end: 84.6–88.1 % hit instead of 90.6–91.9 %), then the
-//!   smallest count; it becomes a holder: one cold prefill. Only a
+//!   smallest count; it becomes a holder: one cold prefill (not while
+//!   that replica is prefilling more than the holder: the move waits,
+//!   `share_wait_busy` in [`crate::affinity`]). Only a
 //!   request whose known prefix fanned out is moved so
 //!   ([`crate::affinity`], "Request share": several requests branched off
 //!   it, by the index's length stamp); the next turn of a conversation
@@ -946,6 +948,8 @@ mod balance {
     /// Per shape: runs in SageMaker's band, shares, extra placements and
     /// prefix hit rate over `SEEDS` seeds (40): `cargo test -p
     /// prefix-router --lib share::balance::explore -- --ignored --nocapture`.
+    /// `QUEUE=1`: the router sees the queue picture, as in the filter
+    /// ([`run_v`]); `WAIT_BUSY=0`: `share_wait_busy` off.
     /// `ONLY=1`: the shipped configuration only (not the no-bound and
     /// no-floor rows); `SHAPE=bench` (a prefix of the shape's name): one
     /// shape; `DUMP=path`: per-seed `in_band extra hit lo` lines to
