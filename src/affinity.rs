@@ -79,8 +79,10 @@
 //!    Such a move **waits while its target is prefilling**
 //!    (`share_wait_busy`, with the queue picture): while `place(holders)`
 //!    has more prompt tokens queued for prefill than the holder it would
-//!    leave, the request stays on the holder (warm) and the holder's next
-//!    request asks again. Moving onto a replica that is prefilling makes
+//!    leave, by more than one in-flight request's wait at the cost model's
+//!    prices (`prefill_ms(Δqueued) > wait_ms(1)`: a warm request's short
+//!    prefill, or a take-off not yet seen, does not count), the request
+//!    stays on the holder (warm) and the holder's next request asks again. Moving onto a replica that is prefilling makes
 //!    the moved request wait behind that prefill and stacks a second new
 //!    prefix there; through Envoy (the SageMaker-style bench: 7 replicas
 //!    holding 4 prefixes each) two moves 0.2–0.3 s apart onto one replica
@@ -298,7 +300,8 @@ pub struct AffinityConfig {
     /// Off: every request over the hard bound may be moved.
     pub share_fan_out: bool,
     /// The share bound's move to a new holder waits while its target has
-    /// more prompt tokens queued for prefill than the holder it would leave
+    /// more prompt tokens queued for prefill than the holder it would leave,
+    /// by more than one in-flight request's wait at the cost model's prices
     /// (the request stays on the holder, warm): moving then makes the
     /// moved request wait behind that prefill and stacks a second new
     /// prefix on a replica already taking one (module docs, "Request
@@ -933,10 +936,14 @@ fn decide(
         let hard = share_held.is_some_and(|h| v.over_hard(h))
             && !(by_share && !movable && alt.is_some_and(|a| !v.over_share(a)));
         // A move for the share bound waits while its target is prefilling
-        // more than the holder (`share_wait_busy`, module docs).
+        // more than the holder: its extra queued prefill is priced above
+        // one in-flight request's wait (`share_wait_busy`, module docs).
         let target_busy = |a: usize| {
             cfg.share_wait_busy
-                && share_held.is_some_and(|h| v.queued_tokens(a) > v.queued_tokens(h))
+                && share_held.is_some_and(|h| {
+                    let more = v.queued_tokens(a).saturating_sub(v.queued_tokens(h));
+                    v.prices.1 * f64::from(more) / 1000.0 > v.prices.0
+                })
         };
         // Second tier (module docs): the least loaded acceptable replica
         // that holds a shallower part of the prefix `s` (not a holder of the
@@ -2172,10 +2179,16 @@ mod tests {
         loads[3] = 1;
         queued[3] = 4000;
         assert_eq!(pick_q(&loads, &queued, &on), (6, Reason::Spill));
-        // Replica 6 decoding only (in flight, nothing queued): the move.
-        let (mut loads, queued) = ([0u32; 7], [0u32; 7]);
+        // Replica 6 decoding only (in flight, nothing queued), or starting a
+        // short warm prefill (200 tokens: 6 ms at 30 ms per 1 000, under the
+        // 10 ms of one in-flight request): the move.
+        let (mut loads, mut queued) = ([0u32; 7], [0u32; 7]);
         loads[6] = 1;
         assert_eq!(pick_q(&loads, &queued, &on), (6, Reason::Spill));
+        queued[6] = 200;
+        assert_eq!(pick_q(&loads, &queued, &on), (6, Reason::Spill));
+        queued[6] = 400;
+        assert_eq!(pick_q(&loads, &queued, &on), (3, Reason::Warm));
         // Knob off: the move whatever the target's queue.
         let off = AffinityConfig {
             share_wait_busy: false,
