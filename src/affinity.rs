@@ -87,9 +87,10 @@
 //!    prefix there; through Envoy (the SageMaker-style bench: 7 replicas
 //!    holding 4 prefixes each) two moves 0.2–0.3 s apart onto one replica
 //!    were followed by load spills off it (its own groups queued behind two
-//!    prefills) and evictions (a 5th prefix): 27.0 requests without a
-//!    cached token per run before, 23.9 after, hit 90.45 → 91.64 %
-//!    (`docs/benchmarks.md`, "Fourteenth session: miss14"). Waiting is
+//!    prefills) and evictions (a 5th prefix): 26.4 requests without a
+//!    cached token per run before, 24.0 after, hit 90.69 → 91.52 % (means
+//!    of 14 and 15 runs on three port bases; `docs/benchmarks.md`,
+//!    "Fourteenth session: miss14"). Waiting is
 //!    cheap: the holder is under the load bound and keeps the request's
 //!    cache hit; only the share correction comes a request later.
 //!    A known prefix that ends on an **end mark** (a recorded prompt's last
