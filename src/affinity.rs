@@ -82,17 +82,18 @@
 //!    leave, by more than one in-flight request's wait at the cost model's
 //!    prices (`prefill_ms(Δqueued) > wait_ms(1)`: a warm request's short
 //!    prefill, or a take-off not yet seen, does not count), the request
-//!    stays on the holder (warm) and the holder's next request asks again. Moving onto a replica that is prefilling makes
-//!    the moved request wait behind that prefill and stacks a second new
-//!    prefix there; through Envoy (the SageMaker-style bench: 7 replicas
-//!    holding 4 prefixes each) two moves 0.2–0.3 s apart onto one replica
-//!    were followed by load spills off it (its own groups queued behind two
-//!    prefills) and evictions (a 5th prefix): 26.4 requests without a
-//!    cached token per run before, 24.0 after, hit 90.69 → 91.52 % (means
-//!    of 14 and 15 runs on three port bases; `docs/benchmarks.md`,
-//!    "Fourteenth session: miss14"). Waiting is
-//!    cheap: the holder is under the load bound and keeps the request's
-//!    cache hit; only the share correction comes a request later.
+//!    stays on the holder (warm) and the holder's next request asks again.
+//!    Moving onto a replica that is prefilling makes the moved request wait
+//!    behind that prefill and stacks a second new prefix there; through
+//!    Envoy (the SageMaker-style bench: 7 replicas holding 4 prefixes each)
+//!    two moves 0.2–0.3 s apart onto one replica were followed by load
+//!    spills off it (its own groups queued behind two prefills) and
+//!    evictions (a 5th prefix): 26.4 requests without a cached token per
+//!    run before, 24.0 after, hit 90.69 → 91.52 % (means of 14 and 15 runs
+//!    on three port bases; `docs/benchmarks.md`, "Fourteenth session:
+//!    miss14"). Waiting is cheap: the holder is under the load bound and
+//!    keeps the request's cache hit; only the share correction comes a
+//!    request later.
 //!    A known prefix that ends on an **end mark** (a recorded prompt's last
 //!    block or last whole block, [`crate::index`]: the request continues that prompt, and
 //!    its holder also cached the answer the index cannot see) is warm
@@ -530,12 +531,13 @@ impl View<'_> {
     fn load(&self, i: usize) -> u32 {
         self.loads.of(i)
     }
-    /// Expected delay before a new request's prefill starts on `i`, whole
-    /// ms: `wait_ms(in-flight) + prefill_ms(queued prefill tokens)`; 0
-    /// without a queue picture (the order is then the load's alone).
+    /// Prompt tokens queued for prefill on `i` (0 without a queue picture).
     fn queued_tokens(&self, i: usize) -> u32 {
         self.queued.and_then(|q| q.get(i).copied()).unwrap_or(0)
     }
+    /// Expected delay before a new request's prefill starts on `i`, whole
+    /// ms: `wait_ms(in-flight) + prefill_ms(queued prefill tokens)`; 0
+    /// without a queue picture (the order is then the load's alone).
     fn delay(&self, i: usize) -> u64 {
         let Some(q) = self.queued else { return 0 };
         let tokens = f64::from(q.get(i).copied().unwrap_or(0));
