@@ -88,10 +88,10 @@
 //!    Envoy (the SageMaker-style bench: 7 replicas holding 4 prefixes each)
 //!    two moves 0.2–0.3 s apart onto one replica were followed by load
 //!    spills off it (its own groups queued behind two prefills) and
-//!    evictions (a 5th prefix): 26.1 requests without a cached token per
-//!    run before, 24.3 after, hit 90.81 → 91.45 % (means of 17 and 18 runs
-//!    on four port bases; on one of them −0.3 points: `docs/benchmarks.md`,
-//!    "Fourteenth session: miss14"). Waiting costs no cache hit: the holder
+//!    evictions (a 5th prefix): 25.9 requests without a cached token per
+//!    run before, 24.3 after, hit 90.88 → 91.44 % (means of 20 and 21 runs
+//!    on four port bases, +0.56 ± 0.30; on one of them −0.10 ± 0.22:
+//!    `docs/benchmarks.md`, "Fourteenth session: miss14"). Waiting costs no cache hit: the holder
 //!    is under the load bound; the share correction comes a request later,
 //!    and a deferred move can turn into more moves later.
 //!    A known prefix that ends on an **end mark** (a recorded prompt's last
