@@ -32,7 +32,9 @@
 //!   the fewest new prefixes recently ([`Pressure`]: the cache with room;
 //!   with the smallest count only, a replica given a 4th and 5th prefix
 //!   thrashed end to end: 84.6–88.1 % hit instead of 90.6–91.9 %), then the
-//!   smallest count; it becomes a holder: one cold prefill. Only a
+//!   smallest count; it becomes a holder: one cold prefill (not while
+//!   that replica is prefilling more than the holder: the move waits,
+//!   `share_wait_busy` in [`crate::affinity`]). Only a
 //!   request whose known prefix fanned out is moved so
 //!   ([`crate::affinity`], "Request share": several requests branched off
 //!   it, by the index's length stamp); the next turn of a conversation
@@ -762,8 +764,13 @@ mod balance {
         let router = Router::new(Config::from_json(json.as_bytes()).unwrap());
         let a = crate::affinity::AffinityConfig {
             share_settled: settled,
+            share_wait_busy: std::env::var("WAIT_BUSY").as_deref() != Ok("0"),
             ..*router.affinity_config()
         };
+        // `QUEUE=1`: the router sees the queue picture (prompt tokens of
+        // requests whose prefill has not finished, per replica), as the
+        // filter does; prefill times 420 ms cold, 17 ms warm (the bench's).
+        let queue = std::env::var("QUEUE").as_deref() == Ok("1");
         let router = router.with_affinity_config(a);
         let cost = crate::cost::CostModel::new(router.cost_config());
         let mut store = VecStore::new(65536);
@@ -775,7 +782,8 @@ mod balance {
         let mut caches: Vec<Cache> = (0..7).map(|_| Cache(VecDeque::new(), capacity)).collect();
         let (mut placed, mut warm, mut found) = (0u64, 0u64, 0u64);
         let mut clock = 0.0f64;
-        let mut busy: Vec<(usize, f64)> = Vec::new();
+        // (replica, end of service, end of prefill, expected uncached tokens)
+        let mut busy: Vec<(usize, f64, f64, u32)> = Vec::new();
         for (i, &g) in (0u64..).zip(&seq) {
             rng ^= rng << 13;
             rng ^= rng >> 7;
@@ -801,12 +809,28 @@ mod balance {
                 clock = at;
             }
             let now = clock as u64;
-            busy.retain(|&(_, t)| t > clock);
+            busy.retain(|&(_, t, _, _)| t > clock);
             let loads: Vec<u32> = (0..7)
-                .map(|r| busy.iter().filter(|&&(x, _)| x == r).count() as u32)
+                .map(|r| busy.iter().filter(|&&(x, ..)| x == r).count() as u32)
                 .collect();
-            let (_, c, known) =
-                router.choose_affinity(&key, key.units, Loads::new(&loads), &store, &cost, now, i);
+            let queued: Vec<u32> = (0..7)
+                .map(|r| {
+                    busy.iter()
+                        .filter(|&&(x, _, p, _)| x == r && p > clock)
+                        .map(|&(.., q)| q)
+                        .sum()
+                })
+                .collect();
+            let (_, c, known) = router.choose_affinity_fed(
+                &key,
+                key.units,
+                Loads::new(&loads),
+                &store,
+                &cost,
+                (now, i),
+                &crate::feedback::Horizons::default(),
+                queue.then_some(&queued[..]),
+            );
             let hit = caches[c.primary].serve(g, i);
             found += u64::from(hit);
             let service = match given {
@@ -814,7 +838,13 @@ mod balance {
                 None if hit >= PREFIX / 2 => 180.0,
                 None => 580.0,
             };
-            busy.push((c.primary, clock + service));
+            let prefill = if hit >= PREFIX / 2 { 17.0 } else { 420.0 };
+            busy.push((
+                c.primary,
+                clock + service,
+                clock + prefill,
+                c.expected_uncached_tokens() as u32,
+            ));
             router.note_routed(&mut store, c.primary);
             router.record_affinity(&mut store, &key.blocks, known.as_ref(), c.primary, now);
             per[c.primary] += 1;
@@ -918,6 +948,8 @@ mod balance {
     /// Per shape: runs in SageMaker's band, shares, extra placements and
     /// prefix hit rate over `SEEDS` seeds (40): `cargo test -p
     /// prefix-router --lib share::balance::explore -- --ignored --nocapture`.
+    /// `QUEUE=1`: the router sees the queue picture, as in the filter
+    /// ([`run_v`]); `WAIT_BUSY=0`: `share_wait_busy` off.
     /// `ONLY=1`: the shipped configuration only (not the no-bound and
     /// no-floor rows); `SHAPE=bench` (a prefix of the shape's name): one
     /// shape; `DUMP=path`: per-seed `in_band extra hit lo` lines to

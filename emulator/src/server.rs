@@ -5,7 +5,9 @@
 //! `GET /health`, `GET /metrics`, `GET /version`, `GET /debug/requests[?since=SEQ]`,
 //! `DELETE /debug/requests`, `POST /admin/fail?mode=none|503|hang|die`,
 //! `POST /admin/reset-cache`, `GET /admin/state`, `POST /admin/metrics-override`. Anything
-//! else: 404 JSON error (405 for a known path with the wrong method). Every response carries `x-replica-id`.
+//! else: 404 JSON error (405 for a known path with the wrong method). Every response carries `x-replica-id`,
+//! and echoes the request's [`DECISION_HEADER`] if it has one (the router's decision, for
+//! `prefix-load`'s per-request records: the gateway sends it upstream only).
 //!
 //! Failure modes apply to every path except `/admin/*` and `/debug/*` (so a test can always
 //! observe and flip a replica): `503` answers 503, `hang` never answers, `die` exits the process.
@@ -203,12 +205,21 @@ impl Drop for RecordGuard {
     }
 }
 
+/// The request header naming the router's decision (`decision_header` in `envoy/envoy.yaml`),
+/// echoed on the response as is: Envoy sends it upstream only, so a load generator behind the
+/// gateway sees the decision of each request only through this echo.
+pub const DECISION_HEADER: &str = "x-prefix-router-decision";
+
 async fn handle(emu: Arc<Emulator>, req: Request<Incoming>) -> Result<Resp, Infallible> {
     let class = path_class(req.uri().path());
+    let decision = req.headers().get(DECISION_HEADER).cloned();
     let mut resp = route(&emu, req).await;
     emu.metrics.count_request(class, resp.status().as_u16());
     if let Ok(v) = HeaderValue::from_str(&emu.id) {
         resp.headers_mut().insert("x-replica-id", v);
+    }
+    if let Some(v) = decision {
+        resp.headers_mut().insert(DECISION_HEADER, v);
     }
     Ok(resp)
 }

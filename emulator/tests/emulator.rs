@@ -38,6 +38,8 @@ fn chat_body(tokens: usize, stream: bool, max_tokens: usize) -> Value {
 struct Streamed {
     status: u16,
     replica: Option<String>,
+    /// The echoed `x-prefix-router-decision`, if any.
+    decision: Option<String>,
     events: Vec<(f64, String)>,
 }
 
@@ -51,6 +53,11 @@ async fn stream(c: &Client, path: &str, body: &Value, headers: &[(String, String
     let replica = resp
         .headers()
         .get("x-replica-id")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
+    let decision = resp
+        .headers()
+        .get("x-prefix-router-decision")
         .and_then(|v| v.to_str().ok())
         .map(String::from);
     let mut body = resp.into_body();
@@ -70,6 +77,7 @@ async fn stream(c: &Client, path: &str, body: &Value, headers: &[(String, String
     Streamed {
         status,
         replica,
+        decision,
         events,
     }
 }
@@ -300,6 +308,34 @@ fn debug_log_shows_headers_and_timing() {
             .unwrap()
             .iter()
             .all(|r| r["seq"].as_u64() > Some(seq)));
+    });
+}
+
+#[test]
+fn the_routers_decision_header_is_echoed_on_the_response() {
+    let emu = Emu::start(&["--decode-ms-per-token", "0"]);
+    rt().block_on(async {
+        let c = Client::new(&emu.url()).unwrap();
+        let h = vec![("x-prefix-router-decision".to_string(), "spill".to_string())];
+        let s = stream(&c, "/v1/chat/completions", &chat_body(64, true, 2), &h).await;
+        assert_eq!(s.status, 200);
+        assert_eq!(s.decision.as_deref(), Some("spill"));
+        assert!(s.replica.is_some());
+        // Not sent: not invented.
+        let s = stream(&c, "/v1/chat/completions", &chat_body(64, true, 2), &[]).await;
+        assert_eq!((s.status, s.decision), (200, None));
+        // Non-streamed and error responses echo it too.
+        let (resp, _abandoned) = c
+            .send(Method::GET, "/nope", &h, Bytes::new())
+            .await
+            .expect("send");
+        assert_eq!(resp.status().as_u16(), 404);
+        assert_eq!(
+            resp.headers()
+                .get("x-prefix-router-decision")
+                .map(|v| v.as_bytes()),
+            Some(&b"spill"[..])
+        );
     });
 }
 

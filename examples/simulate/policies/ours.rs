@@ -174,6 +174,7 @@ impl OursParams {
             "share_light_load" => self.affinity.share_light_load = f()?,
             "share_settled" => self.affinity.share_settled = f()?,
             "share_fan_out" => self.affinity.share_fan_out = v == "1" || v == "true",
+            "share_wait_busy" => self.affinity.share_wait_busy = v == "1" || v == "true",
             "light_slack" => self.affinity.light_slack = f()?,
             "queue_wait_cap" => self.affinity.queue_wait_cap = v == "1" || v == "true",
             "soft_threshold" => self.affinity.soft_threshold = v == "1" || v == "true",
