@@ -91,9 +91,10 @@
 //!    evictions (a 5th prefix): 25.9 requests without a cached token per
 //!    run before, 24.3 after, hit 90.88 → 91.44 % (means of 20 and 21 runs
 //!    on four port bases, +0.56 ± 0.30; on one of them −0.10 ± 0.22:
-//!    `docs/benchmarks.md`, "Fourteenth session: miss14"). Waiting costs no cache hit: the holder
-//!    is under the load bound; the share correction comes a request later,
-//!    and a deferred move can turn into more moves later.
+//!    `docs/benchmarks.md`, "Fourteenth session: miss14"). Waiting costs
+//!    no cache hit: the holder is under the load bound; the share
+//!    correction comes a request later, and a deferred move can turn into
+//!    more moves later.
 //!    A known prefix that ends on an **end mark** (a recorded prompt's last
 //!    block or last whole block, [`crate::index`]: the request continues that prompt, and
 //!    its holder also cached the answer the index cannot see) is warm
@@ -539,8 +540,10 @@ impl View<'_> {
     /// ms: `wait_ms(in-flight) + prefill_ms(queued prefill tokens)`; 0
     /// without a queue picture (the order is then the load's alone).
     fn delay(&self, i: usize) -> u64 {
-        let Some(q) = self.queued else { return 0 };
-        let tokens = f64::from(q.get(i).copied().unwrap_or(0));
+        if self.queued.is_none() {
+            return 0;
+        }
+        let tokens = f64::from(self.queued_tokens(i));
         let ms = self.prices.0 * f64::from(self.load(i)) + self.prices.1 * tokens / 1000.0;
         if ms.is_finite() && ms > 0.0 {
             ms.min(u64::MAX as f64) as u64
@@ -1510,11 +1513,7 @@ mod tests {
         loads: &[u32],
         queued: &[u32],
     ) -> Choice {
-        let req = Request {
-            queued_prefill: Some(queued),
-            ..request(k, Some(kn), Loads::new(loads))
-        };
-        choose(r, &req, &cost(), cfg)
+        choose(r, &request_queued(k, Some(kn), loads, queued), &cost(), cfg)
     }
 
     #[test]

@@ -327,8 +327,13 @@ impl Share {
         if factor <= 0.0 || n == 0 {
             return f64::NEG_INFINITY;
         }
+        self.floor_at(n, available, 1.0)
+    }
+
+    /// `mean − depth × s` over the replicas `available` says are up.
+    fn floor_at(&self, n: usize, available: impl Fn(usize) -> bool, depth: f64) -> f64 {
         let (mean, s) = self.mean_slack(n, available);
-        mean - s
+        mean - depth * s
     }
 
     /// Is replica `r` over `limit` (one of [`Share::limits`])?
@@ -363,21 +368,25 @@ impl Share {
         };
         let any = (0..n).any(|i| state(i).0);
         let up = |i: &usize| !any || state(*i).0;
-        let (mut placed, mut routed, mut fewest) = (0u64, 0u64, u8::MAX);
+        // Totals, the fewest new prefixes and how many replicas have them.
+        let (mut placed, mut routed, mut fewest, mut at_fewest) = (0u64, 0u64, u8::MAX, 0u32);
         for i in (0..n).filter(up) {
             placed += u64::from(p.of(i));
             routed += u64::from(self.of(i));
-            fewest = fewest.min(p.of(i));
+            match p.of(i).cmp(&fewest) {
+                std::cmp::Ordering::Less => (fewest, at_fewest) = (p.of(i), 1),
+                std::cmp::Ordering::Equal => at_fewest += 1,
+                std::cmp::Ordering::Greater => {}
+            }
         }
         if placed as f64 >= settled * routed as f64 {
             return false;
         }
         // The floor's depth: `ROOM_FLOOR` slacks for the one replica with
         // the fewest new prefixes, one slack when several share the fewest.
-        let (mean, s) = self.mean_slack(n, |i| up(&i));
-        let at_fewest = (0..n).filter(up).filter(|&i| p.of(i) == fewest).count();
         let depth = if at_fewest == 1 { ROOM_FLOOR } else { 1.0 };
-        (0..n).any(|i| state(i).1 && p.of(i) <= fewest && self.under(i, mean - depth * s))
+        let floor = self.floor_at(n, |i| up(&i), depth);
+        (0..n).any(|i| state(i).1 && p.of(i) <= fewest && self.under(i, floor))
     }
 }
 

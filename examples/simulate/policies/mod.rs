@@ -422,6 +422,13 @@ pub fn build(
         Ok((i, book.routers[i].1.clone()))
     };
     let spec = resolve(name)?;
+    // The `ours` family: its parameters with this run's index secret, and
+    // the shared router of that configuration.
+    let ours_core = || -> Result<(ours::OursParams, usize, Router), String> {
+        let o = with_run_secret(spec.ours_params(ours)?, seed);
+        let (i, router) = core(&ours_label(&o))?;
+        Ok((o, i, router))
+    };
     Ok(match spec.base.as_str() {
         "random" | "round_robin" | "least_request_core" | "session" => {
             let label = if name == "least_request_core" {
@@ -462,24 +469,20 @@ pub fn build(
         "greedy_true_state" => Box::new(oracle::Oracle::new(n, true, &ours.affinity)),
         "greedy_true_ttft" => Box::new(oracle::Oracle::new(n, false, &ours.affinity)),
         "ours" => {
-            let o = with_run_secret(spec.ours_params(ours)?, seed);
-            let (i, router) = core(&ours_label(&o))?;
+            let (o, i, router) = ours_core()?;
             Box::new(ours::Ours::new(router, i, o, model)?)
         }
         "ours_2x" => {
-            let o = with_run_secret(spec.ours_params(ours)?, seed);
-            let (i, router) = core(&ours_label(&o))?;
+            let (o, i, router) = ours_core()?;
             Box::new(ours::OursMulti::new(router, i, o, model, 2, n, seed)?)
         }
         "ours_feedback" | "ours_feedback_2x" => {
-            let o = with_run_secret(spec.ours_params(ours)?, seed);
-            let (i, router) = core(&ours_label(&o))?;
+            let (o, i, router) = ours_core()?;
             let m = if spec.base == "ours_feedback" { 1 } else { 2 };
             Box::new(ours_feedback::OursFeedback::new(router, i, o, m, n, seed))
         }
         GATEWAYS => {
-            let o = with_run_secret(spec.ours_params(ours)?, seed);
-            let (i, router) = core(&ours_label(&o))?;
+            let (o, i, router) = ours_core()?;
             Box::new(gateways::build(name, router, i, &o, n, seed)?)
         }
         other => {

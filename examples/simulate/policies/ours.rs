@@ -124,13 +124,14 @@ impl OursParams {
         let bad = || format!("--ours {k}: bad value {v}");
         let f = || v.parse::<f64>().map_err(|_| bad());
         let u = || v.parse::<u64>().map_err(|_| bad());
+        let b = || v == "1" || v == "true";
         match k {
             "prefix_length" => self.prefix_length = u()? as usize,
             "virtual_nodes" => self.virtual_nodes = u()? as u32,
             "slots" => self.index.slots = u()? as u32,
             "max_writes" => self.index.max_writes = u()? as usize,
             "ladder_bits" => self.index.ladder_bits = u()? as u32,
-            "rewrite_known" => self.index.rewrite_known = v == "1" || v == "true",
+            "rewrite_known" => self.index.rewrite_known = b(),
             "new_holder_known" => {
                 self.index.new_holder_known = match v {
                     "1" | "true" | "placed" => NewHolder::Placed,
@@ -145,14 +146,14 @@ impl OursParams {
             "beyond_window" => self.affinity.beyond_window = f()?,
             "max_age_s" => self.affinity.max_age_ms = (f()? * 1000.0) as u64,
             "cold_choices" => self.affinity.cold_choices = u()? as usize,
-            "anchor_cold" => self.affinity.anchor_cold = v == "1" || v == "true",
-            "record_pending" => self.affinity.record_pending = v == "1" || v == "true",
+            "anchor_cold" => self.affinity.anchor_cold = b(),
+            "record_pending" => self.affinity.record_pending = b(),
             "prefill_ms_per_ktok" => self.cost.prefill_ms_per_ktok = f()?,
             "wait_ms_per_request" => self.cost.wait_ms_per_request = f()?,
-            "learn" => self.cost.learn = v == "1" || v == "true",
+            "learn" => self.cost.learn = b(),
             "forget" => self.cost.forget = f()?,
-            "prefill_floor" => self.cost.prefill_floor = v == "1" || v == "true",
-            "record_at_route" => self.record_at_route = v == "1" || v == "true",
+            "prefill_floor" => self.cost.prefill_floor = b(),
+            "record_at_route" => self.record_at_route = b(),
             "engine_load" => {
                 self.engine_load = match v {
                     "off" | "0" => EngineLoad::Off,
@@ -163,25 +164,25 @@ impl OursParams {
                 }
             }
             "engine_refresh_ms" => self.engine_refresh_ms = f()?.max(1.0),
-            "horizons" => self.horizons = v == "1" || v == "true",
-            "queue" | "queued_prefill" => self.queued_prefill = v == "1" || v == "true",
-            "end_marks" => self.index.end_marks = v == "1" || v == "true",
-            "last_mark" => self.index.last_mark = v == "1" || v == "true",
-            "merge_record" => self.index.merge_record = v == "1" || v == "true",
-            "continuation" => self.affinity.continuation = v == "1" || v == "true",
-            "pressure" | "spread_cold" => self.affinity.spread_cold = v == "1" || v == "true",
+            "horizons" => self.horizons = b(),
+            "queue" | "queued_prefill" => self.queued_prefill = b(),
+            "end_marks" => self.index.end_marks = b(),
+            "last_mark" => self.index.last_mark = b(),
+            "merge_record" => self.index.merge_record = b(),
+            "continuation" => self.affinity.continuation = b(),
+            "pressure" | "spread_cold" => self.affinity.spread_cold = b(),
             "share_factor" => self.affinity.share_factor = f()?,
             "share_light_load" => self.affinity.share_light_load = f()?,
             "share_settled" => self.affinity.share_settled = f()?,
-            "share_fan_out" => self.affinity.share_fan_out = v == "1" || v == "true",
-            "share_wait_busy" => self.affinity.share_wait_busy = v == "1" || v == "true",
+            "share_fan_out" => self.affinity.share_fan_out = b(),
+            "share_wait_busy" => self.affinity.share_wait_busy = b(),
             "light_slack" => self.affinity.light_slack = f()?,
-            "queue_wait_cap" => self.affinity.queue_wait_cap = v == "1" || v == "true",
-            "soft_threshold" => self.affinity.soft_threshold = v == "1" || v == "true",
-            "pending_warm" => self.affinity.pending_warm = v == "1" || v == "true",
+            "queue_wait_cap" => self.affinity.queue_wait_cap = b(),
+            "soft_threshold" => self.affinity.soft_threshold = b(),
+            "pending_warm" => self.affinity.pending_warm = b(),
             // On at the default weight (unless a weight was set), off = weight 0.
             "short_warm" => {
-                let on = v == "1" || v == "true";
+                let on = b();
                 let w = self.affinity.short_weight;
                 self.affinity.short_weight = match (on, w > 0.0) {
                     (false, _) => 0.0,
@@ -191,8 +192,8 @@ impl OursParams {
             }
             "short_weight" => self.affinity.short_weight = f()?,
             "short_min_load" => self.affinity.short_min_load = f()?,
-            "pending_progress" => self.affinity.pending_progress = v == "1" || v == "true",
-            "tier" => self.affinity.tier = v == "1" || v == "true",
+            "pending_progress" => self.affinity.pending_progress = b(),
+            "tier" => self.affinity.tier = b(),
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
