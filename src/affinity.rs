@@ -44,7 +44,11 @@
 //!    prefill of the known tokens (capped by `routing_budget_ms`): a miss
 //!    costs the request its own prefill and costs the same GPU time to the
 //!    requests queued behind it on `c`. The reason stays [`Reason::Cold`]
-//!    (pending record) and the cold key is unchanged.
+//!    (pending record) and the cold key is unchanged. Under that load
+//!    ([`AffinityConfig::short_ties`], on) the same holder replaces `c`
+//!    only when it is no slower (extra delay 0: a tie among idle
+//!    replicas), so a system prompt's next sessions land where it is
+//!    cached instead of wherever the cold tie-break points.
 //! 3. **Warm**: when the index knows a fresh prefix (`age ≤ max_age_ms`)
 //!    covering at least `min_match` of the hashed window (the first
 //!    `prefix_length` characters), the holders (replicas that
@@ -219,6 +223,25 @@
 //! default load factor the slack decides only below a mean of 6 in flight
 //! per replica.
 //!
+//! **Head credit** ([`AffinityConfig::queue_credit`], 0.5): where a keep is
+//! priced with the queue (the light-load slack, the concurrency threshold,
+//! a short-prefix or second-tier holder: [`queued_extra`]), the queued
+//! prefill counts at `queue_credit` of its size. The queue picture counts a
+//! request's tokens from its routing to its first token, so the prefill in
+//! progress is counted whole while, for a request arriving at a uniformly
+//! random moment of it, half of it is left on average (with a token budget
+//! of several thousand tokens per step, the new request's short uncached
+//! part is scheduled right after it). Counted whole, a holder busy with one
+//! other prompt's 2 000–3 000-token prefill lost its warm request to an
+//! idle replica at a light load: on 20 `nsblocks` traces at 32 replicas,
+//! 12–14 spills per trace and 0.26–0.39 points of hit, with a p90 already
+//! 1.3 ms under every baseline's (`docs/benchmarks.md`, "Fifteenth
+//! session"). Not credited: a queue whose known prefix is **pending** (this
+//! request's own prefix being prefilled on its holder, module docs
+//! "Pending prefix"): its progress is known from the pending record's age,
+//! and a burst on a document whose prefill just started must still spread
+//! (credited there, `longdoc` at 7 replicas lost 0.2–1.6 s of p90).
+//!
 //! **Holder at the threshold** (`soft_threshold`, on): a holder whose
 //! in-flight count reached `concurrency_threshold` while some replica is
 //! still under it is not acceptable for step 1, but within the relative
@@ -376,6 +399,17 @@ pub struct AffinityConfig {
     /// raised p90 by +0.35 ± 0.20 ms (paired) and lost 4 more p90
     /// comparisons; with 2: −0.03 ± 0.13 ms, and the Mooncake gains kept.
     pub short_min_load: f64,
+    /// Below `short_min_load`, [`AffinityConfig::short_weight`]'s holder
+    /// still replaces the cold choice when its extra expected delay is 0
+    /// (module docs, step 2): a tie among idle replicas goes to the one
+    /// that holds the known prefix. On 20 `nsblocks` traces at 16 and 32
+    /// replicas: +0.03 / +0.08 points of hit, p90 within noise at 7
+    /// (`docs/benchmarks.md`, "Fifteenth session"); any weight above 0
+    /// there cost p90 (+0.35 to +0.43 ms at 7 replicas).
+    pub short_ties: bool,
+    /// Share of another prompt's queued prefill counted when a keep is
+    /// priced with the queue (module docs, "Head credit"; 1 = all of it).
+    pub queue_credit: f64,
     /// Share of the prompt past the hashed window (`prefix_length`) that a
     /// holder of the whole window is expected to have cached (module docs,
     /// "Past the window"; 0 = only the window counts).
@@ -428,6 +462,8 @@ impl Default for AffinityConfig {
             pending_warm: false,
             short_weight: DEFAULT_SHORT_WEIGHT,
             short_min_load: 2.0,
+            short_ties: true,
+            queue_credit: 0.5,
             beyond_window: 1.0,
             pending_progress: true,
         }
@@ -523,6 +559,9 @@ struct View<'a> {
     n: usize,
     cap: f64,
     threshold: u32,
+    /// [`AffinityConfig::queue_credit`] for this request: 1 when its known
+    /// prefix is pending (module docs, "Head credit").
+    credit: f64,
 }
 
 impl View<'_> {
@@ -540,10 +579,14 @@ impl View<'_> {
     /// ms: `wait_ms(in-flight) + prefill_ms(queued prefill tokens)`; 0
     /// without a queue picture (the order is then the load's alone).
     fn delay(&self, i: usize) -> u64 {
+        self.delay_at(i, 1.0)
+    }
+    /// [`View::delay`] with `credit` of the queued tokens counted.
+    fn delay_at(&self, i: usize, credit: f64) -> u64 {
         if self.queued.is_none() {
             return 0;
         }
-        let tokens = f64::from(self.queued_tokens(i));
+        let tokens = credit * f64::from(self.queued_tokens(i));
         let ms = self.prices.0 * f64::from(self.load(i)) + self.prices.1 * tokens / 1000.0;
         if ms.is_finite() && ms > 0.0 {
             ms.min(u64::MAX as f64) as u64
@@ -663,11 +706,15 @@ fn spill_extra(cost: &CostModel, v: &View<'_>, h: usize, a: usize, cfg: &Affinit
 }
 
 /// [`spill_extra`] with the queued prefill counted too: `max(spill_extra,
-/// delay(h) − delay(a))`, the price of keeping `h` when the load bound alone
-/// does not vouch for it (light-load slack, the concurrency threshold, a
-/// second-tier or short-prefix holder). Cost: O(1).
+/// delay(h) − delay(a))`, the queued tokens at the request's head credit
+/// (module docs, "Head credit"), the price of keeping `h` when the load
+/// bound alone does not vouch for it (light-load slack, the concurrency
+/// threshold, a second-tier or short-prefix holder). Cost: O(1).
 fn queued_extra(cost: &CostModel, v: &View<'_>, h: usize, a: usize, cfg: &AffinityConfig) -> f64 {
-    spill_extra(cost, v, h, a, cfg).max(v.delay(h).saturating_sub(v.delay(a)) as f64)
+    let queue = v
+        .delay_at(h, v.credit)
+        .saturating_sub(v.delay_at(a, v.credit));
+    spill_extra(cost, v, h, a, cfg).max(queue as f64)
 }
 
 /// What is known about one request at decision time.
@@ -816,6 +863,14 @@ fn decide(
         threshold: saturated_threshold(cfg.concurrency_threshold, n, |i| {
             (all || loads.is_available(i)).then(|| loads.of(i))
         }),
+        credit: if req
+            .known
+            .is_some_and(|k| crate::index::pending_elapsed_ms(k.age_ms, cfg.max_age_ms).is_some())
+        {
+            1.0
+        } else {
+            cfg.queue_credit.clamp(0.0, 1.0)
+        },
     };
     let cpt = cfg.chars_per_token.max(0.1);
     let prompt_tokens = (prompt_chars.max(key.units) as f64 / cpt).max(1.0);
@@ -1051,7 +1106,7 @@ fn decide(
     let short = known
         .filter(|k| {
             cfg.short_weight > 0.0
-                && mean1 - 1.0 >= cfg.short_min_load
+                && (cfg.short_ties || mean1 - 1.0 >= cfg.short_min_load)
                 && k.age_ms <= cfg.max_age_ms
                 && k.depth > 0
         })
@@ -1060,7 +1115,13 @@ fn decide(
             let coverage = (seen / key.units.max(1) as f64).clamp(0.0, 1.0);
             let cached = (seen / cpt).min(prompt_tokens);
             let cap = warm_cap(&v, cfg, mean1, coverage);
-            short_holder(&v, cfg, cost, k, primary, cached, cap)
+            // Under the gate a tie only (`short_ties`).
+            let w = if mean1 - 1.0 >= cfg.short_min_load {
+                cfg.short_weight
+            } else {
+                0.0
+            };
+            short_holder(&v, (cfg, cost, w), k, primary, cached, cap)
         });
     if let Some((h, cached)) = short {
         return Choice {
@@ -1174,14 +1235,13 @@ fn warm_cap(v: &View<'_>, cfg: &AffinityConfig, mean1: f64, coverage: f64) -> f6
 /// within the coverage-scaled load bound `warm_cap` ([`warm_cap`]) and the share
 /// bound, the least expected delay first; kept if its extra delay over `c`
 /// (queued prefill included, and at least the spill rule's
-/// [`spill_extra`]) is at most `short_weight` × the prefill of the known
-/// tokens (capped by `routing_budget_ms`). `None` (place cold) also when
-/// `c` is a holder. The caller checks the gate (`short_min_load`).
-/// Cost: O(holders).
+/// [`spill_extra`]) is at most `weight` × the prefill of the known tokens
+/// (capped by `routing_budget_ms`; the caller passes `short_weight` at or
+/// above `short_min_load`, 0 under it with `short_ties`). `None` (place
+/// cold) also when `c` is a holder. Cost: O(holders).
 fn short_holder(
     v: &View<'_>,
-    cfg: &AffinityConfig,
-    cost: &CostModel,
+    (cfg, cost, weight): (&AffinityConfig, &CostModel, f64),
     k: &Known,
     c: usize,
     cached: f64,
@@ -1201,8 +1261,7 @@ fn short_holder(
         })
         .min_by_key(|&h| v.holder_rank(h))?;
     let extra = queued_extra(cost, v, h, c, cfg);
-    (extra <= (cfg.short_weight * cost.prefill_ms(cached)).min(cfg.routing_budget_ms))
-        .then_some((h, cached))
+    (extra <= (weight * cost.prefill_ms(cached)).min(cfg.routing_budget_ms)).then_some((h, cached))
 }
 
 #[cfg(test)]
@@ -1408,10 +1467,21 @@ mod tests {
         // The tier off: neither asked nor used.
         let c = decide(6, Some(&shallow), false);
         assert!(c.primary != 5 && !c.tier_wanted);
-        // Queued prefill counts in its extra wait: as loaded as the least
-        // loaded, but 3 000 queued tokens (90 ms) over them: not worth the
-        // 61 ms; 1 000 (30 ms): taken.
-        for (q5, taken) in [(3000, false), (1000, true)] {
+        // Queued prefill counts in its extra wait, at the head credit
+        // (0.5): as loaded as the least loaded, but 5 000 queued tokens
+        // (75 ms credited) over them: not worth the 61 ms; 3 000 (45 ms):
+        // taken; counted whole (`queue_credit` 1), 3 000 (90 ms) is not.
+        let whole = AffinityConfig {
+            queue_credit: 1.0,
+            ..AffinityConfig::default()
+        };
+        let d = AffinityConfig::default();
+        for (q5, cfg, taken) in [
+            (5000, &d, false),
+            (3000, &d, true),
+            (3000, &whole, false),
+            (1000, &whole, true),
+        ] {
             let loads = [30, 30, 30, 2, 2, 2, 2, 2];
             let queued = [0, 0, 0, 0, 0, q5, 0, 0];
             let req = Request {
@@ -1419,7 +1489,7 @@ mod tests {
                 queued_prefill: Some(&queued),
                 ..request(&k, Some(&deep), Loads::new(&loads))
             };
-            let c = choose(&r, &req, &cost(), &AffinityConfig::default());
+            let c = choose(&r, &req, &cost(), cfg);
             assert_eq!((c.primary == 5, c.reason), (taken, Reason::Spill), "{q5}");
         }
         // A holder within the bound: kept, the tier is not asked for.
@@ -1587,8 +1657,9 @@ mod tests {
         let cold = decide(&off, &known(10, &[], 0), &busy, &none).primary;
         let h = (cold + 1) % 7;
         let kn = known(10, &[h as u16], 0);
-        // 2 000 tokens queued on the holder: 60 ms more than the cold
-        // choice, over 1 × 19.2 ms but under 4 × 19.2 ms.
+        // 2 000 tokens queued on the holder: 30 ms more than the cold
+        // choice at the head credit (0.5), over 1 × 19.2 ms but under
+        // 4 × 19.2 ms.
         let mut queued = [0u32; 7];
         queued[h] = 2000;
         let c = decide(&d, &kn, &busy, &queued);
@@ -1600,21 +1671,31 @@ mod tests {
         };
         assert_eq!(decide(&w1, &kn, &busy, &queued).primary, cold);
         assert_eq!(decide(&off, &kn, &busy, &queued).primary, cold);
-        // Over 4 × 19.2 ms (3 000 tokens: 90 ms): cold.
-        queued[h] = 3000;
+        // Over 4 × 19.2 ms (6 000 tokens: 90 ms credited): cold.
+        queued[h] = 6000;
         assert_eq!(decide(&d, &kn, &busy, &queued).primary, cold);
         // Light load (1 in flight per replica): nobody queues behind a
-        // miss, the cold rule alone, even for an idle holder.
+        // miss; a holder as idle as the cold choice is a tie and takes it
+        // (`short_ties`), one request more is not (10 ms over 0), and
+        // without `short_ties` the cold rule alone decides.
         let light = [1u32; 7];
         let cold = decide(&off, &known(10, &[], 0), &light, &none).primary;
         let h = (cold + 1) % 7;
         let kn = known(10, &[h as u16], 0);
-        assert_eq!(decide(&d, &kn, &light, &none).primary, cold);
-        let ungated = AffinityConfig {
-            short_min_load: 0.0,
+        assert_eq!(decide(&d, &kn, &light, &none).primary, h);
+        let mut busier = light;
+        busier[h] = 2;
+        assert_eq!(decide(&d, &kn, &busier, &none).primary, cold);
+        let no_ties = AffinityConfig {
+            short_ties: false,
             ..d
         };
-        assert_eq!(decide(&ungated, &kn, &light, &none).primary, h);
+        assert_eq!(decide(&no_ties, &kn, &light, &none).primary, cold);
+        let ungated = AffinityConfig {
+            short_min_load: 0.0,
+            ..no_ties
+        };
+        assert_eq!(decide(&ungated, &kn, &busier, &none).primary, h);
     }
 
     #[test]
@@ -1804,6 +1885,60 @@ mod tests {
         assert_eq!(c.reason, Reason::Spill);
         assert_ne!(c.primary, 3);
         (k, kn, queued)
+    }
+
+    #[test]
+    fn a_holder_busy_with_another_prompt_s_prefill_is_priced_at_the_head_credit() {
+        // Mean 11 / 7: the holder (5 in flight) is over the relative bound
+        // and kept by the light-load slack, so its queue prices the keep:
+        // 10 ms per request more (40 ms) plus the queued prefill, against
+        // the penalty `p`. `q` tokens cost 30 q / 1000 ms whole and half
+        // that at the head credit: kept at the default, spilled counted
+        // whole, and spilled when the queue is this prefix's own pending
+        // prefill (its progress is the pending record's age).
+        let mut loads = [1u32; 7];
+        loads[3] = 5;
+        let d = AffinityConfig::default();
+        let k = key(7, 128);
+        let kn = known(128, &[3], 0);
+        let warm = choose(
+            &ring(7),
+            &request(&k, Some(&kn), Loads::new(&loads)),
+            &cost(),
+            &d,
+        );
+        assert_eq!((warm.primary, warm.reason), (3, Reason::Warm));
+        let p = cost()
+            .prefill_ms(warm.expected_cached_tokens)
+            .min(d.routing_budget_ms);
+        assert!(p > 60.0, "{p}");
+        let q = ((p - 40.0) / 22.5 * 1000.0) as u32;
+        let mut queued = [0u32; 7];
+        queued[3] = q;
+        let decide = |kn: &Known, cfg: &AffinityConfig| {
+            let c = choose(
+                &ring(7),
+                &request_queued(&k, Some(kn), &loads, &queued),
+                &cost(),
+                cfg,
+            );
+            (c.primary == 3, c.reason)
+        };
+        assert_eq!(decide(&kn, &d), (true, Reason::Warm));
+        let whole = AffinityConfig {
+            queue_credit: 1.0,
+            ..d
+        };
+        assert_eq!(decide(&kn, &whole), (false, Reason::Spill));
+        // Pending for 10 ms (under `routing_budget_ms`: `pending_progress`
+        // does not keep it either).
+        let pending = known(
+            128,
+            &[3],
+            crate::index::pending_offset_ms(d.max_age_ms) + 10,
+        );
+        assert!(crate::index::pending_elapsed_ms(pending.age_ms, d.max_age_ms).is_some());
+        assert_eq!(decide(&pending, &d), (false, Reason::Spill));
     }
 
     #[test]

@@ -192,6 +192,8 @@ impl OursParams {
             }
             "short_weight" => self.affinity.short_weight = f()?,
             "short_min_load" => self.affinity.short_min_load = f()?,
+            "short_ties" => self.affinity.short_ties = b(),
+            "queue_credit" => self.affinity.queue_credit = f()?,
             "pending_progress" => self.affinity.pending_progress = b(),
             "tier" => self.affinity.tier = b(),
             _ => return Err(format!("--ours: unknown parameter {k}")),
