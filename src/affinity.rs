@@ -223,10 +223,10 @@
 //! default load factor the slack decides only below a mean of 6 in flight
 //! per replica.
 //!
-//! **Head credit** ([`AffinityConfig::queue_credit`], 0.5): where a keep is
-//! priced with the queue (the light-load slack, the concurrency threshold,
-//! a short-prefix or second-tier holder: [`queued_extra`]), the queued
-//! prefill counts at `queue_credit` of its size. The queue picture counts a
+//! **Head credit** ([`AffinityConfig::queue_credit`], 0.5): when a holder
+//! kept over the relative bound by the light-load slack alone is priced
+//! with its queue ([`queued_extra`]), the queued prefill counts at
+//! `queue_credit` of its size. The queue picture counts a
 //! request's tokens from its routing to its first token, so the prefill in
 //! progress is counted whole while, for a request arriving at a uniformly
 //! random moment of it, half of it is left on average (with a token budget
@@ -240,7 +240,11 @@
 //! request's own prefix being prefilled on its holder, module docs
 //! "Pending prefix"): its progress is known from the pending record's age,
 //! and a burst on a document whose prefill just started must still spread
-//! (credited there, `longdoc` at 7 replicas lost 0.2–1.6 s of p90).
+//! (credited there, `longdoc` at 7 replicas lost 0.2–1.6 s of p90). Nor a
+//! holder at the concurrency threshold, a short-prefix or a second-tier
+//! holder: their queues are many requests long, not one prefill in
+//! progress (credited there, `agent` at 7 replicas, 144 in flight per
+//! replica, lost 39–52 ms of p90 on each of 3 traces).
 //!
 //! **Holder at the threshold** (`soft_threshold`, on): a holder whose
 //! in-flight count reached `concurrency_threshold` while some replica is
@@ -407,8 +411,9 @@ pub struct AffinityConfig {
     /// (`docs/benchmarks.md`, "Fifteenth session"); any weight above 0
     /// there cost p90 (+0.35 to +0.43 ms at 7 replicas).
     pub short_ties: bool,
-    /// Share of another prompt's queued prefill counted when a keep is
-    /// priced with the queue (module docs, "Head credit"; 1 = all of it).
+    /// Share of another prompt's queued prefill counted when a holder kept
+    /// by the light-load slack is priced with its queue (module docs,
+    /// "Head credit"; 1 = all of it).
     pub queue_credit: f64,
     /// Share of the prompt past the hashed window (`prefix_length`) that a
     /// holder of the whole window is expected to have cached (module docs,
@@ -706,14 +711,20 @@ fn spill_extra(cost: &CostModel, v: &View<'_>, h: usize, a: usize, cfg: &Affinit
 }
 
 /// [`spill_extra`] with the queued prefill counted too: `max(spill_extra,
-/// delay(h) − delay(a))`, the queued tokens at the request's head credit
-/// (module docs, "Head credit"), the price of keeping `h` when the load
-/// bound alone does not vouch for it (light-load slack, the concurrency
-/// threshold, a second-tier or short-prefix holder). Cost: O(1).
-fn queued_extra(cost: &CostModel, v: &View<'_>, h: usize, a: usize, cfg: &AffinityConfig) -> f64 {
-    let queue = v
-        .delay_at(h, v.credit)
-        .saturating_sub(v.delay_at(a, v.credit));
+/// delay(h) − delay(a))`, the price of keeping `h` when the load bound
+/// alone does not vouch for it (light-load slack, the concurrency
+/// threshold, a second-tier or short-prefix holder). With `head` (a holder
+/// kept by the light-load slack alone) the queued tokens count at the
+/// request's head credit (module docs, "Head credit"). Cost: O(1).
+fn queued_extra(
+    cost: &CostModel,
+    v: &View<'_>,
+    (h, a): (usize, usize),
+    cfg: &AffinityConfig,
+    head: bool,
+) -> f64 {
+    let credit = if head { v.credit } else { 1.0 };
+    let queue = v.delay_at(h, credit).saturating_sub(v.delay_at(a, credit));
     spill_extra(cost, v, h, a, cfg).max(queue as f64)
 }
 
@@ -1022,7 +1033,9 @@ fn decide(
         // shallower part (`tier`) is worth its extra wait over `a` up to
         // what it saves.
         let new_holder = |a: usize, tier: Option<(usize, f64)>, moved: &mut f64| match tier {
-            Some((s, held)) if queued_extra(cost, &v, s, a, cfg) <= cost.prefill_ms(held) => {
+            Some((s, held))
+                if queued_extra(cost, &v, (s, a), cfg, false) <= cost.prefill_ms(held) =>
+            {
                 *moved = held;
                 (s, Reason::Spill)
             }
@@ -1048,7 +1061,7 @@ fn decide(
                 let extra = if in_bound(h) {
                     spill_extra(cost, &v, h, a, cfg)
                 } else {
-                    queued_extra(cost, &v, h, a, cfg)
+                    queued_extra(cost, &v, (h, a), cfg, !at_threshold(h))
                 };
                 let penalty = cost.prefill_ms(cached).min(cfg.routing_budget_ms);
                 if extra <= penalty {
@@ -1260,7 +1273,7 @@ fn short_holder(
                 && !v.over_share(h)
         })
         .min_by_key(|&h| v.holder_rank(h))?;
-    let extra = queued_extra(cost, v, h, c, cfg);
+    let extra = queued_extra(cost, v, (h, c), cfg, false);
     (extra <= (weight * cost.prefill_ms(cached)).min(cfg.routing_budget_ms)).then_some((h, cached))
 }
 
@@ -1467,21 +1480,11 @@ mod tests {
         // The tier off: neither asked nor used.
         let c = decide(6, Some(&shallow), false);
         assert!(c.primary != 5 && !c.tier_wanted);
-        // Queued prefill counts in its extra wait, at the head credit
-        // (0.5): as loaded as the least loaded, but 5 000 queued tokens
-        // (75 ms credited) over them: not worth the 61 ms; 3 000 (45 ms):
-        // taken; counted whole (`queue_credit` 1), 3 000 (90 ms) is not.
-        let whole = AffinityConfig {
-            queue_credit: 1.0,
-            ..AffinityConfig::default()
-        };
-        let d = AffinityConfig::default();
-        for (q5, cfg, taken) in [
-            (5000, &d, false),
-            (3000, &d, true),
-            (3000, &whole, false),
-            (1000, &whole, true),
-        ] {
+        // Queued prefill counts in its extra wait, whole (the head credit
+        // is for a holder kept by the light-load slack only): as loaded as
+        // the least loaded, but 3 000 queued tokens (90 ms) over them: not
+        // worth the 61 ms; 1 000 (30 ms): taken.
+        for (q5, taken) in [(3000, false), (1000, true)] {
             let loads = [30, 30, 30, 2, 2, 2, 2, 2];
             let queued = [0, 0, 0, 0, 0, q5, 0, 0];
             let req = Request {
@@ -1489,7 +1492,7 @@ mod tests {
                 queued_prefill: Some(&queued),
                 ..request(&k, Some(&deep), Loads::new(&loads))
             };
-            let c = choose(&r, &req, &cost(), cfg);
+            let c = choose(&r, &req, &cost(), &AffinityConfig::default());
             assert_eq!((c.primary == 5, c.reason), (taken, Reason::Spill), "{q5}");
         }
         // A holder within the bound: kept, the tier is not asked for.
@@ -1657,9 +1660,9 @@ mod tests {
         let cold = decide(&off, &known(10, &[], 0), &busy, &none).primary;
         let h = (cold + 1) % 7;
         let kn = known(10, &[h as u16], 0);
-        // 2 000 tokens queued on the holder: 30 ms more than the cold
-        // choice at the head credit (0.5), over 1 × 19.2 ms but under
-        // 4 × 19.2 ms.
+        // 2 000 tokens queued on the holder: 60 ms more than the cold
+        // choice (counted whole: no head credit for a short-prefix holder),
+        // over 1 × 19.2 ms but under 4 × 19.2 ms.
         let mut queued = [0u32; 7];
         queued[h] = 2000;
         let c = decide(&d, &kn, &busy, &queued);
@@ -1671,8 +1674,8 @@ mod tests {
         };
         assert_eq!(decide(&w1, &kn, &busy, &queued).primary, cold);
         assert_eq!(decide(&off, &kn, &busy, &queued).primary, cold);
-        // Over 4 × 19.2 ms (6 000 tokens: 90 ms credited): cold.
-        queued[h] = 6000;
+        // Over 4 × 19.2 ms (3 000 tokens: 90 ms): cold.
+        queued[h] = 3000;
         assert_eq!(decide(&d, &kn, &busy, &queued).primary, cold);
         // Light load (1 in flight per replica): nobody queues behind a
         // miss; a holder as idle as the cold choice is a tie and takes it
@@ -1939,6 +1942,26 @@ mod tests {
         );
         assert!(crate::index::pending_elapsed_ms(pending.age_ms, d.max_age_ms).is_some());
         assert_eq!(decide(&pending, &d), (false, Reason::Spill));
+        // A holder at the concurrency threshold (256, the others at 250:
+        // 60 ms of in-flight gap) is not credited: its queue is many
+        // requests long. Spilled at all of its queue, kept at half of it.
+        let mut loads = [250u32; 7];
+        loads[3] = 256;
+        let q = ((p - 60.0) / 22.5 * 1000.0) as u32;
+        let mut queued = [0u32; 7];
+        queued[3] = q;
+        let at = |queued: &[u32]| {
+            let c = choose(
+                &ring(7),
+                &request_queued(&k, Some(&kn), &loads, queued),
+                &cost(),
+                &d,
+            );
+            (c.primary == 3, c.reason)
+        };
+        assert_eq!(at(&queued), (false, Reason::Spill));
+        queued[3] = q / 2;
+        assert_eq!(at(&queued), (true, Reason::Warm));
     }
 
     #[test]
