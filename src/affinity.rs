@@ -223,6 +223,25 @@
 //! default load factor the slack decides only below a mean of 6 in flight
 //! per replica.
 //!
+//! **Queue band** ([`AffinityConfig::queue_band`], 2;
+//! [`AffinityConfig::queue_band_min_load`], 4): from a mean of 4 requests
+//! in flight per replica, a holder over the relative bound of step 3 but
+//! within `queue_band` × that bound (and under the concurrency threshold)
+//! stays a warm candidate priced by its expected delay, queue included, as
+//! a holder kept by the light-load slack is; unless the request's own known
+//! prefix is **pending** there (a burst on a prefix whose prefill just
+//! started still spreads: that spill is how a hot prefix gets its second
+//! holder). The light-load slack reaches past the relative bound only
+//! below a mean of 6 (and for a prefix covering under half the window, much
+//! lower), so at 4–9 in flight per replica a holder one request over `2 ×
+//! (mean + 1)` lost its request unpriced: the request re-prefilled 1 000–
+//! 4 000 cached tokens elsewhere, usually for a worse TTFT (20 `nsblocks`
+//! traces at 7 replicas and time scale 0.08: 12–14 such spills per trace,
+//! hit within 0.5 points of the best baseline in 7 of 20; with the band 19
+//! of 20, p90 passes 18 → 19; `docs/benchmarks.md`, "Fifteenth session").
+//! Below a mean of 4 the band stays off: at 2–3 it cost light-load p90
+//! (`nsblocks` at the default pace, 7 replicas: passes 12 → 11, +0.06 ms).
+//!
 //! **Head credit** ([`AffinityConfig::queue_credit`], 0.5): when a holder
 //! kept over the relative bound by the light-load slack alone is priced
 //! with its queue ([`queued_extra`]), the queued prefill counts at
@@ -415,6 +434,13 @@ pub struct AffinityConfig {
     /// by the light-load slack is priced with its queue (module docs,
     /// "Head credit"; 1 = all of it).
     pub queue_credit: f64,
+    /// Multiple of the relative load bound up to which a holder over it
+    /// stays a warm candidate priced with its whole queue, from
+    /// `queue_band_min_load` requests in flight per replica (module docs,
+    /// "Queue band"; ≤ 1 = off).
+    pub queue_band: f64,
+    /// Mean in-flight count per replica from which `queue_band` acts.
+    pub queue_band_min_load: f64,
     /// Share of the prompt past the hashed window (`prefix_length`) that a
     /// holder of the whole window is expected to have cached (module docs,
     /// "Past the window"; 0 = only the window counts).
@@ -469,6 +495,8 @@ impl Default for AffinityConfig {
             short_min_load: 2.0,
             short_ties: true,
             queue_credit: 0.5,
+            queue_band: 2.0,
+            queue_band_min_load: 4.0,
             beyond_window: 1.0,
             pending_progress: true,
         }
@@ -860,6 +888,10 @@ fn decide(
     let (share_limit, share_hard) = share.map_or((f64::INFINITY, f64::INFINITY), |s| {
         s.limits(cfg.share_factor, n, |i| all || loads.is_available(i))
     });
+    // Is the request's own known prefix being prefilled (a pending record)?
+    let pending = req
+        .known
+        .is_some_and(|k| crate::index::pending_elapsed_ms(k.age_ms, cfg.max_age_ms).is_some());
     let mut v = View {
         loads,
         pressure: req.pressure,
@@ -874,10 +906,7 @@ fn decide(
         threshold: saturated_threshold(cfg.concurrency_threshold, n, |i| {
             (all || loads.is_available(i)).then(|| loads.of(i))
         }),
-        credit: if req
-            .known
-            .is_some_and(|k| crate::index::pending_elapsed_ms(k.age_ms, cfg.max_age_ms).is_some())
-        {
+        credit: if pending {
             1.0
         } else {
             cfg.queue_credit.clamp(0.0, 1.0)
@@ -986,7 +1015,18 @@ fn decide(
                 && f64::from(v.load(h)) + 1.0
                     <= mean1 - 1.0 + cfg.light_slack * (2.0 * coverage).min(1.0)
         };
-        let load_ok = |h: usize| holder_bound(h) || light(h);
+        // Queue band (module docs): over the relative bound, within
+        // `queue_band` × it, from `queue_band_min_load` in flight, priced
+        // with its whole queue; not while this prefix is pending.
+        let band = |h: usize| {
+            cfg.queue_band > 1.0
+                && !pending
+                && mean1 - 1.0 >= cfg.queue_band_min_load
+                && v.available(h)
+                && v.load(h) < v.threshold
+                && f64::from(v.load(h)) + 1.0 <= cfg.queue_band * warm_cap
+        };
+        let load_ok = |h: usize| holder_bound(h) || light(h) || band(h);
         // Holders within both bounds; equal loads go to the smaller share.
         let best_ok = holders
             .iter()
@@ -1056,12 +1096,13 @@ fn decide(
             (Some(h), None) => (h, Reason::Warm),
             (Some(h), Some(a)) => {
                 // Kept over the relative bound by the light-load slack
-                // only, or at the concurrency threshold: its queued
+                // (its queued prefill at the head credit), by the queue
+                // band, or at the concurrency threshold: its queued
                 // prefill counts too.
                 let extra = if in_bound(h) {
                     spill_extra(cost, &v, h, a, cfg)
                 } else {
-                    queued_extra(cost, &v, (h, a), cfg, !at_threshold(h))
+                    queued_extra(cost, &v, (h, a), cfg, light(h) && !at_threshold(h))
                 };
                 let penalty = cost.prefill_ms(cached).min(cfg.routing_budget_ms);
                 if extra <= penalty {
@@ -1442,6 +1483,12 @@ mod tests {
 
     #[test]
     fn every_holder_over_the_bound_moves_to_a_holder_of_a_shallower_part() {
+        // The queue band off: the deep holders below must be over every
+        // bound (this test is about the second tier).
+        let no_band = AffinityConfig {
+            queue_band: 0.0,
+            ..AffinityConfig::default()
+        };
         let r = ring(8);
         let k = key(7, 40);
         let deep = known(40, &[0, 1, 2], 0);
@@ -1451,10 +1498,7 @@ mod tests {
         let held = (k.units_at(32) as f64 / 4.0).round();
         let decide = |l5: u32, s: Option<&Known>, tier: bool| {
             let loads = [30, 30, 30, 2, 2, l5, 2, 2];
-            let cfg = AffinityConfig {
-                tier,
-                ..AffinityConfig::default()
-            };
+            let cfg = AffinityConfig { tier, ..no_band };
             let req = Request {
                 shallow: s,
                 ..request(&k, Some(&deep), Loads::new(&loads))
@@ -1492,7 +1536,7 @@ mod tests {
                 queued_prefill: Some(&queued),
                 ..request(&k, Some(&deep), Loads::new(&loads))
             };
-            let c = choose(&r, &req, &cost(), &AffinityConfig::default());
+            let c = choose(&r, &req, &cost(), &no_band);
             assert_eq!((c.primary == 5, c.reason), (taken, Reason::Spill), "{q5}");
         }
         // A holder within the bound: kept, the tier is not asked for.
@@ -1503,7 +1547,7 @@ mod tests {
             &r,
             &req,
             &cost(),
-            &AffinityConfig::default(),
+            &no_band,
             |_| {
                 asked.set(asked.get() + 1);
                 Some(shallow)
@@ -1518,7 +1562,7 @@ mod tests {
             &r,
             &req,
             &cost(),
-            &AffinityConfig::default(),
+            &no_band,
             |d| {
                 asked.set(asked.get() + 1);
                 assert_eq!(d.depth, 40);
@@ -1533,17 +1577,10 @@ mod tests {
             shallow: Some(&shallow),
             ..req
         };
-        assert_eq!(c, choose(&r, &given, &cost(), &AffinityConfig::default()));
-        let c = choose_tiered(
-            &r,
-            &req,
-            &cost(),
-            &AffinityConfig::default(),
-            |_| None,
-            || None,
-        );
+        assert_eq!(c, choose(&r, &given, &cost(), &no_band));
+        let c = choose_tiered(&r, &req, &cost(), &no_band, |_| None, || None);
         assert!(c.tier_wanted);
-        assert_eq!(c, choose(&r, &req, &cost(), &AffinityConfig::default()));
+        assert_eq!(c, choose(&r, &req, &cost(), &no_band));
     }
 
     /// [`request`] with a queue picture.
@@ -1891,6 +1928,64 @@ mod tests {
     }
 
     #[test]
+    fn a_holder_in_the_queue_band_is_priced_with_its_queue() {
+        // Others at 4 in flight, the holder at 14: mean 38 / 7 ≈ 5.4, over
+        // the relative bound (12.9) and the light-load slack (13.4), within
+        // the band (25.7). Its extra wait (10 in flight more: 100 ms) is
+        // under the penalty: kept; its queued prefill counts whole.
+        let mut loads = [4u32; 7];
+        loads[3] = 14;
+        let d = AffinityConfig::default();
+        let k = key(7, 128);
+        let kn = known(128, &[3], 0);
+        let none = [0u32; 7];
+        let decide = |kn: &Known, cfg: &AffinityConfig, queued: &[u32]| {
+            let req = request_queued(&k, Some(kn), &loads, queued);
+            let c = choose(&ring(7), &req, &cost(), cfg);
+            (c.primary == 3, c.reason)
+        };
+        assert_eq!(decide(&kn, &d, &none), (true, Reason::Warm));
+        let warm = choose(
+            &ring(7),
+            &request_queued(&k, Some(&kn), &loads, &none),
+            &cost(),
+            &d,
+        );
+        let p = cost()
+            .prefill_ms(warm.expected_cached_tokens)
+            .min(d.routing_budget_ms);
+        assert!(p > 110.0, "{p}");
+        // Queued prefill worth the rest of the penalty and 10 ms more.
+        let mut queued = [0u32; 7];
+        queued[3] = ((p - 100.0 + 10.0) / 30.0 * 1000.0) as u32;
+        assert_eq!(decide(&kn, &d, &queued), (false, Reason::Spill));
+        // Without the band, or with this prefix pending on the holder (a
+        // burst spreads), or over the band: a spill.
+        let off = AffinityConfig {
+            queue_band: 0.0,
+            ..d
+        };
+        assert_eq!(decide(&kn, &off, &none), (false, Reason::Spill));
+        let pending = known(
+            128,
+            &[3],
+            crate::index::pending_offset_ms(d.max_age_ms) + 10,
+        );
+        assert_eq!(decide(&pending, &d, &none), (false, Reason::Spill));
+        let narrow = AffinityConfig {
+            queue_band: 1.05,
+            ..d
+        };
+        assert_eq!(decide(&kn, &narrow, &none), (false, Reason::Spill));
+        // Under `queue_band_min_load` in flight per replica: off.
+        let late = AffinityConfig {
+            queue_band_min_load: 6.0,
+            ..d
+        };
+        assert_eq!(decide(&kn, &late, &none), (false, Reason::Spill));
+    }
+
+    #[test]
     fn a_holder_busy_with_another_prompt_s_prefill_is_priced_at_the_head_credit() {
         // Mean 11 / 7: the holder (5 in flight) is over the relative bound
         // and kept by the light-load slack, so its queue prices the keep:
@@ -2007,12 +2102,30 @@ mod tests {
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
         assert_eq!((c.primary, c.reason), (3, Reason::Warm));
         // Heavier load: mean 78 / 7 ≈ 11.1, the holder at 30 is over both
-        // the relative bound (24.3) and the slack (19.1).
+        // the relative bound (24.3) and the slack (19.1): without the queue
+        // band it spills; with it (within 2 × 24.3) the queued prefill
+        // decides.
         let mut loads = [8u32; 7];
         loads[3] = 30;
-        let c = pick(&k, Some(&kn), &loads);
+        let no_band = AffinityConfig {
+            queue_band: 0.0,
+            ..AffinityConfig::default()
+        };
+        let c = choose(
+            &ring(7),
+            &request(&k, Some(&kn), Loads::new(&loads)),
+            &cost(),
+            &no_band,
+        );
         assert_eq!(c.reason, Reason::Spill);
         assert_ne!(c.primary, 3);
+        let req = request_queued(&k, Some(&kn), &loads, &queued);
+        let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
+        assert_eq!(c.reason, Reason::Spill);
+        let none = [0u32; 7];
+        let req = request_queued(&k, Some(&kn), &loads, &none);
+        let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
     }
 
     /// A model that learned 100 ms per in-flight request (configured 10):
@@ -2142,7 +2255,12 @@ mod tests {
             queued_prefill: None,
             shallow: None,
         };
-        let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
+        // (The queue band off: at a mean of 4.1 it would price this holder.)
+        let no_band = AffinityConfig {
+            queue_band: 0.0,
+            ..AffinityConfig::default()
+        };
+        let c = choose(&ring(7), &req, &cost(), &no_band);
         assert_eq!(c.reason, Reason::Spill);
         assert_ne!(c.primary, 3);
     }

@@ -730,8 +730,11 @@ mod tests {
             r.choose_affinity(&k, body(q).len(), Loads::new(loads), store, &cost, 5000, 1)
         };
         for tier in [true, false] {
+            // The queue band off: the holders below must be over every
+            // bound (this test is about the second tier).
             let r = r.clone().with_affinity_config(AffinityConfig {
                 tier,
+                queue_band: 0.0,
                 ..*r.affinity_config()
             });
             let mut store = VecStore::new(r.config().affinity.index_slots);

@@ -194,6 +194,8 @@ impl OursParams {
             "short_min_load" => self.affinity.short_min_load = f()?,
             "short_ties" => self.affinity.short_ties = b(),
             "queue_credit" => self.affinity.queue_credit = f()?,
+            "queue_band" => self.affinity.queue_band = f()?,
+            "queue_band_min_load" => self.affinity.queue_band_min_load = f()?,
             "pending_progress" => self.affinity.pending_progress = b(),
             "tier" => self.affinity.tier = b(),
             _ => return Err(format!("--ours: unknown parameter {k}")),
