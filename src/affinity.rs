@@ -223,6 +223,23 @@
 //! default load factor the slack decides only below a mean of 6 in flight
 //! per replica.
 //!
+//! **Overload weight** ([`AffinityConfig::overload_weight`], 4): when the
+//! replica a warm request would spill to has itself at least
+//! `routing_budget_ms` of prefill queued, the cache-break penalty of step 3
+//! is `min(overload_weight × prefill_ms(cached), routing_budget_ms)`. The
+//! spill test prices the request's own wait; in an overloaded fleet (every
+//! replica with a backlog) a spill's re-prefill also delays every request
+//! that queues behind it on that replica by the same GPU time, as for
+//! `short_weight`. On the held-out `heldout` traces at 7 replicas and time
+//! scale 0.15 (p90 of 10–40 s for every policy) 10 % of requests spilled
+//! that way at a cost of ~2 points against SGLang's never-spilling tree:
+//! with the weight, hit within 0.5 points of the best baseline in 6 of 8
+//! (4 before); the public trace's overloaded levels +0.8 to +1.3 points
+//! (`docs/benchmarks.md`, "Fifteenth session"). Gated by the target's
+//! backlog, not the in-flight count: `agent` traces hold 144 requests per
+//! replica with short queues, and a weight gated by the in-flight mean
+//! cost them +0.6 s of p90.
+//!
 //! **Queue band** ([`AffinityConfig::queue_band`], 2;
 //! [`AffinityConfig::queue_band_min_load`], 4): from a mean of 4 requests
 //! in flight per replica, a holder over the relative bound of step 3 but
@@ -441,6 +458,10 @@ pub struct AffinityConfig {
     pub queue_band: f64,
     /// Mean in-flight count per replica from which `queue_band` acts.
     pub queue_band_min_load: f64,
+    /// Weight of the cache-break penalty when the spill target itself has
+    /// at least `routing_budget_ms` of queued prefill (module docs,
+    /// "Overload weight"; 1 = off).
+    pub overload_weight: f64,
     /// Share of the prompt past the hashed window (`prefix_length`) that a
     /// holder of the whole window is expected to have cached (module docs,
     /// "Past the window"; 0 = only the window counts).
@@ -497,6 +518,7 @@ impl Default for AffinityConfig {
             queue_credit: 0.5,
             queue_band: 2.0,
             queue_band_min_load: 4.0,
+            overload_weight: 4.0,
             beyond_window: 1.0,
             pending_progress: true,
         }
@@ -1104,7 +1126,15 @@ fn decide(
                 } else {
                     queued_extra(cost, &v, (h, a), cfg, light(h) && !at_threshold(h))
                 };
-                let penalty = cost.prefill_ms(cached).min(cfg.routing_budget_ms);
+                // Overload weight (module docs): the target has a backlog
+                // of a whole routing budget.
+                let backlog = cost.prefill_ms(f64::from(v.queued_tokens(a)));
+                let w = if backlog >= cfg.routing_budget_ms {
+                    cfg.overload_weight.max(1.0)
+                } else {
+                    1.0
+                };
+                let penalty = (w * cost.prefill_ms(cached)).min(cfg.routing_budget_ms);
                 if extra <= penalty {
                     (h, Reason::Warm)
                 } else if let Some(k) = pending_keep(&v, cost, cfg, known, holders, a, cached) {
@@ -1925,6 +1955,35 @@ mod tests {
         assert_eq!(c.reason, Reason::Spill);
         assert_ne!(c.primary, 3);
         (k, kn, queued)
+    }
+
+    #[test]
+    fn an_overloaded_target_weighs_the_cache_break() {
+        // A quarter of the window known on holder 3 (2 048 tokens: 61 ms
+        // of prefill), 10 more requests in flight there than elsewhere
+        // (100 ms of wait, within the load bound): a spill. When every
+        // replica has 70 000 tokens queued (2.1 s, over the 2 s routing
+        // budget), the penalty is 4 × 61 ms and the holder keeps it; with
+        // the weight at 1, or without the backlog, it spills.
+        let k = key(7, 128);
+        let kn = known(32, &[3], 0);
+        let mut loads = [20u32; 7];
+        loads[3] = 30;
+        let d = AffinityConfig::default();
+        let decide = |cfg: &AffinityConfig, queued: &[u32]| {
+            let req = request_queued(&k, Some(&kn), &loads, queued);
+            let c = choose(&ring(7), &req, &cost(), cfg);
+            (c.primary == 3, c.reason)
+        };
+        let idle = [0u32; 7];
+        let backlog = [70_000u32; 7];
+        assert_eq!(decide(&d, &idle), (false, Reason::Spill));
+        assert_eq!(decide(&d, &backlog), (true, Reason::Warm));
+        let off = AffinityConfig {
+            overload_weight: 1.0,
+            ..d
+        };
+        assert_eq!(decide(&off, &backlog), (false, Reason::Spill));
     }
 
     #[test]

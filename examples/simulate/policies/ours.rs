@@ -196,6 +196,7 @@ impl OursParams {
             "queue_credit" => self.affinity.queue_credit = f()?,
             "queue_band" => self.affinity.queue_band = f()?,
             "queue_band_min_load" => self.affinity.queue_band_min_load = f()?,
+            "overload_weight" => self.affinity.overload_weight = f()?,
             "pending_progress" => self.affinity.pending_progress = b(),
             "tier" => self.affinity.tier = b(),
             _ => return Err(format!("--ours: unknown parameter {k}")),
