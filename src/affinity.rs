@@ -630,6 +630,16 @@ impl View<'_> {
     fn queued_tokens(&self, i: usize) -> u32 {
         self.queued.and_then(|q| q.get(i).copied()).unwrap_or(0)
     }
+    /// ms to prefill `credit` of the tokens queued on `i`, at the view's
+    /// price (0 without a queue picture).
+    fn queued_ms(&self, i: usize, credit: f64) -> f64 {
+        self.prices.1 * credit * f64::from(self.queued_tokens(i)) / 1000.0
+    }
+    /// Available and under the concurrency threshold, with room for one
+    /// more request within `limit` (`in_flight + 1 ≤ limit`).
+    fn room_under(&self, i: usize, limit: f64) -> bool {
+        self.available(i) && self.load(i) < self.threshold && f64::from(self.load(i)) + 1.0 <= limit
+    }
     /// Expected delay before a new request's prefill starts on `i`, whole
     /// ms: `wait_ms(in-flight) + prefill_ms(queued prefill tokens)`; 0
     /// without a queue picture (the order is then the load's alone).
@@ -641,8 +651,7 @@ impl View<'_> {
         if self.queued.is_none() {
             return 0;
         }
-        let tokens = credit * f64::from(self.queued_tokens(i));
-        let ms = self.prices.0 * f64::from(self.load(i)) + self.prices.1 * tokens / 1000.0;
+        let ms = self.prices.0 * f64::from(self.load(i)) + self.queued_ms(i, credit);
         if ms.is_finite() && ms > 0.0 {
             ms.min(u64::MAX as f64) as u64
         } else {
@@ -910,10 +919,12 @@ fn decide(
     let (share_limit, share_hard) = share.map_or((f64::INFINITY, f64::INFINITY), |s| {
         s.limits(cfg.share_factor, n, |i| all || loads.is_available(i))
     });
-    // Is the request's own known prefix being prefilled (a pending record)?
+    // Since when the request's own known prefix has been prefilling, if its
+    // entry is a pending record (read by the head credit, the queue band
+    // and `pending_progress`).
     let pending = req
         .known
-        .is_some_and(|k| crate::index::pending_elapsed_ms(k.age_ms, cfg.max_age_ms).is_some());
+        .and_then(|k| crate::index::pending_elapsed_ms(k.age_ms, cfg.max_age_ms));
     let mut v = View {
         loads,
         pressure: req.pressure,
@@ -928,7 +939,7 @@ fn decide(
         threshold: saturated_threshold(cfg.concurrency_threshold, n, |i| {
             (all || loads.is_available(i)).then(|| loads.of(i))
         }),
-        credit: if pending {
+        credit: if pending.is_some() {
             1.0
         } else {
             cfg.queue_credit.clamp(0.0, 1.0)
@@ -1031,22 +1042,16 @@ fn decide(
         // value like the relative slack) a holder is not over the bound,
         // whatever the ratio; kept only if its extra expected delay, queue
         // included, is below the penalty (below).
-        let light = |h: usize| {
-            v.available(h)
-                && v.load(h) < v.threshold
-                && f64::from(v.load(h)) + 1.0
-                    <= mean1 - 1.0 + cfg.light_slack * (2.0 * coverage).min(1.0)
-        };
+        let light =
+            |h: usize| v.room_under(h, mean1 - 1.0 + cfg.light_slack * (2.0 * coverage).min(1.0));
         // Queue band (module docs): over the relative bound, within
         // `queue_band` × it, from `queue_band_min_load` in flight, priced
         // with its whole queue; not while this prefix is pending.
         let band = |h: usize| {
             cfg.queue_band > 1.0
-                && !pending
+                && pending.is_none()
                 && mean1 - 1.0 >= cfg.queue_band_min_load
-                && v.available(h)
-                && v.load(h) < v.threshold
-                && f64::from(v.load(h)) + 1.0 <= cfg.queue_band * warm_cap
+                && v.room_under(h, cfg.queue_band * warm_cap)
         };
         let load_ok = |h: usize| holder_bound(h) || light(h) || band(h);
         // Holders within both bounds; equal loads go to the smaller share.
@@ -1074,10 +1079,8 @@ fn decide(
         // one in-flight request's wait (`share_wait_busy`, module docs).
         let target_busy = |a: usize| {
             cfg.share_wait_busy
-                && share_held.is_some_and(|h| {
-                    let more = v.queued_tokens(a).saturating_sub(v.queued_tokens(h));
-                    v.prices.1 * f64::from(more) / 1000.0 > v.prices.0
-                })
+                && share_held
+                    .is_some_and(|h| v.queued_ms(a, 1.0) - v.queued_ms(h, 1.0) > v.prices.0)
         };
         // Second tier (module docs): the least loaded acceptable replica
         // that holds a shallower part of the prefix `s` (not a holder of the
@@ -1128,8 +1131,7 @@ fn decide(
                 };
                 // Overload weight (module docs): the target has a backlog
                 // of a whole routing budget.
-                let backlog = cost.prefill_ms(f64::from(v.queued_tokens(a)));
-                let w = if backlog >= cfg.routing_budget_ms {
+                let w = if v.queued_ms(a, 1.0) >= cfg.routing_budget_ms {
                     cfg.overload_weight.max(1.0)
                 } else {
                     1.0
@@ -1137,14 +1139,14 @@ fn decide(
                 let penalty = (w * cost.prefill_ms(cached)).min(cfg.routing_budget_ms);
                 if extra <= penalty {
                     (h, Reason::Warm)
-                } else if let Some(k) = pending_keep(&v, cost, cfg, known, holders, a, cached) {
+                } else if let Some(k) = pending_keep(&v, cost, cfg, pending, holders, a, cached) {
                     (k, Reason::Warm)
                 } else {
                     (a, Reason::Spill)
                 }
             }
             (None, Some(a)) => {
-                if let Some(h) = pending_keep(&v, cost, cfg, known, holders, a, cached) {
+                if let Some(h) = pending_keep(&v, cost, cfg, pending, holders, a, cached) {
                     // Every holder over the bound, one deep into this
                     // prefix's prefill (`pending_progress`).
                     (h, Reason::Warm)
@@ -1230,9 +1232,9 @@ fn decide(
 
 /// [`AffinityConfig::pending_progress`] (module docs, "Pending prefix"):
 /// the holder to keep instead of spilling to `a`, for a request whose known
-/// prefix `k` (`cached` tokens) is **pending**. `None` unless the prefill
-/// has run for `done = min(e, P) ≥ routing_budget_ms` (`e`: time since the
-/// pending record, `P = prefill_ms(cached)`) and the least-delay available
+/// prefix (`cached` tokens) is **pending** (`pending`: ms since its pending
+/// record). `None` unless the prefill has run for `done = min(e, P) ≥
+/// routing_budget_ms` (`e` = `pending`, `P = prefill_ms(cached)`) and the least-delay available
 /// holder under the concurrency threshold and the share bound satisfies
 /// `delay(h) − done + routing_budget_ms ≤ delay(a) + P`. Needs the queue
 /// picture (without it `delay` is 0 and says nothing). Cost: O(holders).
@@ -1240,13 +1242,12 @@ fn pending_keep(
     v: &View<'_>,
     cost: &CostModel,
     cfg: &AffinityConfig,
-    known: Option<&Known>,
+    pending: Option<u64>,
     holders: &[usize],
     a: usize,
     cached: f64,
 ) -> Option<usize> {
-    let k = known.filter(|_| cfg.pending_progress && v.queued.is_some())?;
-    let elapsed = crate::index::pending_elapsed_ms(k.age_ms, cfg.max_age_ms)?;
+    let elapsed = pending.filter(|_| cfg.pending_progress && v.queued.is_some())?;
     let p = cost.prefill_ms(cached);
     let done = (elapsed as f64).min(p);
     if done < cfg.routing_budget_ms {
@@ -1255,7 +1256,7 @@ fn pending_keep(
     let h = holders
         .iter()
         .copied()
-        .filter(|&h| v.available(h) && v.load(h) < v.threshold && !v.over_share(h))
+        .filter(|&h| v.room_under(h, f64::INFINITY) && !v.over_share(h))
         .min_by_key(|&h| v.holder_rank(h))?;
     (v.delay(h) as f64 - done + cfg.routing_budget_ms <= v.delay(a) as f64 + p).then_some(h)
 }
@@ -1626,6 +1627,22 @@ mod tests {
             ..request(k, kn, Loads::new(loads))
         }
     }
+    /// Where a request for `kn` goes on 7 replicas: to holder 3 or not,
+    /// and why.
+    fn kept_on_3(
+        k: &RoutingKey,
+        kn: &Known,
+        (loads, queued): (&[u32], &[u32]),
+        cfg: &AffinityConfig,
+    ) -> (bool, Reason) {
+        let c = choose(
+            &ring(7),
+            &request_queued(k, Some(kn), loads, queued),
+            &cost(),
+            cfg,
+        );
+        (c.primary == 3, c.reason)
+    }
 
     fn pick(k: &RoutingKey, kn: Option<&Known>, loads: &[u32]) -> Choice {
         pick_with(k, kn, loads, None)
@@ -1970,11 +1987,8 @@ mod tests {
         let mut loads = [20u32; 7];
         loads[3] = 30;
         let d = AffinityConfig::default();
-        let decide = |cfg: &AffinityConfig, queued: &[u32]| {
-            let req = request_queued(&k, Some(&kn), &loads, queued);
-            let c = choose(&ring(7), &req, &cost(), cfg);
-            (c.primary == 3, c.reason)
-        };
+        let decide =
+            |cfg: &AffinityConfig, queued: &[u32]| kept_on_3(&k, &kn, (&loads, queued), cfg);
         let idle = [0u32; 7];
         let backlog = [70_000u32; 7];
         assert_eq!(decide(&d, &idle), (false, Reason::Spill));
@@ -1999,9 +2013,7 @@ mod tests {
         let kn = known(128, &[3], 0);
         let none = [0u32; 7];
         let decide = |kn: &Known, cfg: &AffinityConfig, queued: &[u32]| {
-            let req = request_queued(&k, Some(kn), &loads, queued);
-            let c = choose(&ring(7), &req, &cost(), cfg);
-            (c.primary == 3, c.reason)
+            kept_on_3(&k, kn, (&loads, queued), cfg)
         };
         assert_eq!(decide(&kn, &d, &none), (true, Reason::Warm));
         let warm = choose(
@@ -2072,15 +2084,7 @@ mod tests {
         let q = ((p - 40.0) / 22.5 * 1000.0) as u32;
         let mut queued = [0u32; 7];
         queued[3] = q;
-        let decide = |kn: &Known, cfg: &AffinityConfig| {
-            let c = choose(
-                &ring(7),
-                &request_queued(&k, Some(kn), &loads, &queued),
-                &cost(),
-                cfg,
-            );
-            (c.primary == 3, c.reason)
-        };
+        let decide = |kn: &Known, cfg: &AffinityConfig| kept_on_3(&k, kn, (&loads, &queued), cfg);
         assert_eq!(decide(&kn, &d), (true, Reason::Warm));
         let whole = AffinityConfig {
             queue_credit: 1.0,
@@ -2104,15 +2108,7 @@ mod tests {
         let q = ((p - 60.0) / 22.5 * 1000.0) as u32;
         let mut queued = [0u32; 7];
         queued[3] = q;
-        let at = |queued: &[u32]| {
-            let c = choose(
-                &ring(7),
-                &request_queued(&k, Some(&kn), &loads, queued),
-                &cost(),
-                &d,
-            );
-            (c.primary == 3, c.reason)
-        };
+        let at = |queued: &[u32]| kept_on_3(&k, &kn, (&loads, queued), &d);
         assert_eq!(at(&queued), (false, Reason::Spill));
         queued[3] = q / 2;
         assert_eq!(at(&queued), (true, Reason::Warm));
