@@ -223,6 +223,35 @@
 //! default load factor the slack decides only below a mean of 6 in flight
 //! per replica.
 //!
+//! **Hot share** ([`AffinityConfig::light_share`], 0.6): below
+//! `queue_band_min_load` (4) requests in flight per replica, and unless
+//! the request's own known prefix is **pending** on the holder, the
+//! light-load slack reaches up to `light_share` × the fleet's requests in
+//! flight (scaled by coverage like the slack), priced the same way. A
+//! slack counted in requests is blind to the fleet's size: at the same
+//! load per replica, a prefix family that carries a fixed share of the
+//! traffic (the popular prompts under one of a few system prompts) brings
+//! its holder that share of N × mean requests, nearly all of them
+//! decoding (a decoding sequence adds ~1 % to a step; a prefill in the
+//! queue is what delays a new request, and the spill test prices it). On
+//! 20 `nsblocks` traces with the load scaled to the fleet (16 replicas at
+//! time scale 0.153, 32 at 0.0766: 1.3–1.9 in flight per replica), such
+//! holders sat at the slack's limit (9–10 in flight, nothing queued) and
+//! lost 40–60 requests per trace unpriced, each re-prefilling a
+//! 1 000–3 000-token prefix elsewhere: hit within 0.5 points of the best
+//! baseline in 5 / 20 and 0 / 20 traces; with the share 20 / 20 and 10 /
+//! 20 (mean gap −0.60 → −0.30 and −1.56 → −0.53 points), p90 still 0.8 /
+//! 2.7 ms under the lowest baseline's on average (`docs/benchmarks.md`,
+//! "Sixteenth session"). At 7 replicas the share (0.6 × 7 × mean) stays
+//! under the slack (mean + 8) up to a mean of 2.5: the same traces at the
+//! default pace keep their p90 passes (12 / 20), where any larger fixed
+//! slack (10–32 requests) lost 3–5 of them. The SGLang router makes the
+//! same trade more loosely: cache-aware until the fleet's in-flight
+//! imbalance exceeds 64 requests and 1.5 × the least loaded. Not for a
+//! pending prefix (a burst on a document whose prefill just started still
+//! spreads: without the exclusion one `longdoc` trace at 32 replicas lost
+//! 178 ms of p90 and one `bursty` trace 0.16 points). Cost: O(1).
+//!
 //! **Overload weight** ([`AffinityConfig::overload_weight`], 4): when the
 //! replica a warm request would spill to has itself at least
 //! `routing_budget_ms` of prefill queued, the cache-break penalty of step 3
@@ -451,6 +480,11 @@ pub struct AffinityConfig {
     /// by the light-load slack is priced with its queue (module docs,
     /// "Head credit"; 1 = all of it).
     pub queue_credit: f64,
+    /// Share of the fleet's requests in flight up to which a holder stays
+    /// within the light-load slack, below `queue_band_min_load` in flight
+    /// per replica and unless the request's own prefix is pending (module
+    /// docs, "Hot share"; 0 = off).
+    pub light_share: f64,
     /// Multiple of the relative load bound up to which a holder over it
     /// stays a warm candidate priced with its whole queue, from
     /// `queue_band_min_load` requests in flight per replica (module docs,
@@ -516,6 +550,7 @@ impl Default for AffinityConfig {
             short_min_load: 2.0,
             short_ties: true,
             queue_credit: 0.5,
+            light_share: 0.6,
             queue_band: 2.0,
             queue_band_min_load: 4.0,
             overload_weight: 4.0,
@@ -1038,12 +1073,20 @@ fn decide(
                     && v.available(h)
                     && f64::from(v.load(h)) + 1.0 <= v.cap.min(warm_cap))
         };
-        // Light load: within `light_slack` requests of the mean (scaled by
-        // value like the relative slack) a holder is not over the bound,
-        // whatever the ratio; kept only if its extra expected delay, queue
-        // included, is below the penalty (below).
-        let light =
-            |h: usize| v.room_under(h, mean1 - 1.0 + cfg.light_slack * (2.0 * coverage).min(1.0));
+        // Light load: within `light_slack` requests of the mean, or under
+        // the queue band's load within `light_share` of the fleet's requests
+        // (a hot prefix's family; not while its prefix is pending), both
+        // scaled by value like the relative slack, a holder is not over the
+        // bound, whatever the ratio; kept only if its extra expected delay,
+        // queue included, is below the penalty (below).
+        let by_value = (2.0 * coverage).min(1.0);
+        let hot = if pending.is_none() && mean1 - 1.0 < cfg.queue_band_min_load {
+            cfg.light_share * total as f64
+        } else {
+            0.0
+        };
+        let light_limit = (mean1 - 1.0 + cfg.light_slack * by_value).max(hot * by_value);
+        let light = |h: usize| v.room_under(h, light_limit);
         // Queue band (module docs): over the relative bound, within
         // `queue_band` × it, from `queue_band_min_load` in flight, priced
         // with its whole queue; not while this prefix is pending.
@@ -2048,12 +2091,65 @@ mod tests {
             ..d
         };
         assert_eq!(decide(&kn, &narrow, &none), (false, Reason::Spill));
-        // Under `queue_band_min_load` in flight per replica: off.
+        // Under `queue_band_min_load` in flight per replica: off (and the
+        // hot share, which acts there, off too).
         let late = AffinityConfig {
             queue_band_min_load: 6.0,
+            light_share: 0.6,
             ..d
         };
         assert_eq!(decide(&kn, &late, &none), (false, Reason::Spill));
+    }
+
+    #[test]
+    fn a_hot_prefix_keeps_its_holder_up_to_a_share_of_the_fleet() {
+        // 32 replicas, 31 at 1 in flight and the holder at 14: mean 45 / 32
+        // ≈ 1.4, over the relative bound (4.8) and the light-load slack
+        // (9.4), within `light_share` of the fleet's 45 requests (27):
+        // kept (nothing queued, its extra wait 130 ms is under the
+        // penalty). Not with the share off, nor while this prefix is
+        // pending there, nor for a prefix covering a fifth of the window
+        // (the share scaled like the slack: 10.8), nor from
+        // `queue_band_min_load` in flight per replica.
+        let n = 32;
+        let mut loads = vec![1u32; n];
+        loads[3] = 14;
+        let none = vec![0u32; n];
+        let d = AffinityConfig::default();
+        let k = key(7, 128);
+        let go = |kn: &Known, cfg: &AffinityConfig, loads: &[u32], queued: &[u32]| {
+            let c = choose(
+                &ring(n),
+                &request_queued(&k, Some(kn), loads, queued),
+                &cost(),
+                cfg,
+            );
+            (c.primary == 3, c.reason)
+        };
+        let kn = known(128, &[3], 0);
+        assert_eq!(go(&kn, &d, &loads, &none), (true, Reason::Warm));
+        let off = AffinityConfig {
+            light_share: 0.6,
+            ..d
+        };
+        assert_eq!(go(&kn, &off, &loads, &none), (false, Reason::Spill));
+        let pending = known(
+            128,
+            &[3],
+            crate::index::pending_offset_ms(d.max_age_ms) + 10,
+        );
+        assert_eq!(go(&pending, &d, &loads, &none), (false, Reason::Spill));
+        let fifth = known(26, &[3], 0);
+        assert!(!go(&fifth, &d, &loads, &none).0);
+        let early = AffinityConfig {
+            queue_band_min_load: 1.0,
+            ..d
+        };
+        assert_eq!(go(&kn, &early, &loads, &none), (false, Reason::Spill));
+        // Still priced: a queue worth more than the penalty sends it away.
+        let mut queued = none.clone();
+        queued[3] = 30_000;
+        assert_eq!(go(&kn, &d, &loads, &queued), (false, Reason::Spill));
     }
 
     #[test]
@@ -2145,6 +2241,7 @@ mod tests {
         loads[3] = 5;
         let strict = AffinityConfig {
             light_slack: 0.0,
+            light_share: 0.6,
             ..AffinityConfig::default()
         };
         let (k, kn, queued) = kept_unless(&loads, &strict);

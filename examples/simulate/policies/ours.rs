@@ -194,6 +194,7 @@ impl OursParams {
             "short_min_load" => self.affinity.short_min_load = f()?,
             "short_ties" => self.affinity.short_ties = b(),
             "queue_credit" => self.affinity.queue_credit = f()?,
+            "light_share" => self.affinity.light_share = f()?,
             "queue_band" => self.affinity.queue_band = f()?,
             "queue_band_min_load" => self.affinity.queue_band_min_load = f()?,
             "overload_weight" => self.affinity.overload_weight = f()?,
