@@ -2095,7 +2095,7 @@ mod tests {
         // hot share, which acts there, off too).
         let late = AffinityConfig {
             queue_band_min_load: 6.0,
-            light_share: 0.6,
+            light_share: 0.0,
             ..d
         };
         assert_eq!(decide(&kn, &late, &none), (false, Reason::Spill));
@@ -2129,7 +2129,7 @@ mod tests {
         let kn = known(128, &[3], 0);
         assert_eq!(go(&kn, &d, &loads, &none), (true, Reason::Warm));
         let off = AffinityConfig {
-            light_share: 0.6,
+            light_share: 0.0,
             ..d
         };
         assert_eq!(go(&kn, &off, &loads, &none), (false, Reason::Spill));
@@ -2241,7 +2241,7 @@ mod tests {
         loads[3] = 5;
         let strict = AffinityConfig {
             light_slack: 0.0,
-            light_share: 0.6,
+            light_share: 0.0,
             ..AffinityConfig::default()
         };
         let (k, kn, queued) = kept_unless(&loads, &strict);
