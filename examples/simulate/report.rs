@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use crate::engine::{RunResult, SimRequest};
 
 /// Summary of one (workload, policy) run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Summary {
     /// Policy name.
     pub policy: String,
@@ -213,10 +213,15 @@ pub fn table(workload: &str, description: &str, rows: &[Summary], bound: f64) ->
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<19} {:>6.1} {:>5.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>7.0} {:>6.1} - {:>4.1} {:>6.1} {:>6.2} {:>6.2} {:>5.1} {:>5.1}s{}",
+            "{:<19} {:>6.1} {:>5} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>7.0} {:>6.1} - {:>4.1} {:>6.1} {:>6.2} {:>6.2} {:>5.1} {:>5.1}s{}",
             r.policy,
             100.0 * r.hit_rate,
-            100.0 * r.hit_rate / bound,
+            // No bound (nothing repeats): no share of it.
+            if bound > 0.0 {
+                format!("{:.0}", 100.0 * r.hit_rate / bound)
+            } else {
+                "-".to_string()
+            },
             1e3 * r.p50,
             1e3 * r.p90,
             1e3 * r.p99,
@@ -258,4 +263,27 @@ pub fn to_json(r: &Summary) -> Value {
         "wall_s": r.wall_s,
         "extra": extra,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workload_without_repeats_has_no_share_of_its_bound() {
+        let row = Summary {
+            policy: "ours".into(),
+            hit_rate: 0.25,
+            completed: 1,
+            total: 1,
+            ..Summary::default()
+        };
+        let none = table("w", "d", std::slice::from_ref(&row), 0.0);
+        let line = none.lines().last().unwrap_or_default();
+        assert!(!line.contains("NaN") && !line.contains("inf"), "{line}");
+        assert_eq!(line.split_whitespace().nth(2), Some("-"), "{line}");
+        let half = table("w", "d", &[row], 0.5);
+        let line = half.lines().last().unwrap_or_default();
+        assert_eq!(line.split_whitespace().nth(2), Some("50"), "{line}");
+    }
 }

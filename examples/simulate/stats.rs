@@ -144,11 +144,16 @@ pub fn table(workload: &str, description: &str, agg: &[Agg], seeds: u64, n: usiz
     for a in agg {
         let _ = writeln!(
             s,
-            "{:<19} {:>6.1} ±{:>4.1} {:>5.0} {:>7.0} {:>7.0} ±{:>5.0} {:>8.0} {:>7.0} {:>6.1} - {:>4.1} {:>6.1}",
+            "{:<19} {:>6.1} ±{:>4.1} {:>5} {:>7.0} {:>7.0} ±{:>5.0} {:>8.0} {:>7.0} {:>6.1} - {:>4.1} {:>6.1}",
             a.policy,
             100.0 * a.hit.mean,
             100.0 * a.hit.half,
-            100.0 * a.of_bound.mean,
+            // No bound (nothing repeats): no share of it.
+            if a.of_bound.mean.is_finite() {
+                format!("{:.0}", 100.0 * a.of_bound.mean)
+            } else {
+                "-".to_string()
+            },
             1e3 * a.p50.mean,
             1e3 * a.p90.mean,
             1e3 * a.p90.half,
