@@ -247,7 +247,9 @@
 //! default pace keep their p90 passes (12 / 20), where any larger fixed
 //! slack (10–32 requests) lost 3–5 of them. The SGLang router makes the
 //! same trade more loosely: cache-aware until the fleet's in-flight
-//! imbalance exceeds 64 requests and 1.5 × the least loaded. Not for a
+//! imbalance exceeds 64 requests and 1.5 × the least loaded; the share
+//! never lets a holder carry more than 64 requests above the mean
+//! ([`HOT_SHARE_MAX_OVER_MEAN`]). Not for a
 //! pending prefix (a burst on a document whose prefill just started still
 //! spreads: without the exclusion one `longdoc` trace at 32 replicas lost
 //! 178 ms of p90 and one `bursty` trace 0.16 points). Cost: O(1).
@@ -559,6 +561,14 @@ impl Default for AffinityConfig {
         }
     }
 }
+
+/// Most requests above the mean that [`AffinityConfig::light_share`] lets
+/// a holder carry, whatever the fleet's size: the SGLang router's default
+/// in-flight imbalance threshold (`--balance-abs-threshold` 64), past which
+/// it too routes by load. In a large fleet the share alone would let one
+/// replica decode hundreds of sequences (100 replicas at a mean of 3: 180),
+/// which the TTFT model does not price (their inter-token latency).
+pub const HOT_SHARE_MAX_OVER_MEAN: f64 = 64.0;
 
 /// Default [`AffinityConfig::light_slack`]: 8 requests. Below a mean of 6
 /// in flight per replica (`2 × (mean + 1) < mean + 8` with the default
@@ -1081,7 +1091,7 @@ fn decide(
         // queue included, is below the penalty (below).
         let by_value = (2.0 * coverage).min(1.0);
         let hot = if pending.is_none() && mean1 - 1.0 < cfg.queue_band_min_load {
-            cfg.light_share * total as f64
+            (cfg.light_share * total as f64).min(mean1 - 1.0 + HOT_SHARE_MAX_OVER_MEAN)
         } else {
             0.0
         };
@@ -2150,6 +2160,24 @@ mod tests {
         let mut queued = none.clone();
         queued[3] = 30_000;
         assert_eq!(go(&kn, &d, &loads, &queued), (false, Reason::Spill));
+        // A large fleet: 200 replicas at 1, the holder at 80 (mean 1.4).
+        // The share (0.6 × 279 = 167) would keep it; capped at the mean +
+        // 64 it spills, even with in-flight waits priced at 0; at 60 it is
+        // kept.
+        let free = CostModel::new(CostConfig {
+            wait_ms_per_request: 0.0,
+            ..cost().config()
+        });
+        let big = |holder: u32| {
+            let mut loads = vec![1u32; 200];
+            loads[3] = holder;
+            let none = vec![0u32; 200];
+            let req = request_queued(&k, Some(&kn), &loads, &none);
+            let c = choose(&ring(200), &req, &free, &d);
+            (c.primary == 3, c.reason)
+        };
+        assert_eq!(big(60), (true, Reason::Warm));
+        assert_eq!(big(80), (false, Reason::Spill));
     }
 
     #[test]
