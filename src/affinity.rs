@@ -224,8 +224,7 @@
 //! per replica.
 //!
 //! **Hot share** ([`AffinityConfig::light_share`], 0.6): below
-//! `queue_band_min_load` (4) requests in flight per replica, and unless
-//! the request's own known prefix is **pending** on the holder, the
+//! `queue_band_min_load` (4) requests in flight per replica the
 //! light-load slack reaches up to `light_share` × the fleet's requests in
 //! flight (scaled by coverage like the slack), priced the same way. A
 //! slack counted in requests is blind to the fleet's size: at the same
@@ -249,10 +248,14 @@
 //! same trade more loosely: cache-aware until the fleet's in-flight
 //! imbalance exceeds 64 requests and 1.5 × the least loaded; the share
 //! never lets a holder carry more than 64 requests above the mean
-//! ([`HOT_SHARE_MAX_OVER_MEAN`]). Not for a
-//! pending prefix (a burst on a document whose prefill just started still
-//! spreads: without the exclusion one `longdoc` trace at 32 replicas lost
-//! 178 ms of p90 and one `bursty` trace 0.16 points). Cost: O(1).
+//! ([`HOT_SHARE_MAX_OVER_MEAN`]). It acts on a **pending** prefix too:
+//! with `pending_warm` a conversation's next turn that arrives while the
+//! turn before is prefilling finds that turn's blocks pending on its
+//! holder, and excluded there it lost its history to an idle replica
+//! (`nsblocks` at 32 replicas: 3–4 of 20 within 0.5 points of the best
+//! baseline instead of 15–18). The price: a burst on a document whose
+//! prefill just started spreads later (one `longdoc` trace at 32
+//! replicas +178 ms of p90, one `bursty` trace −0.16 points). Cost: O(1).
 //!
 //! **Overload weight** ([`AffinityConfig::overload_weight`], 4): when the
 //! replica a warm request would spill to has itself at least
@@ -422,13 +425,24 @@ pub struct AffinityConfig {
     /// at the threshold"). Off: such a holder is not acceptable and the
     /// request spills while any replica is under the threshold.
     pub soft_threshold: bool,
-    /// Also write the pending record at routing
-    /// ([`crate::index::PrefixIndex::record_pending`]) for a warm request
-    /// whose prompt goes beyond the known prefix (the next turn of a
-    /// conversation), so that a later turn arriving before its response
-    /// finds the deeper prefix on its replica. Off: measured +0.12 ± 0.12
-    /// points on `uniqmix` at 7 replicas for +2.2–2.5 sets per request
-    /// (`docs/benchmarks.md`, "Ninth session").
+    /// Also write a pending record at routing, of the blocks past the
+    /// known prefix only ([`crate::index::PrefixIndex::record_pending_past`]),
+    /// for a warm request whose prompt goes beyond the known prefix (the
+    /// next turn of a conversation), so that a later turn arriving before
+    /// its response finds the deeper prefix on its replica. On since the
+    /// sixteenth session (`docs/benchmarks.md`, "Sixteenth session"): in an
+    /// overloaded fleet the next turn routinely arrives before the turn
+    /// before has answered (`heldout` at 7 replicas, time scale 0.08, p90
+    /// of 50–90 s: hit within 0.5 points of the best baseline in 0 → 6 of
+    /// 8 traces, +1.47 ± 0.32 points, p90 −3.5 s; 0.15: 6 → 8), and on
+    /// small-block traces it gets the next turn to the replica prefilling
+    /// the turn before (20 `nsblocks` traces × 7 load levels and fleet
+    /// sizes: 106 → 118 of 140 runs meeting both criteria). Cost: the new
+    /// blocks' sets at routing, which the response's record writes again
+    /// (4.5 → 8.8 sets per request on `nsblocks`, 8.9 → 10.6 on `heldout`,
+    /// 16.1 → 16.4 on the public Mooncake trace; a shared-data set is ~4 µs).
+    /// The ninth session measured it with the known blocks made pending too
+    /// (+0.12 ± 0.12 points on `uniqmix`) and left it off.
     pub pending_warm: bool,
     /// A fresh known prefix under `min_match` (a system prompt under a long
     /// prompt) whose holders are available makes them warm candidates
@@ -484,8 +498,7 @@ pub struct AffinityConfig {
     pub queue_credit: f64,
     /// Share of the fleet's requests in flight up to which a holder stays
     /// within the light-load slack, below `queue_band_min_load` in flight
-    /// per replica and unless the request's own prefix is pending (module
-    /// docs, "Hot share"; 0 = off).
+    /// per replica (module docs, "Hot share"; 0 = off).
     pub light_share: f64,
     /// Multiple of the relative load bound up to which a holder over it
     /// stays a warm candidate priced with its whole queue, from
@@ -547,7 +560,7 @@ impl Default for AffinityConfig {
             queue_wait_cap: true,
             tier: true,
             soft_threshold: true,
-            pending_warm: false,
+            pending_warm: true,
             short_weight: DEFAULT_SHORT_WEIGHT,
             short_min_load: 2.0,
             short_ties: true,
@@ -1085,12 +1098,12 @@ fn decide(
         };
         // Light load: within `light_slack` requests of the mean, or under
         // the queue band's load within `light_share` of the fleet's requests
-        // (a hot prefix's family; not while its prefix is pending), both
+        // (a hot prefix's family, pending or not), both
         // scaled by value like the relative slack, a holder is not over the
         // bound, whatever the ratio; kept only if its extra expected delay,
         // queue included, is below the penalty (below).
         let by_value = (2.0 * coverage).min(1.0);
-        let hot = if pending.is_none() && mean1 - 1.0 < cfg.queue_band_min_load {
+        let hot = if mean1 - 1.0 < cfg.queue_band_min_load {
             (cfg.light_share * total as f64).min(mean1 - 1.0 + HOT_SHARE_MAX_OVER_MEAN)
         } else {
             0.0
@@ -1984,16 +1997,17 @@ mod tests {
 
     #[test]
     fn pending_records_follow_the_reason_and_the_known_depth() {
-        let cfg = AffinityConfig::default();
-        assert!(cfg.wants_pending(Reason::Cold, 0, 4));
-        assert!(cfg.wants_pending(Reason::Spill, 4, 4));
-        assert!(!cfg.wants_pending(Reason::Warm, 2, 4));
-        assert!(!cfg.wants_pending(Reason::NoKey, 0, 4));
-        let warm = AffinityConfig {
-            pending_warm: true,
-            ..cfg
-        };
+        let warm = AffinityConfig::default();
+        assert!(warm.wants_pending(Reason::Cold, 0, 4));
+        assert!(warm.wants_pending(Reason::Spill, 4, 4));
         assert!(warm.wants_pending(Reason::Warm, 2, 4));
+        assert!(!warm.wants_pending(Reason::NoKey, 0, 4));
+        let cold_only = AffinityConfig {
+            pending_warm: false,
+            ..warm
+        };
+        assert!(!cold_only.wants_pending(Reason::Warm, 2, 4));
+        assert!(cold_only.wants_pending(Reason::Cold, 0, 4));
         // Nothing beyond the known prefix: nothing to write.
         assert!(!warm.wants_pending(Reason::Warm, 4, 4));
         let off = AffinityConfig {
@@ -2117,9 +2131,10 @@ mod tests {
         // ≈ 1.4, over the relative bound (4.8) and the light-load slack
         // (9.4), within `light_share` of the fleet's 45 requests (27):
         // kept (nothing queued, its extra wait 130 ms is under the
-        // penalty). Not with the share off, nor while this prefix is
-        // pending there, nor for a prefix covering a fifth of the window
-        // (the share scaled like the slack: 10.8), nor from
+        // penalty), also while this prefix is pending there (a
+        // conversation's turn arriving while the turn before prefills).
+        // Not with the share off, nor for a prefix covering a fifth of the
+        // window (the share scaled like the slack: 10.8), nor from
         // `queue_band_min_load` in flight per replica.
         let n = 32;
         let mut loads = vec![1u32; n];
@@ -2148,7 +2163,7 @@ mod tests {
             &[3],
             crate::index::pending_offset_ms(d.max_age_ms) + 10,
         );
-        assert_eq!(go(&pending, &d, &loads, &none), (false, Reason::Spill));
+        assert_eq!(go(&pending, &d, &loads, &none), (true, Reason::Warm));
         let fifth = known(26, &[3], 0);
         assert!(!go(&fifth, &d, &loads, &none).0);
         let early = AffinityConfig {

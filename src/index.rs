@@ -880,7 +880,40 @@ impl PrefixIndex {
         blocks: &[u64],
         known: Option<&Known>,
         replica: usize,
+        now: (u64, u64),
+    ) -> usize {
+        self.pending(store, blocks, known, replica, now, false)
+    }
+
+    /// [`PrefixIndex::record_pending`] of the blocks **past** the known
+    /// prefix only, for a request kept on a holder of it that goes on past
+    /// it (a conversation's next turn,
+    /// [`crate::affinity::AffinityConfig::pending_warm`]): the known blocks,
+    /// which that holder has cached, are left as they are. Made to look
+    /// pending too, they would tell every request sharing them (the other
+    /// conversations under one system prompt) that their prefix is being
+    /// prefilled there: on `agent` traces at 7–32 replicas that cost 5–106
+    /// ms of p90. Sets: the new blocks' only (≤ `max_writes + 1`).
+    pub fn record_pending_past<S: SlotStore>(
+        &self,
+        store: &mut S,
+        blocks: &[u64],
+        known: Option<&Known>,
+        replica: usize,
+        now: (u64, u64),
+    ) -> usize {
+        self.pending(store, blocks, known, replica, now, true)
+    }
+
+    /// The two pending records: all blocks, or those past `known` (`past`).
+    fn pending<S: SlotStore>(
+        &self,
+        store: &mut S,
+        blocks: &[u64],
+        known: Option<&Known>,
+        replica: usize,
         (now_ms, max_age_ms): (u64, u64),
+        past: bool,
     ) -> usize {
         let at = now_ms.saturating_sub(pending_offset_ms(max_age_ms));
         // The last-block mark is written here too (a continuation cannot
@@ -891,7 +924,7 @@ impl PrefixIndex {
         } else {
             Marks::None
         };
-        self.write(store, blocks, known, replica, (at, marks, false))
+        self.write(store, blocks, known, replica, (at, marks, false, past))
     }
 
     /// Record that the request with `blocks` went to `replica` (see the module
@@ -916,7 +949,7 @@ impl PrefixIndex {
             (false, false) => Marks::None,
         };
         let merge = self.cfg.merge_record;
-        self.write(store, blocks, known, replica, (now_ms, marks, merge))
+        self.write(store, blocks, known, replica, (now_ms, marks, merge, false))
     }
 
     /// Would [`PrefixIndex::record`] of `blocks` for `replica` (with
@@ -991,7 +1024,7 @@ impl PrefixIndex {
         blocks: &[u64],
         known: Option<&Known>,
         replica: usize,
-        (now_ms, marks, merge): (u64, Marks, bool),
+        (now_ms, marks, merge, past): (u64, Marks, bool, bool),
     ) -> usize {
         let (paths, marks) = (marks == Marks::Paths, marks != Marks::None);
         let Some(&last) = blocks.last() else {
@@ -1035,7 +1068,9 @@ impl PrefixIndex {
             0
         };
         let mark_last = marks && depth < n;
-        if let Some(k) = known.filter(|_| depth > 0) {
+        // `past`: the known blocks are left as they are (module docs of
+        // `record_pending_past`).
+        if let Some(k) = known.filter(|_| depth > 0 && !past) {
             // An exact repeat (a retry, the same prompt again) keeps its
             // mark: it proves no other prompt shares the block.
             let keep = depth == n && marks && k.entry.is_end();
@@ -1058,7 +1093,7 @@ impl PrefixIndex {
         for p in (0..n - 1)
             .rev()
             .filter(|&p| on_ladder(p, bits) && p + 1 != depth)
-            .filter(|&p| self.cfg.rewrite_known || spread || p >= depth)
+            .filter(|&p| p >= depth || (!past && (self.cfg.rewrite_known || spread)))
         {
             if budget == 0 {
                 break;
@@ -1483,6 +1518,41 @@ mod tests {
         // An over-estimated depth is harmless: requests diverging earlier stop there.
         let d = chain(5, 22, 4, 25);
         assert_eq!(idx.lookup(&st, &d, 0).unwrap().depth, 22);
+    }
+
+    #[test]
+    fn a_pending_record_past_the_known_prefix_leaves_the_known_blocks_as_they_are() {
+        // A 40-block turn answered on replica 2, then its next turn (the 40
+        // blocks and 24 more) kept there: the pending record past the known
+        // prefix makes the 64-block prefix pending on 2 while the 40 known
+        // blocks stay confirmed (not pending); the whole pending record
+        // makes those look pending too, with more sets.
+        let max_age = 600_000;
+        let t0 = 1_000_000;
+        let turn = chain(4, 40, 1, 40);
+        let next = [turn.clone(), chain(turn[39], 0, 9, 24)].concat();
+        let run = |past: bool| {
+            let (idx, mut st) = table(IndexConfig::default());
+            idx.record(&mut st, &turn, None, 2, t0);
+            let known = idx.lookup(&st, &next, t0 + 50);
+            assert_eq!(known.as_ref().map(|k| k.depth), Some(40));
+            let sets = if past {
+                idx.record_pending_past(&mut st, &next, known.as_ref(), 2, (t0 + 50, max_age))
+            } else {
+                idx.record_pending(&mut st, &next, known.as_ref(), 2, (t0 + 50, max_age))
+            };
+            let deep = idx.lookup(&st, &next, t0 + 100).unwrap();
+            let shallow = idx.lookup(&st, &turn, t0 + 100).unwrap();
+            (sets, deep, shallow)
+        };
+        let (sets, deep, shallow) = run(true);
+        assert_eq!((deep.depth, deep.entry.holders[0]), (64, Some(2)));
+        assert!(pending_elapsed_ms(deep.age_ms, max_age).is_some());
+        assert_eq!(shallow.depth, 40);
+        assert_eq!(pending_elapsed_ms(shallow.age_ms, max_age), None);
+        let (all_sets, _, shallow) = run(false);
+        assert!(pending_elapsed_ms(shallow.age_ms, max_age).is_some());
+        assert!(sets < all_sets, "{sets} against {all_sets}");
     }
 
     #[test]

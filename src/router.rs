@@ -355,6 +355,12 @@ impl Router {
             return 0;
         }
         let at = (now_ms, self.affinity.max_age_ms);
+        if choice.reason == Reason::Warm {
+            // Kept on a holder of the known prefix: only what goes past it.
+            return self
+                .index
+                .record_pending_past(store, blocks, known, choice.primary, at);
+        }
         self.index
             .record_pending(store, blocks, known, choice.primary, at)
     }

@@ -1756,8 +1756,20 @@ mod tests {
 
     #[test]
     fn one_independent_gateway_is_ours_with_pending_warm() {
-        // Conversations: a warm turn extends its known prefix.
-        let (book, reqs) = prepared(workload::chat, 0.1, 1);
+        // Small-block conversations compressed in time: a warm turn extends
+        // its known prefix, and the next turn may come before its answer.
+        let o = crate::trace::TraceOptions {
+            time_scale: 0.05,
+            ..Default::default()
+        };
+        let text = crate::tracegen::generate("nsblocks", 3, 0.25).unwrap();
+        let (w, _) = crate::trace::parse(&text, &o, "n").unwrap();
+        let book = KeyBook::new(&["ours".to_string()], 7, &OursParams::default()).unwrap();
+        let reqs: Vec<SimRequest> = w
+            .specs
+            .iter()
+            .map(|s| prepare_one(s, &book, book.max_chars()))
+            .collect();
         let m = ModelParams::default();
         let pick = |r: &engine::RunResult| r.records.iter().map(|x| x.replica).collect::<Vec<_>>();
         let run = |p: &OursParams| {
@@ -1769,11 +1781,12 @@ mod tests {
             let b = engine::run(&mut one, &reqs, &m, 7, &engine::Limits::default()).unwrap();
             (pick(&a), pick(&b))
         };
-        // The filter's pending rule (`AffinityConfig::wants_pending`) in both.
-        let mut warm = OursParams::default();
-        warm.set("pending_warm", "1").unwrap();
-        let (plain, _) = run(&OursParams::default());
-        let (ours, one) = run(&warm);
+        // The filter's pending rule (`AffinityConfig::wants_pending`, on by
+        // default) in both.
+        let mut cold_only = OursParams::default();
+        cold_only.set("pending_warm", "0").unwrap();
+        let (plain, _) = run(&cold_only);
+        let (ours, one) = run(&OursParams::default());
         assert_ne!(plain, ours, "pending_warm changes decisions");
         assert_eq!(ours, one);
     }
