@@ -1655,7 +1655,11 @@ mod tests {
             load: 1.0,
             seed,
         };
-        let w = make(&k);
+        requests(&make(&k))
+    }
+
+    /// The requests of workload `w` for `ours` on 7 replicas.
+    fn requests(w: &workload::Workload) -> (KeyBook, Vec<SimRequest>) {
         let book = KeyBook::new(&["ours".to_string()], 7, &OursParams::default()).unwrap();
         let reqs = w
             .specs
@@ -1764,12 +1768,7 @@ mod tests {
         };
         let text = crate::tracegen::generate("nsblocks", 3, 0.25).unwrap();
         let (w, _) = crate::trace::parse(&text, &o, "n").unwrap();
-        let book = KeyBook::new(&["ours".to_string()], 7, &OursParams::default()).unwrap();
-        let reqs: Vec<SimRequest> = w
-            .specs
-            .iter()
-            .map(|s| prepare_one(s, &book, book.max_chars()))
-            .collect();
+        let (book, reqs) = requests(&w);
         let m = ModelParams::default();
         let pick = |r: &engine::RunResult| r.records.iter().map(|x| x.replica).collect::<Vec<_>>();
         let run = |p: &OursParams| {
