@@ -343,7 +343,7 @@
 //! loads; the secondary, when present, differs from the primary.
 
 use crate::cost::CostModel;
-use crate::index::Known;
+use crate::index::{Known, PendingBlocks};
 use crate::pressure::Pressure;
 use crate::ring::HashRing;
 use crate::router::RoutingKey;
@@ -523,17 +523,27 @@ pub struct AffinityConfig {
 }
 
 impl AffinityConfig {
-    /// Does a request decided for `reason`, whose lookup knew `known_depth`
-    /// of its `blocks` blocks, get a pending record at routing? Cold and
-    /// spilled requests (with `record_pending`), and with `pending_warm` a
-    /// warm one that extends its known prefix. Cost: O(1).
-    pub fn wants_pending(&self, reason: Reason, known_depth: usize, blocks: usize) -> bool {
-        self.record_pending
-            && match reason {
-                Reason::Cold | Reason::Spill => true,
-                Reason::Warm => self.pending_warm && known_depth < blocks,
-                Reason::NoKey => false,
+    /// Which pending record at routing a request decided for `reason`,
+    /// whose lookup knew `known_depth` of its `blocks` blocks, gets (`None`:
+    /// none): cold and spilled requests every block (with
+    /// `record_pending`), and with `pending_warm` a warm one that extends
+    /// its known prefix the blocks past it ([`PendingBlocks`]). Cost: O(1).
+    pub fn pending_record(
+        &self,
+        reason: Reason,
+        known_depth: usize,
+        blocks: usize,
+    ) -> Option<PendingBlocks> {
+        if !self.record_pending {
+            return None;
+        }
+        match reason {
+            Reason::Cold | Reason::Spill => Some(PendingBlocks::All),
+            Reason::Warm => {
+                (self.pending_warm && known_depth < blocks).then_some(PendingBlocks::PastKnown)
             }
+            Reason::NoKey => None,
+        }
     }
 }
 
@@ -1998,24 +2008,33 @@ mod tests {
     #[test]
     fn pending_records_follow_the_reason_and_the_known_depth() {
         let warm = AffinityConfig::default();
-        assert!(warm.wants_pending(Reason::Cold, 0, 4));
-        assert!(warm.wants_pending(Reason::Spill, 4, 4));
-        assert!(warm.wants_pending(Reason::Warm, 2, 4));
-        assert!(!warm.wants_pending(Reason::NoKey, 0, 4));
+        assert_eq!(
+            warm.pending_record(Reason::Cold, 0, 4),
+            Some(PendingBlocks::All)
+        );
+        assert_eq!(
+            warm.pending_record(Reason::Spill, 4, 4),
+            Some(PendingBlocks::All)
+        );
+        assert_eq!(
+            warm.pending_record(Reason::Warm, 2, 4),
+            Some(PendingBlocks::PastKnown)
+        );
+        assert!(warm.pending_record(Reason::NoKey, 0, 4).is_none());
         let cold_only = AffinityConfig {
             pending_warm: false,
             ..warm
         };
-        assert!(!cold_only.wants_pending(Reason::Warm, 2, 4));
-        assert!(cold_only.wants_pending(Reason::Cold, 0, 4));
+        assert!(cold_only.pending_record(Reason::Warm, 2, 4).is_none());
+        assert!(cold_only.pending_record(Reason::Cold, 0, 4).is_some());
         // Nothing beyond the known prefix: nothing to write.
-        assert!(!warm.wants_pending(Reason::Warm, 4, 4));
+        assert!(warm.pending_record(Reason::Warm, 4, 4).is_none());
         let off = AffinityConfig {
             record_pending: false,
             ..warm
         };
-        assert!(!off.wants_pending(Reason::Cold, 0, 4));
-        assert!(!off.wants_pending(Reason::Warm, 2, 4));
+        assert!(off.pending_record(Reason::Cold, 0, 4).is_none());
+        assert!(off.pending_record(Reason::Warm, 2, 4).is_none());
     }
 
     /// Replica 3 holds 8192 tokens of the request (penalty 245 ms): with

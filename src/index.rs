@@ -167,6 +167,24 @@ pub fn pending_elapsed_ms(age_ms: u64, max_age_ms: u64) -> Option<u64> {
     (back > 0 && (back..=max_age_ms).contains(&age_ms)).then(|| age_ms - back)
 }
 
+/// Which blocks a pending record ([`PrefixIndex::record_pending`]) writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PendingBlocks {
+    /// Every block (with the deepest known one): a request placed on a
+    /// replica that does not hold its prefix (cold, spilled), which
+    /// prefills it all.
+    All,
+    /// Only the blocks past the known prefix, the known ones left as they
+    /// are: a request kept on a holder of its known prefix that goes on
+    /// past it (a conversation's next turn,
+    /// [`crate::affinity::AffinityConfig::pending_warm`]). Made to look
+    /// pending too, the known blocks would tell every request sharing them
+    /// (the other conversations under one system prompt) that their prefix
+    /// is being prefilled there: on `agent` traces at 7–32 replicas that
+    /// cost 5–106 ms of p90. Sets: the new blocks' only.
+    PastKnown,
+}
+
 /// Bytes per slot value.
 pub const ENTRY_BYTES: usize = 16;
 /// Replicas remembered per prefix point.
@@ -871,49 +889,19 @@ impl PrefixIndex {
     /// request) they turn stale after [`PENDING_MS`] and lookups ignore them.
     /// Meanwhile requests with the same new prefix that arrive before the
     /// first response (a burst, a fan-out) find it and meet on the same
-    /// replica instead of being placed cold one by one. Same cost as
-    /// `record` without the end mark (a continuation comes after the
-    /// response, whose record writes it): ≤ `max_writes + 2` sets.
+    /// replica instead of being placed cold one by one. `which`: every
+    /// block, or only those past the known prefix for a request kept on a
+    /// holder of it ([`PendingBlocks`]). Same cost as `record` without the
+    /// end mark (a continuation comes after the response, whose record
+    /// writes it): ≤ `max_writes + 2` sets.
     pub fn record_pending<S: SlotStore>(
         &self,
         store: &mut S,
         blocks: &[u64],
         known: Option<&Known>,
         replica: usize,
-        now: (u64, u64),
-    ) -> usize {
-        self.pending(store, blocks, known, replica, now, false)
-    }
-
-    /// [`PrefixIndex::record_pending`] of the blocks **past** the known
-    /// prefix only, for a request kept on a holder of it that goes on past
-    /// it (a conversation's next turn,
-    /// [`crate::affinity::AffinityConfig::pending_warm`]): the known blocks,
-    /// which that holder has cached, are left as they are. Made to look
-    /// pending too, they would tell every request sharing them (the other
-    /// conversations under one system prompt) that their prefix is being
-    /// prefilled there: on `agent` traces at 7–32 replicas that cost 5–106
-    /// ms of p90. Sets: the new blocks' only (≤ `max_writes + 1`).
-    pub fn record_pending_past<S: SlotStore>(
-        &self,
-        store: &mut S,
-        blocks: &[u64],
-        known: Option<&Known>,
-        replica: usize,
-        now: (u64, u64),
-    ) -> usize {
-        self.pending(store, blocks, known, replica, now, true)
-    }
-
-    /// The two pending records: all blocks, or those past `known` (`past`).
-    fn pending<S: SlotStore>(
-        &self,
-        store: &mut S,
-        blocks: &[u64],
-        known: Option<&Known>,
-        replica: usize,
         (now_ms, max_age_ms): (u64, u64),
-        past: bool,
+        which: PendingBlocks,
     ) -> usize {
         let at = now_ms.saturating_sub(pending_offset_ms(max_age_ms));
         // The last-block mark is written here too (a continuation cannot
@@ -924,6 +912,7 @@ impl PrefixIndex {
         } else {
             Marks::None
         };
+        let past = which == PendingBlocks::PastKnown;
         self.write(store, blocks, known, replica, (at, marks, false, past))
     }
 
@@ -1068,8 +1057,8 @@ impl PrefixIndex {
             0
         };
         let mark_last = marks && depth < n;
-        // `past`: the known blocks are left as they are (module docs of
-        // `record_pending_past`).
+        // `past`: the known blocks are left as they are
+        // ([`PendingBlocks::PastKnown`]).
         if let Some(k) = known.filter(|_| depth > 0 && !past) {
             // An exact repeat (a retry, the same prompt again) keeps its
             // mark: it proves no other prompt shares the block.
@@ -1404,7 +1393,8 @@ mod tests {
             let b = under(200);
             let k = idx.lookup(&st, &b, 500).unwrap();
             assert_eq!(k.depth, 40);
-            let sets = idx.record_pending(&mut st, &b, Some(&k), 5, (600, 600_000));
+            let sets =
+                idx.record_pending(&mut st, &b, Some(&k), 5, (600, 600_000), PendingBlocks::All);
             let e = idx.lookup(&st, &shallow, 700).unwrap();
             let want = if on {
                 [Some(5), Some(2), None]
@@ -1448,7 +1438,8 @@ mod tests {
             let k = idx.lookup(&st, &b, 500).unwrap();
             assert!(!k.spill, "a lookup is never a spill");
             let k = k.spilled(spill);
-            let sets = idx.record_pending(&mut st, &b, Some(&k), 5, (600, 600_000));
+            let sets =
+                idx.record_pending(&mut st, &b, Some(&k), 5, (600, 600_000), PendingBlocks::All);
             idx.record(&mut st, &b, Some(&k), 5, 1000);
             let e = idx.lookup(&st, &shallow, 1100).unwrap();
             let want = if spread {
@@ -1536,11 +1527,13 @@ mod tests {
             idx.record(&mut st, &turn, None, 2, t0);
             let known = idx.lookup(&st, &next, t0 + 50);
             assert_eq!(known.as_ref().map(|k| k.depth), Some(40));
-            let sets = if past {
-                idx.record_pending_past(&mut st, &next, known.as_ref(), 2, (t0 + 50, max_age))
+            let which = if past {
+                PendingBlocks::PastKnown
             } else {
-                idx.record_pending(&mut st, &next, known.as_ref(), 2, (t0 + 50, max_age))
+                PendingBlocks::All
             };
+            let at = (t0 + 50, max_age);
+            let sets = idx.record_pending(&mut st, &next, known.as_ref(), 2, at, which);
             let deep = idx.lookup(&st, &next, t0 + 100).unwrap();
             let shallow = idx.lookup(&st, &turn, t0 + 100).unwrap();
             (sets, deep, shallow)
@@ -1561,7 +1554,7 @@ mod tests {
         let max_age = 600_000;
         let a = chain(4, 40, 1, 40);
         let t0 = 1_000_000;
-        idx.record_pending(&mut st, &a, None, 2, (t0, max_age));
+        idx.record_pending(&mut st, &a, None, 2, (t0, max_age), PendingBlocks::All);
         let k = idx.lookup(&st, &a, t0 + 100).unwrap();
         assert_eq!((k.depth, k.entry.holders[0]), (40, Some(2)));
         assert!(k.age_ms <= max_age, "fresh at first: {}", k.age_ms);
@@ -1781,7 +1774,7 @@ mod tests {
         // A pending record writes the same mark (its confirmation then
         // changes no tag); an exact repeat keeps it.
         let (idx, mut st) = table(IndexConfig::default());
-        idx.record_pending(&mut st, &t1, None, 2, (0, 600_000));
+        idx.record_pending(&mut st, &t1, None, 2, (0, 600_000), PendingBlocks::All);
         let k = idx.lookup(&st, &t2, 1000).unwrap();
         assert_eq!((k.depth, k.entry.is_end()), (5, true));
         let k = idx.lookup(&st, &t1, 1000);
@@ -1889,9 +1882,23 @@ mod tests {
                 if rand(10) == 0 {
                     // A pending record (cold placement) in both tables.
                     let k = idx.lookup(&always, blocks, now);
-                    idx.record_pending(&mut always, blocks, k.as_ref(), r, (now, 600_000));
+                    idx.record_pending(
+                        &mut always,
+                        blocks,
+                        k.as_ref(),
+                        r,
+                        (now, 600_000),
+                        PendingBlocks::All,
+                    );
                     let k = idx.lookup(&skipping, blocks, now);
-                    idx.record_pending(&mut skipping, blocks, k.as_ref(), r, (now, 600_000));
+                    idx.record_pending(
+                        &mut skipping,
+                        blocks,
+                        k.as_ref(),
+                        r,
+                        (now, 600_000),
+                        PendingBlocks::All,
+                    );
                     continue;
                 }
                 let known = idx.lookup(&skipping, blocks, now);

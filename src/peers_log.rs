@@ -530,7 +530,7 @@ impl<S: SlotStore> SlotStore for Publishing<'_, S> {
 mod tests {
     use super::*;
     use crate::cluster::shared::MockShared;
-    use crate::index::{ladder, IndexConfig, Known, PrefixIndex, VecStore};
+    use crate::index::{ladder, IndexConfig, Known, PendingBlocks, PrefixIndex, VecStore};
     use crate::peers::{self, decode, encode, entry, layout, merge};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -846,7 +846,12 @@ mod tests {
         let rule = NewsRule::refresh(1200).with_pending(max_age);
         let blocks: Vec<u64> = (1..=3u64).map(|i| i.wrapping_mul(0x9e37_79b9)).collect();
         let mut table = VecStore::new(4096);
-        idx.record_pending(&mut table, &blocks, None, 2, (1_000_000, max_age));
+        // The pending record at routing, on a table.
+        let pending = |t: &mut VecStore| {
+            let at = (1_000_000, max_age);
+            idx.record_pending(t, &blocks, None, 2, at, PendingBlocks::All)
+        };
+        pending(&mut table);
         let mut p = Publishing::with_rule(&mut table, rule, true);
         let sets = idx.record(&mut p, &blocks, None, 2, 1_000_400);
         assert_eq!(p.writes.len(), sets);
@@ -859,7 +864,7 @@ mod tests {
         // Without the pending offset the same writes looked like refreshes
         // (always published: the old rule's leak).
         let mut table = VecStore::new(4096);
-        idx.record_pending(&mut table, &blocks, None, 2, (1_000_000, max_age));
+        pending(&mut table);
         let mut p = Publishing::new(&mut table, 1200, true);
         idx.record(&mut p, &blocks, None, 2, 1_000_400);
         assert_eq!(p.outbox(3 * 256, 1024, false).len(), sets);

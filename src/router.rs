@@ -334,10 +334,11 @@ impl Router {
     }
 
     /// At routing: a pending record ([`PrefixIndex::record_pending`]) of a
-    /// request `choice` placed cold or spilled (nothing for a keyless one, a
-    /// warm one unless `pending_warm` and it extends its known prefix, or
-    /// with `record_pending` off; [`AffinityConfig::wants_pending`]), so
-    /// that the same new prefix arriving before the response meets it on
+    /// request `choice`, of the blocks [`AffinityConfig::pending_record`]
+    /// names (a cold or spilled request all of them, a warm one that
+    /// extends its known prefix with `pending_warm` those past it; nothing
+    /// for a keyless one or with `record_pending` off), so that the same
+    /// new prefix arriving before the response meets it on
     /// `choice.primary`. Returns the sets (≤ `max_writes + 2`: no end mark).
     pub fn record_pending<S: SlotStore>(
         &self,
@@ -348,21 +349,15 @@ impl Router {
         now_ms: u64,
     ) -> usize {
         let depth = known.map_or(0, |k| k.depth);
-        if !self
+        let Some(which) = self
             .affinity
-            .wants_pending(choice.reason, depth, blocks.len())
-        {
+            .pending_record(choice.reason, depth, blocks.len())
+        else {
             return 0;
-        }
+        };
         let at = (now_ms, self.affinity.max_age_ms);
-        if choice.reason == Reason::Warm {
-            // Kept on a holder of the known prefix: only what goes past it.
-            return self
-                .index
-                .record_pending_past(store, blocks, known, choice.primary, at);
-        }
         self.index
-            .record_pending(store, blocks, known, choice.primary, at)
+            .record_pending(store, blocks, known, choice.primary, at, which)
     }
 
     /// [`crate::share::pressure_for`] with this router's configuration.

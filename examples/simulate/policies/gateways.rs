@@ -1203,11 +1203,12 @@ impl Gateways {
             .and_then(|rk| self.router.ring().candidates(rk).next());
         let exception = c.reason != Reason::Cold || Some(c.primary) != first_choice;
         let record = !mode.exceptions || exception;
-        // The filter's rule (`Router::record_pending`): cold and spilled
-        // requests, a warm one extending its prefix with `pending_warm`.
+        // The filter's rule (`Router::record_pending`,
+        // `AffinityConfig::pending_record`): cold and spilled requests all
+        // their blocks, a warm one extending its prefix those past it.
         let depth = known.as_ref().map_or(0, |k| k.depth);
-        let placed = self.cfg.wants_pending(c.reason, depth, key.blocks.len());
-        if record && !self.knobs.record_at_route && placed {
+        let placed = self.cfg.pending_record(c.reason, depth, key.blocks.len());
+        if let Some(which) = placed.filter(|_| record && !self.knobs.record_at_route) {
             // The filter's pending record: local only, unless `pub_pending`.
             let at = (now_ms, self.cfg.max_age_ms);
             let seq = g.log.next_seq();
@@ -1215,8 +1216,14 @@ impl Gateways {
                 let ladder = peer_ladder(&self.index, &self.knobs);
                 let mut p = Publishing::with_rule(&mut g.store, self.rule, true);
                 p.withhold(&self.index, &key.blocks, depth, ladder);
-                self.index
-                    .record_pending(&mut p, &key.blocks, known.as_ref(), c.primary, at);
+                self.index.record_pending(
+                    &mut p,
+                    &key.blocks,
+                    known.as_ref(),
+                    c.primary,
+                    at,
+                    which,
+                );
                 let new_chars = new_chars(key, known.as_ref());
                 let moved = moved(known.as_ref(), c.primary);
                 for (slot, v) in p.outbox(new_chars, self.knobs.min_publish, moved) {
@@ -1224,8 +1231,14 @@ impl Gateways {
                 }
                 self.publish(k, seq, now_ms);
             } else {
-                self.index
-                    .record_pending(&mut g.store, &key.blocks, known.as_ref(), c.primary, at);
+                self.index.record_pending(
+                    &mut g.store,
+                    &key.blocks,
+                    known.as_ref(),
+                    c.primary,
+                    at,
+                    which,
+                );
             }
         }
         let g = &mut self.gws[k];
@@ -1780,7 +1793,7 @@ mod tests {
             let b = engine::run(&mut one, &reqs, &m, 7, &engine::Limits::default()).unwrap();
             (pick(&a), pick(&b))
         };
-        // The filter's pending rule (`AffinityConfig::wants_pending`, on by
+        // The filter's pending rule (`AffinityConfig::pending_record`, on by
         // default) in both.
         let mut cold_only = OursParams::default();
         cold_only.set("pending_warm", "0").unwrap();
