@@ -426,7 +426,7 @@ pub struct AffinityConfig {
     /// request spills while any replica is under the threshold.
     pub soft_threshold: bool,
     /// Also write a pending record at routing, of the blocks past the
-    /// known prefix only ([`crate::index::PrefixIndex::record_pending_past`]),
+    /// known prefix only ([`crate::index::PendingBlocks::PastKnown`]),
     /// for a warm request whose prompt goes beyond the known prefix (the
     /// next turn of a conversation), so that a later turn arriving before
     /// its response finds the deeper prefix on its replica. On since the
