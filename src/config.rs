@@ -204,7 +204,9 @@ pub struct AffinityParams {
     pub index_ttl_s: u32,
     /// Initial prefill cost, ms per 1000 uncached prompt tokens.
     pub prefill_ms_per_ktok: f64,
-    /// Initial extra wait per in-flight request, ms.
+    /// Initial extra wait per in-flight request, ms; with the queued-prefill
+    /// picture also the ceiling of the learned one
+    /// ([`crate::affinity`], "Wait price").
     pub wait_ms_per_request: f64,
     /// Learn both prices from observed time to first token (streams).
     pub learn_costs: bool,

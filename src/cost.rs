@@ -37,6 +37,12 @@
 //! 89.2 % with the floor, `docs/benchmarks.md`). The learned price still
 //! counts when it is higher than the floor (a slower engine).
 //!
+//! **Ceiling** (the other direction, applied by the caller): the wait price
+//! is biased *up* by the same errors (an evicted prefix's full prefill and
+//! the queue ahead both grow with the in-flight count), so the affinity
+//! policy prices an in-flight request at most at the configured price when
+//! it prices queues by their tokens ([`crate::affinity`], "Wait price").
+//!
 //! Cost: O(1) per observation (3×3 matrix update), no allocation. One model per
 //! filter worker: each learns from the responses it proxies.
 
