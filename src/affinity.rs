@@ -2355,9 +2355,9 @@ mod tests {
         assert_eq!((c.primary, c.reason), (3, Reason::Warm));
     }
 
-    /// A model that learned 100 ms per in-flight request (configured 10):
-    /// TTFT = 20 + 30 ms per 1000 tokens + 100 ms per request.
-    fn learned_100ms_per_request() -> CostModel {
+    /// A model (configured 10 ms per in-flight request) that learned
+    /// TTFT = 20 + 30 ms per 1000 tokens + `wait` ms per request.
+    fn learned_ms_per_request(wait: f64) -> CostModel {
         let mut learned = CostModel::new(CostConfig {
             learn: true,
             forget: 0.999,
@@ -2365,9 +2365,14 @@ mod tests {
         });
         for i in 0..4000u32 {
             let (u, l) = (f64::from(i * 7919 % 9000), f64::from(i * 31 % 40));
-            learned.observe(u, l, 20.0 + 0.03 * u + 100.0 * l);
+            learned.observe(u, l, 20.0 + 0.03 * u + wait * l);
         }
         learned
+    }
+
+    /// [`learned_ms_per_request`] at 100 ms.
+    fn learned_100ms_per_request() -> CostModel {
+        learned_ms_per_request(100.0)
     }
 
     #[test]
@@ -2419,15 +2424,7 @@ mod tests {
         // configured one is used as is (2 ms per request: 20 ms for the
         // 10-request gap, against 100 at the configured price; a 2 048-token
         // prefix saves 61 ms).
-        let mut low = CostModel::new(CostConfig {
-            learn: true,
-            forget: 0.999,
-            ..cost().config()
-        });
-        for i in 0..4000u32 {
-            let (u, l) = (f64::from(i * 7919 % 9000), f64::from(i * 31 % 40));
-            low.observe(u, l, 20.0 + 0.03 * u + 2.0 * l);
-        }
+        let low = learned_ms_per_request(2.0);
         assert!((low.wait_ms(1.0) - 2.0).abs() < 0.5, "{}", low.wait_ms(1.0));
         let part = known(32, &[3], 0);
         let req = request_queued(&k, Some(&part), &loads, &queued);
