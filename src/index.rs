@@ -109,9 +109,23 @@
 //! ([`crate::affinity`], "Request share"). No extra get or set: the record
 //! rewrites that block anyway.
 //!
+//! **Mirrored last block** ([`IndexConfig::mirror_from`]): for a prompt
+//! that fills the hashed window (at least `prefix_length / 256` blocks, set
+//! by [`crate::Router::new`]) the last block is also written under a second
+//! key ([`mirror_key`]: another slot and tag), and a lookup whose last block
+//! is missing probes it before the ladder. Why: that block alone says the
+//! whole window is known, hence the prompt past it too
+//! ([`crate::affinity::AffinityConfig::beyond_window`]); lost to a colliding
+//! key, a 190 000-token document fell back to its deepest ladder block
+//! (224 of 256) and was priced as 14 336 cached tokens on its holder: 177 000
+//! phantom queued tokens there and, behind them, a spill of its next repeat
+//! (a 17 s re-prefill; the public Mooncake trace at 32 replicas). With the
+//! mirror both slots must be lost (p² instead of p). Cost, for such prompts
+//! only: one set per record, one get per lookup that misses the last block.
+//!
 //! Invariants: a slot holds the entry of at most one key; lookups never
 //! report a depth whose block key is not present with its exact 47-bit tag;
-//! record writes at most `max_writes + 2 + 2⌈log2(gap + 1)⌉` slots (≤ 10
+//! record writes at most `max_writes + 3 + 2⌈log2(gap + 1)⌉` slots (≤ 10
 //! path blocks for 256 blocks with 3 bits, usually 0–4). A peer that merges entries treats
 //! two tags that differ only in the mark as different keys (the incoming
 //! one wins): marks are hints, never needed for correctness.
@@ -298,6 +312,13 @@ pub const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 const TAG_MASK: u64 = ((1 << 47) - 1) & !STAMP_MASK;
 /// Bit 47 of the stored tag: the **end mark** ([`Entry::is_end`]).
 const END_BIT: u64 = 1 << 47;
+
+/// The second key of a mirrored last block ([`IndexConfig::mirror_from`]):
+/// the block key with fixed bits flipped, so that the keyed slot hash puts
+/// it in a slot (and gives it a tag) independent of the block's own.
+pub fn mirror_key(key: u64) -> u64 {
+    key ^ 0x9e37_79b9_7f4a_7c15
+}
 
 /// Tag of a block key (its bits 8–46, never 0; bit 47 of the stored tag is
 /// the end mark, bits 0–7 the length stamp).
@@ -517,6 +538,12 @@ pub struct IndexConfig {
     /// contiguous there; a plain binary search over them would stop at a
     /// missing one).
     pub peer_bits: u32,
+    /// **Mirrored last block** ([`PrefixIndex::mirror_key`]): from this many
+    /// blocks (a prompt that fills the hashed window: `prefix_length /
+    /// BLOCK_UNITS`, set by [`crate::Router::new`]), the request's last
+    /// block is also written at a second, independent slot, and a lookup
+    /// whose last block is missing probes it. 0: off.
+    pub mirror_from: usize,
 }
 
 impl Default for IndexConfig {
@@ -532,6 +559,7 @@ impl Default for IndexConfig {
             last_mark: true,
             merge_record: true,
             peer_bits: 0,
+            mirror_from: 0,
         }
     }
 }
@@ -674,14 +702,22 @@ impl PrefixIndex {
     }
 
     /// Longest known prefix of `blocks` (see the module docs); `None` when
-    /// nothing is known. At most `1 + ⌈log2(ladder positions + 1)⌉` gets
-    /// (with [`IndexConfig::peer_bits`]: the deepest ladder position, then
+    /// nothing is known. At most `1 + ⌈log2(ladder positions + 1)⌉` gets,
+    /// one more when a mirrored last block ([`IndexConfig::mirror_from`])
+    /// is missing (with [`IndexConfig::peer_bits`]: the deepest ladder position, then
     /// the search over the coarse positions, then the one or few fine
     /// positions between the coarse hit and the coarse miss).
     pub fn lookup<S: SlotStore>(&self, store: &S, blocks: &[u64], now_ms: u64) -> Option<Known> {
         let n = blocks.len();
         let last = *blocks.last()?;
         if let Some(e) = self.probe(store, last) {
+            return Some(Known::at(n, e, now_ms));
+        }
+        if let Some(e) = self
+            .mirrored(n)
+            .then(|| self.probe(store, mirror_key(last)))
+            .flatten()
+        {
             return Some(Known::at(n, e, now_ms));
         }
         let bits = self.cfg.ladder_bits;
@@ -893,7 +929,8 @@ impl PrefixIndex {
     /// block, or only those past the known prefix for a request kept on a
     /// holder of it ([`PendingBlocks`]). Same cost as `record` without the
     /// end mark (a continuation comes after the response, whose record
-    /// writes it): ≤ `max_writes + 2` sets.
+    /// writes it): ≤ `max_writes + 3` sets (the mirror: see
+    /// [`IndexConfig::mirror_from`]).
     pub fn record_pending<S: SlotStore>(
         &self,
         store: &mut S,
@@ -1074,6 +1111,10 @@ impl PrefixIndex {
             let holders = self.merged_front(store, key, &k.entry, r, merge);
             self.put_stamped(store, key, (time, keep, stamp), holders);
             sets += 1;
+            if depth == n && self.mirrored(n) {
+                self.put_stamped(store, mirror_key(key), (time, keep, stamp), holders);
+                sets += 1;
+            }
         }
         // Every ladder block but the deepest known one (written above), the
         // deepest first, so a request never loses the blocks nearest its own
@@ -1124,8 +1165,18 @@ impl PrefixIndex {
         if depth < n {
             self.put(store, last, (time, mark_last), fresh);
             sets += 1;
+            if self.mirrored(n) {
+                self.put(store, mirror_key(last), (time, mark_last), fresh);
+                sets += 1;
+            }
         }
         sets
+    }
+
+    /// Is the last block of a request with `n` blocks mirrored
+    /// ([`IndexConfig::mirror_from`])?
+    fn mirrored(&self, n: usize) -> bool {
+        self.cfg.mirror_from > 0 && n >= self.cfg.mirror_from
     }
 }
 
@@ -1229,6 +1280,47 @@ mod tests {
         assert_eq!(ladder(256, 3).count(), 28);
         let p2: Vec<usize> = ladder(20, 1).collect();
         assert_eq!(p2, vec![0, 1, 3, 7, 15]);
+    }
+
+    #[test]
+    fn a_full_window_s_last_block_survives_the_loss_of_its_slot() {
+        // A prompt filling the window (256 blocks) whose last block's slot
+        // is taken by a colliding key: without the mirror the lookup falls
+        // back to the deepest ladder block under it (224 of 256), and the
+        // prompt past the window (`beyond_window`) is no longer counted.
+        let a = chain(7, 256, 0, 256);
+        for (from, depth) in [(256, 256), (0, 224), (257, 224)] {
+            let (idx, mut st) = table(IndexConfig {
+                mirror_from: from,
+                ..IndexConfig::default()
+            });
+            let sets = idx.record(&mut st, &a, None, 3, 0);
+            // 27 ladder blocks under the last one, the last one, its mirror.
+            assert_eq!(sets, 28 + usize::from(from == 256), "mirror_from {from}");
+            let slot = idx.slot(a[255]);
+            let other = Entry {
+                tag: 1 << 9,
+                time: 0,
+                holders: [Some(6), None, None],
+            };
+            st.set(slot, other.encode());
+            let k = idx.lookup(&st, &a, 1000).unwrap();
+            assert_eq!(
+                (k.depth, k.entry.holders[0]),
+                (depth, Some(3)),
+                "mirror_from {from}"
+            );
+            // The next record of the same prompt rewrites the lost slot.
+            idx.record(&mut st, &a, Some(&k), 4, 2000);
+            let k = idx.lookup(&st, &a, 2000).unwrap();
+            assert_eq!(k.depth, 256, "mirror_from {from}");
+        }
+        // A prompt shorter than `mirror_from` writes no mirror.
+        let (idx, mut st) = table(IndexConfig {
+            mirror_from: 256,
+            ..IndexConfig::default()
+        });
+        assert_eq!(idx.record(&mut st, &a[..200], None, 3, 0), 27);
     }
 
     #[test]

@@ -115,6 +115,7 @@ impl Router {
             slots: a.index_slots,
             // Peers publishing a coarser ladder: the lookup tolerates it.
             peer_bits: config.peers.as_ref().map_or(0, |p| p.publish_bits),
+            mirror_from: (config.prefix_length / BLOCK_UNITS).max(1),
             ..IndexConfig::default()
         });
         let affinity = AffinityConfig {
@@ -688,6 +689,16 @@ mod tests {
         assert_eq!(k.units, window);
         assert_eq!(prompt_chars(&k, body.len(), window), body.len());
         assert!(prompt_chars(&k, body.len(), window) > window + window / 2);
+        // Its last block is mirrored in the index (`IndexConfig::mirror_from`):
+        // every key that fills the window has at least that many blocks.
+        let from = r.index().config().mirror_from;
+        assert!(
+            from > 0 && k.blocks.len() >= from,
+            "{from} {}",
+            k.blocks.len()
+        );
+        let short = r.key(Body::Complete(raw.as_bytes()), None);
+        assert!(short.blocks.len() < from);
     }
 
     #[test]

@@ -168,6 +168,7 @@ impl OursParams {
             "queue" | "queued_prefill" => self.queued_prefill = b(),
             "end_marks" => self.index.end_marks = b(),
             "last_mark" => self.index.last_mark = b(),
+            "mirror_from" => self.index.mirror_from = u()? as usize,
             "merge_record" => self.index.merge_record = b(),
             "continuation" => self.affinity.continuation = b(),
             "pressure" | "spread_cold" => self.affinity.spread_cold = b(),
