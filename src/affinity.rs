@@ -56,7 +56,9 @@
 //!    loaded acceptable holder `h` and the best other replica
 //!    `a = place(holders)`. Keep `h` unless the extra wait
 //!    `wait_ms(in_flight[h] − in_flight[a])` exceeds the cache-break penalty
-//!    `min(prefill_ms(cached tokens), routing_budget_ms)`; then go to `a`
+//!    `prefill_ms(cached tokens)` (what the spill costs the request: a
+//!    spill slower for it than the wait it avoids is never made; budget 0:
+//!    penalty 0, pure load balancing among holders); then go to `a`
 //!    ([`Reason::Spill`]). If every holder is over the bound, go to `a`
 //!    ([`Reason::Spill`]) too: recorded as a new holder, the prefix then
 //!    lives on 2…3 replicas and its traffic is split by load among them
@@ -273,7 +275,8 @@
 //! **Overload weight** ([`AffinityConfig::overload_weight`], 4): when the
 //! replica a warm request would spill to has itself at least
 //! `routing_budget_ms` of prefill queued, the cache-break penalty of step 3
-//! is `min(overload_weight × prefill_ms(cached), routing_budget_ms)`. The
+//! is `max(P, min(overload_weight × P, routing_budget_ms))`, `P =
+//! prefill_ms(cached)` ([`spill_penalty`]). The
 //! spill test prices the request's own wait; in an overloaded fleet (every
 //! replica with a backlog) a spill's re-prefill also delays every request
 //! that queues behind it on that replica by the same GPU time, as for
@@ -375,7 +378,11 @@ pub struct AffinityConfig {
     /// Smallest fraction of the hashed window the known prefix must cover to
     /// count as warm.
     pub min_match: f64,
-    /// Largest extra wait accepted to keep a warm replica, milliseconds.
+    /// Largest extra wait accepted to keep a warm replica **beyond** the
+    /// re-prefill a spill would cost the request ([`spill_penalty`]), and
+    /// the cap of the weighted penalties (`short_weight`,
+    /// `overload_weight`), milliseconds. 0: pure load balancing among
+    /// holders.
     pub routing_budget_ms: f64,
     /// Index entries older than this are treated as evicted, milliseconds.
     pub max_age_ms: u64,
@@ -867,6 +874,21 @@ fn queued_extra(v: &View<'_>, (h, a): (usize, usize), head: bool) -> f64 {
     spill_extra(v, h, a).max(queue as f64)
 }
 
+/// The cache-break penalty of the spill rule (module docs, step 3), ms:
+/// `max(own, min(w × own, budget))` with `own` the prefill of the
+/// request's cached tokens (what a spill costs the request itself), `w` the
+/// overload weight, `budget` = `routing_budget_ms`; 0 when the budget is 0
+/// (pure load balancing among holders). The budget caps only what the
+/// cache may cost the request **beyond** its own re-prefill: a spill slower
+/// for the request than the wait it avoids is never made. Cost: O(1).
+fn spill_penalty(own: f64, w: f64, budget: f64) -> f64 {
+    if budget > 0.0 {
+        (w * own).min(budget).max(own)
+    } else {
+        0.0
+    }
+}
+
 /// What is known about one request at decision time.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
@@ -1225,7 +1247,7 @@ fn decide(
                 } else {
                     1.0
                 };
-                let penalty = (w * cost.prefill_ms(cached)).min(cfg.routing_budget_ms);
+                let penalty = spill_penalty(cost.prefill_ms(cached), w, cfg.routing_budget_ms);
                 if extra <= penalty {
                     (h, Reason::Warm)
                 } else if let Some(k) = pending_keep(&v, cost, cfg, pending, holders, a, cached) {
@@ -1504,6 +1526,52 @@ mod tests {
             queued_prefill: None,
             shallow: None,
         }
+    }
+
+    #[test]
+    fn a_spill_slower_than_the_wait_it_avoids_is_never_made() {
+        let r = ring(8);
+        // 100 000 tokens known on replica 0 (a 64-block window and the
+        // prompt past it): their re-prefill elsewhere costs 3 s at 30 ms per
+        // 1 000, more than the 2 s `routing_budget_ms`.
+        let k = key(9, 64);
+        let kn = known(64, &[0], 0);
+        let loads = [6, 1, 1, 1, 1, 1, 1, 1];
+        let decide = |queued_on_0: u32, budget: f64| {
+            let queued = [queued_on_0, 0, 0, 0, 0, 0, 0, 0];
+            let req = Request {
+                prompt_chars: 400_000,
+                queued_prefill: Some(&queued),
+                ..request(&k, Some(&kn), Loads::new(&loads))
+            };
+            let cfg = AffinityConfig {
+                routing_budget_ms: budget,
+                ..AffinityConfig::default()
+            };
+            choose(&r, &req, &cost(), &cfg)
+        };
+        // The holder's queue costs more than the budget but less than the
+        // re-prefill: kept (a spill capped at the budget moved it, 3 s
+        // slower for the request than the wait).
+        for queued in [150_000, 180_000] {
+            let c = decide(queued, 2000.0);
+            assert_eq!((c.primary, c.reason), (0, Reason::Warm), "{queued}");
+        }
+        // A queue that costs more than the re-prefill: spilled.
+        let c = decide(300_000, 2000.0);
+        assert_eq!(c.reason, Reason::Spill);
+        assert_ne!(c.primary, 0);
+        // Budget 0: pure load balancing among holders, spilled.
+        let c = decide(150_000, 0.0);
+        assert_eq!(c.reason, Reason::Spill);
+        // A penalty under the budget is the re-prefill, as before: a
+        // 4 096-token window alone (123 ms) spills behind 20 000 tokens.
+        let req = Request {
+            queued_prefill: Some(&[20_000, 0, 0, 0, 0, 0, 0, 0]),
+            ..request(&k, Some(&kn), Loads::new(&loads))
+        };
+        let c = choose(&r, &req, &cost(), &AffinityConfig::default());
+        assert_eq!(c.reason, Reason::Spill);
     }
 
     #[test]

@@ -196,7 +196,9 @@ pub struct RawEngine {
 pub struct AffinityParams {
     /// Smallest fraction of the prompt a known prefix must cover to be warm.
     pub min_match: f64,
-    /// Largest extra wait (ms) accepted to keep a warm replica.
+    /// Largest extra wait (ms) accepted to keep a warm replica beyond the
+    /// re-prefill a spill would cost the request
+    /// ([`crate::affinity::AffinityConfig::routing_budget_ms`]).
     pub routing_budget_ms: f64,
     /// Slots of the shared prefix index (16-byte values in shared data).
     pub index_slots: u32,
