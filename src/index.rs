@@ -538,7 +538,7 @@ pub struct IndexConfig {
     /// contiguous there; a plain binary search over them would stop at a
     /// missing one).
     pub peer_bits: u32,
-    /// **Mirrored last block** ([`PrefixIndex::mirror_key`]): from this many
+    /// **Mirrored last block** ([`mirror_key`]): from this many
     /// blocks (a prompt that fills the hashed window: `prefix_length /
     /// BLOCK_UNITS`, set by [`crate::Router::new`]), the request's last
     /// block is also written at a second, independent slot, and a lookup
