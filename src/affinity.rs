@@ -1528,27 +1528,34 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_spill_slower_than_the_wait_it_avoids_is_never_made() {
-        let r = ring(8);
-        // 100 000 tokens known on replica 0 (a 64-block window and the
-        // prompt past it): their re-prefill elsewhere costs 3 s at 30 ms per
-        // 1 000, more than the 2 s `routing_budget_ms`.
+    /// The 64-block window of `key(9, 64)` (16 384 characters, 4 096
+    /// tokens) known on replica 0 of 8, which has 6 requests in flight
+    /// (the others 1) and `queued_on_0` tokens queued; the prompt is
+    /// `prompt_chars` long.
+    fn window_held_on_0(prompt_chars: usize, queued_on_0: u32, cfg: &AffinityConfig) -> Choice {
         let k = key(9, 64);
         let kn = known(64, &[0], 0);
         let loads = [6, 1, 1, 1, 1, 1, 1, 1];
+        let queued = [queued_on_0, 0, 0, 0, 0, 0, 0, 0];
+        let req = Request {
+            prompt_chars,
+            queued_prefill: Some(&queued),
+            ..request(&k, Some(&kn), Loads::new(&loads))
+        };
+        choose(&ring(8), &req, &cost(), cfg)
+    }
+
+    #[test]
+    fn a_spill_slower_than_the_wait_it_avoids_is_never_made() {
+        // 100 000 tokens known on replica 0 (the window and the prompt past
+        // it, 400 000 characters): their re-prefill elsewhere costs 3 s at
+        // 30 ms per 1 000, more than the 2 s `routing_budget_ms`.
         let decide = |queued_on_0: u32, budget: f64| {
-            let queued = [queued_on_0, 0, 0, 0, 0, 0, 0, 0];
-            let req = Request {
-                prompt_chars: 400_000,
-                queued_prefill: Some(&queued),
-                ..request(&k, Some(&kn), Loads::new(&loads))
-            };
             let cfg = AffinityConfig {
                 routing_budget_ms: budget,
                 ..AffinityConfig::default()
             };
-            choose(&r, &req, &cost(), &cfg)
+            window_held_on_0(400_000, queued_on_0, &cfg)
         };
         // The holder's queue costs more than the budget but less than the
         // re-prefill: kept (a spill capped at the budget moved it, 3 s
@@ -1564,37 +1571,24 @@ mod tests {
         // Budget 0: pure load balancing among holders, spilled.
         let c = decide(150_000, 0.0);
         assert_eq!(c.reason, Reason::Spill);
-        // A penalty under the budget is the re-prefill, as before: a
-        // 4 096-token window alone (123 ms) spills behind 20 000 tokens.
-        let req = Request {
-            queued_prefill: Some(&[20_000, 0, 0, 0, 0, 0, 0, 0]),
-            ..request(&k, Some(&kn), Loads::new(&loads))
-        };
-        let c = choose(&r, &req, &cost(), &AffinityConfig::default());
+        // A penalty under the budget is the re-prefill, as before: the
+        // window alone (a prompt that ends with it: 123 ms) spills behind
+        // 20 000 tokens.
+        let c = window_held_on_0(64 * BLOCK_UNITS, 20_000, &AffinityConfig::default());
         assert_eq!(c.reason, Reason::Spill);
     }
 
     #[test]
     fn a_fully_known_window_counts_the_prompt_past_it() {
-        let r = ring(8);
-        // The whole 64-block window (16 384 characters, 4 096 tokens) known
-        // on replica 0, which has 6 requests queued; the prompt goes on to
-        // 400 000 characters (100 000 tokens) past the window.
-        let k = key(9, 64);
-        let kn = known(64, &[0], 0);
-        let loads = [6, 1, 1, 1, 1, 1, 1, 1];
-        let queued = [20_000, 0, 0, 0, 0, 0, 0, 0];
+        // The whole window known on replica 0 (`window_held_on_0`), 20 000
+        // tokens queued there; the prompt goes on to 400 000 characters
+        // (100 000 tokens) past the window.
         let decide = |prompt_chars: usize, beyond_window: f64| {
-            let req = Request {
-                prompt_chars,
-                queued_prefill: Some(&queued),
-                ..request(&k, Some(&kn), Loads::new(&loads))
-            };
             let cfg = AffinityConfig {
                 beyond_window,
                 ..AffinityConfig::default()
             };
-            choose(&r, &req, &cost(), &cfg)
+            window_held_on_0(prompt_chars, 20_000, &cfg)
         };
         // Counting the window only, the holder's 600 ms of queue (20 000
         // tokens at 30 ms per 1000) exceed the 123 ms prefill of what it
@@ -1612,12 +1606,13 @@ mod tests {
         // A prompt that ends within the window is not extended.
         let short = key(9, 64);
         let part = known(40, &[0], 0);
+        let (loads, queued) = ([6, 1, 1, 1, 1, 1, 1, 1], [20_000, 0, 0, 0, 0, 0, 0, 0]);
         let req = Request {
             prompt_chars: 400_000,
             queued_prefill: Some(&queued),
             ..request(&short, Some(&part), Loads::new(&loads))
         };
-        let c = choose(&r, &req, &cost(), &AffinityConfig::default());
+        let c = choose(&ring(8), &req, &cost(), &AffinityConfig::default());
         assert!(c.expected_cached_tokens <= (short.units_at(40) as f64 / 4.0) + 0.5);
     }
 
