@@ -1212,33 +1212,24 @@ impl Gateways {
             // The filter's pending record: local only, unless `pub_pending`.
             let at = (now_ms, self.cfg.max_age_ms);
             let seq = g.log.next_seq();
-            if mode.peer && self.knobs.pub_pending {
-                let ladder = peer_ladder(&self.index, &self.knobs);
-                let mut p = Publishing::with_rule(&mut g.store, self.rule, true);
-                p.withhold(&self.index, &key.blocks, depth, ladder);
-                self.index.record_pending(
-                    &mut p,
-                    &key.blocks,
-                    known.as_ref(),
-                    c.primary,
-                    at,
-                    which,
-                );
+            // Without `pub_pending` the wrapper is a plain pass-through.
+            let publish = mode.peer && self.knobs.pub_pending;
+            let mut p = Publishing::with_rule(&mut g.store, self.rule, publish);
+            p.withhold(
+                &self.index,
+                &key.blocks,
+                depth,
+                peer_ladder(&self.index, &self.knobs),
+            );
+            self.index
+                .record_pending(&mut p, &key.blocks, known.as_ref(), c.primary, at, which);
+            if publish {
                 let new_chars = new_chars(key, known.as_ref());
                 let moved = moved(known.as_ref(), c.primary);
                 for (slot, v) in p.outbox(new_chars, self.knobs.min_publish, moved) {
                     g.log.push(slot, v);
                 }
                 self.publish(k, seq, now_ms);
-            } else {
-                self.index.record_pending(
-                    &mut g.store,
-                    &key.blocks,
-                    known.as_ref(),
-                    c.primary,
-                    at,
-                    which,
-                );
             }
         }
         let g = &mut self.gws[k];
