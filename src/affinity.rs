@@ -344,11 +344,29 @@
 //! replica whose queue was nearly as long: 1.8–2.1 points of the 2.4–2.7
 //! lost to the bound (`docs/benchmarks.md`, "Ninth session"). Priced by the
 //! in-flight gap alone (no delay) the holder kept its request into a
-//! longer queue: +324 ± 178 ms of `agent` p90 at 7 replicas. Not priced:
-//! the wait for a sequence slot above the threshold. A hot document whose
-//! penalty is the whole `routing_budget_ms` stays on its holder past 256
-//! and gets its second holder later (`longdoc` at 7 replicas: −0.28 ±
-//! 0.21 points, +593 ± 543 ms of p90; still within the criterion).
+//! longer queue: +324 ± 178 ms of `agent` p90 at 7 replicas.
+//!
+//! **Slot wait** ([`AffinityConfig::slot_wait`], on): a request sent to a
+//! holder over the threshold (the engine's sequence limit) waits for
+//! running sequences to finish before its prefill starts; one frees every
+//! `run / threshold` on average (Little's law on the running batch, `run`
+//! the learned first-token-to-end time, [`CostModel::run_ms`]), so each
+//! request over the threshold beyond the alternative's own excess adds that
+//! much to the holder's extra wait ([`slot_extra`]). Charged only when the
+//! request **fans out** from its known prefix (a new branch, not a
+//! conversation's next turn: moving it gives the prefix a second holder
+//! that the next branches share) and the alternative is at or under the
+//! mean in-flight count (the fleet has room: where every replica nears the
+//! threshold, a move re-prefills a prompt onto the next replica to fill).
+//! On `agent` at 7 replicas (a 12 000-token tool prompt's one holder at
+//! 220–261 in flight against a mean of 106–135, its steps twice as long):
+//! p90 +11.4 % → −5.1 % against the lowest baseline, hit −0.14 → −0.10
+//! points under the best; charged on every branch, `uniqmix` at 7 (a mean
+//! of 170–230 in flight) lost 0.2 points, and a slot price from the whole
+//! time in system (queue included) cost `heldout` at 7 × 0.15 0.8 points
+//! (`docs/benchmarks.md`, "Nineteenth session"). Not charged: a hot
+//! document's one holder past 256 whose alternatives are all above the
+//! mean (`longdoc` at 7 replicas, p90 up to twice SageMaker tuned's).
 //!
 //! Cost: O(N) for the load sums plus a ring walk of a few points; no shared
 //! data access (the index lookup and record are done by the caller;
@@ -444,6 +462,10 @@ pub struct AffinityConfig {
     /// at the threshold"). Off: such a holder is not acceptable and the
     /// request spills while any replica is under the threshold.
     pub soft_threshold: bool,
+    /// Price a holder's excess over the threshold by the wait for a
+    /// sequence slot (module docs, "Slot wait"), for a request that fans
+    /// out from its prefix while the alternative is at or under the mean.
+    pub slot_wait: bool,
     /// Also write a pending record at routing, of the blocks past the
     /// known prefix only ([`crate::index::PendingBlocks::PastKnown`]),
     /// for a warm request whose prompt goes beyond the known prefix (the
@@ -589,6 +611,7 @@ impl Default for AffinityConfig {
             queue_wait_cap: true,
             tier: true,
             soft_threshold: true,
+            slot_wait: true,
             pending_warm: true,
             short_weight: DEFAULT_SHORT_WEIGHT,
             short_min_load: 2.0,
@@ -887,6 +910,20 @@ fn spill_penalty(own: f64, w: f64, budget: f64) -> f64 {
     } else {
         0.0
     }
+}
+
+/// The slot wait of keeping holder `h` instead of moving to `a` (module
+/// docs, "Slot wait"), ms: the requests over the concurrency threshold
+/// that `h` would have with this one, beyond `a`'s, each at `run /
+/// threshold` ([`CostModel::run_ms`]). 0 with no threshold in force
+/// (none configured, or every replica at it) or no run time learned yet.
+/// Cost: O(1).
+fn slot_extra(v: &View<'_>, cost: &CostModel, h: usize, a: usize) -> f64 {
+    if v.threshold == u32::MAX || v.threshold == 0 {
+        return 0.0;
+    }
+    let over = |i: usize| v.load(i).saturating_add(1).saturating_sub(v.threshold);
+    f64::from(over(h).saturating_sub(over(a))) * cost.run_ms() / f64::from(v.threshold)
 }
 
 /// What is known about one request at decision time.
@@ -1235,11 +1272,22 @@ fn decide(
                 // (its queued prefill at the head credit), by the queue
                 // band, or at the concurrency threshold: its queued
                 // prefill counts too.
-                let extra = if in_bound(h) {
+                let queue = if in_bound(h) {
                     spill_extra(&v, h, a)
                 } else {
                     queued_extra(&v, (h, a), light(h) && !at_threshold(h))
                 };
+                // Past the threshold, a new branch of the prefix waits for
+                // a sequence slot while the fleet has room (module docs).
+                let slot = if cfg.slot_wait
+                    && f64::from(v.load(a)) + 1.0 <= mean1
+                    && known.is_some_and(|k| fan_out(key, k, prompt_chars))
+                {
+                    slot_extra(&v, cost, h, a)
+                } else {
+                    0.0
+                };
+                let extra = queue + slot;
                 // Overload weight (module docs): the target has a backlog
                 // of a whole routing budget.
                 let w = if v.queued_ms(a, 1.0) >= cfg.routing_budget_ms {
@@ -2366,6 +2414,61 @@ mod tests {
         loads[3] = 255;
         let req = request_queued(&k, Some(&kn), &loads, &queued);
         let c = choose(&ring(7), &req, &cost(), &AffinityConfig::default());
+        assert_eq!((c.primary, c.reason), (3, Reason::Warm));
+    }
+
+    #[test]
+    fn a_new_branch_pays_the_slot_wait_of_a_holder_past_the_threshold() {
+        // Holder 3 at 260 in flight (threshold 256, within the relative
+        // bound 2 × 166.7), the others at 150 (mean 165.7); a wait price of
+        // 0.5 ms per request (the in-flight gap: 55 ms) and an exact repeat
+        // of an 8 192-token prompt (245 ms of prefill): kept. A learned run
+        // time of 20 s frees a slot every 78 ms, and the 5 requests over the
+        // threshold cost 390 ms more: moved; 5 s (98 ms more): kept.
+        let k = key(7, 128);
+        let repeat = known(128, &[3], 0);
+        let mut loads = [150u32; 7];
+        loads[3] = 260;
+        let none = [0u32; 7];
+        let model = |run_ms: f64| {
+            let mut m = CostModel::new(CostConfig {
+                wait_ms_per_request: 0.5,
+                learn: true,
+                ..cost().config()
+            });
+            if run_ms > 0.0 {
+                m.observe_run(run_ms);
+            }
+            m
+        };
+        let on = AffinityConfig::default();
+        let off = AffinityConfig {
+            slot_wait: false,
+            ..on
+        };
+        let go = |kn: &Known, queued: &[u32], run_ms: f64, cfg: &AffinityConfig| {
+            let req = request_queued(&k, Some(kn), &loads, queued);
+            let c = choose(&ring(7), &req, &model(run_ms), cfg);
+            (c.primary == 3, c.reason)
+        };
+        assert_eq!(go(&repeat, &none, 0.0, &on), (true, Reason::Warm));
+        assert_eq!(go(&repeat, &none, 20_000.0, &on), (false, Reason::Spill));
+        assert_eq!(go(&repeat, &none, 20_000.0, &off), (true, Reason::Warm));
+        assert_eq!(go(&repeat, &none, 5_000.0, &on), (true, Reason::Warm));
+        // A conversation's next turn (half of its prompt known, no other
+        // request went on past it: not a branch) is not charged: kept.
+        let turn = known(64, &[3], 0);
+        assert_eq!(go(&turn, &none, 20_000.0, &on), (true, Reason::Warm));
+        // Nor a move whose target is above the mean: replicas 0–2 (100 in
+        // flight) are prefilling 50 000 tokens each, so the alternative is
+        // one of 4–6 at 200 (mean 165.7): kept.
+        let mut uneven = [200u32; 7];
+        uneven[..3].copy_from_slice(&[100; 3]);
+        uneven[3] = 260;
+        let mut busy = [0u32; 7];
+        busy[..3].copy_from_slice(&[50_000; 3]);
+        let req = request_queued(&k, Some(&repeat), &uneven, &busy);
+        let c = choose(&ring(7), &req, &model(20_000.0), &on);
         assert_eq!((c.primary, c.reason), (3, Reason::Warm));
     }
 

@@ -43,6 +43,14 @@
 //! policy prices an in-flight request at most at the configured price when
 //! it prices queues by their tokens ([`crate::affinity`], "Wait price").
 //!
+//! **Run time** ([`CostModel::run_ms`]): the mean time from a response's
+//! first token to its end (its decode), an exponential moving average over
+//! about the last [`RUN_MEMORY`] streamed responses, 0 until one is seen
+//! (nothing is configured). By Little's law on an engine's running batch,
+//! a sequence slot frees every `run_ms / running` on average: the price of
+//! waiting for one at the concurrency threshold ([`crate::affinity`],
+//! "Holder at the threshold").
+//!
 //! Cost: O(1) per observation (3×3 matrix update), no allocation. One model per
 //! filter worker: each learns from the responses it proxies.
 
@@ -83,6 +91,8 @@ pub const OBS_LIMITS: (f64, f64, f64) = (1e7, 1e5, 600_000.0);
 const PRIOR: [f64; 3] = [1e4, 1e4, 1e2];
 /// Cap on the trace of the covariance: 100 × the prior's.
 pub const MAX_TRACE: f64 = 100.0 * (PRIOR[0] + PRIOR[1] + PRIOR[2]);
+/// Responses the run-time average remembers (its weight is `1 / RUN_MEMORY`).
+pub const RUN_MEMORY: f64 = 100.0;
 
 /// The online estimator.
 #[derive(Debug, Clone)]
@@ -92,6 +102,8 @@ pub struct CostModel {
     p: [[f64; 3]; 3],
     observations: u64,
     resets: u64,
+    /// Mean first-token-to-end time, ms (0: none observed).
+    run_ms: f64,
 }
 
 fn prior() -> [[f64; 3]; 3] {
@@ -111,6 +123,7 @@ impl CostModel {
             p: prior(),
             observations: 0,
             resets: 0,
+            run_ms: 0.0,
         }
     }
 
@@ -185,6 +198,26 @@ impl CostModel {
     /// Current (clamped) prices: (ms per 1000 tokens, ms per in-flight request).
     pub fn prices(&self) -> (f64, f64) {
         (self.prefill_ms(1000.0), self.wait_ms(1.0))
+    }
+
+    /// Mean time from a streamed response's first token to its end, ms (module
+    /// docs, "Run time"); 0 until one was observed or with learning off.
+    pub fn run_ms(&self) -> f64 {
+        self.run_ms
+    }
+
+    /// Learn from one streamed response's time from first token to end
+    /// (`ms`). Ignored when learning is off or `ms` is outside
+    /// `[0, OBS_LIMITS.2]` (NaN included). Cost: O(1).
+    pub fn observe_run(&mut self, ms: f64) {
+        if !(self.cfg.learn && (0.0..=OBS_LIMITS.2).contains(&ms)) {
+            return;
+        }
+        self.run_ms = if self.run_ms > 0.0 {
+            self.run_ms + (ms - self.run_ms) / RUN_MEMORY
+        } else {
+            ms
+        };
     }
 
     /// Learn from one response: `uncached_tokens` and `in_flight` as estimated
@@ -323,6 +356,36 @@ mod tests {
         off.observe(f64::NAN, 1.0, 5.0);
         assert_eq!(off.prices(), (50.0, 10.0));
         assert_eq!(off.observations(), 0);
+    }
+
+    #[test]
+    fn the_run_time_averages_streams_and_ignores_garbage() {
+        let mut m = CostModel::new(CostConfig::default());
+        assert_eq!(m.run_ms(), 0.0);
+        // The first observation is taken whole, later ones move it by
+        // 1 / RUN_MEMORY of the difference.
+        m.observe_run(2000.0);
+        assert_eq!(m.run_ms(), 2000.0);
+        m.observe_run(3000.0);
+        assert!((m.run_ms() - (2000.0 + 1000.0 / RUN_MEMORY)).abs() < 1e-9);
+        // Garbage is ignored.
+        let before = m.run_ms();
+        for ms in [-1.0, f64::NAN, f64::INFINITY, OBS_LIMITS.2 * 2.0] {
+            m.observe_run(ms);
+        }
+        assert_eq!(m.run_ms(), before);
+        // About RUN_MEMORY × 5 observations bring it within 1 % of a new level.
+        for _ in 0..(RUN_MEMORY as usize * 5) {
+            m.observe_run(500.0);
+        }
+        assert!((m.run_ms() - 500.0).abs() < 0.01 * before);
+        // Learning off: nothing is learned.
+        let mut off = CostModel::new(CostConfig {
+            learn: false,
+            ..CostConfig::default()
+        });
+        off.observe_run(1000.0);
+        assert_eq!(off.run_ms(), 0.0);
     }
 
     #[test]

@@ -312,7 +312,7 @@ pub fn run(
                 }
                 Outcome::Done { req } => {
                     in_flight[r as usize] = in_flight[r as usize].saturating_sub(1);
-                    policy.on_done(req, r as usize);
+                    policy.on_done(req, r as usize, now);
                     records[req as usize].done = now;
                     completed += 1;
                     end = end.max(now);

@@ -85,6 +85,9 @@ pub struct RouterHttp {
     queued: Queued,
     /// The response is a server-sent-event stream.
     streaming: bool,
+    /// Host time of a stream's first token, ms, until its end teaches the
+    /// cost model the run time ([`crate::cost::CostModel::observe_run`]).
+    first_token_ms: Option<u64>,
     /// A 2xx event stream's record, waiting for its first body byte (the
     /// first token: the prefill is done and cached), with the host that
     /// served it. Streaming servers (vLLM, SGLang, the emulator) send their
@@ -124,6 +127,7 @@ impl RouterHttp {
             pending_cost: None,
             queued: Queued::default(),
             streaming: false,
+            first_token_ms: None,
             deferred_record: None,
             upstream: None,
             delivery: Delivery::default(),
@@ -785,8 +789,9 @@ impl RouterHttp {
         if self.streaming && size > 0 {
             if let (Some(p), Some((uncached, in_flight))) = (&self.plugin, self.pending_cost.take())
             {
-                let ttft_ms =
-                    (host::now_nanos() / 1_000_000).saturating_sub(self.routed_at_ms) as f64;
+                let now_ms = host::now_nanos() / 1_000_000;
+                let ttft_ms = now_ms.saturating_sub(self.routed_at_ms) as f64;
+                self.first_token_ms = Some(now_ms);
                 if let Ok(mut cost) = p.cost.try_borrow_mut() {
                     cost.observe(uncached, in_flight, ttft_ms);
                     let (prefill, wait) = cost.prices();
@@ -812,6 +817,15 @@ impl RouterHttp {
         self.deferred_record = None;
         // No body byte came (an error, a reset): written with the release.
         self.finish_queued();
+        // A stream's first token to its end: the time it held a sequence
+        // slot on the engine (its decode), for the slot wait.
+        if let Some(t0) = self.first_token_ms.take() {
+            let run_ms = (host::now_nanos() / 1_000_000).saturating_sub(t0) as f64;
+            if let Ok(mut cost) = p.cost.try_borrow_mut() {
+                cost.observe_run(run_ms);
+                p.stats.run_time(cost.run_ms());
+            }
+        }
         self.load_upstream();
         self.delivery
             .finish(&p, self.view.as_deref(), self.upstream.as_deref());

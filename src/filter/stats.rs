@@ -6,8 +6,9 @@
 //! `prefix_router.error.<host_call>`; per endpoint (`.`/`:` → `_`):
 //! `prefix_router.endpoint.<ep>.routed` (counter) and
 //! `prefix_router.endpoint.<ep>.in_flight` (gauge); `affinity` prices learned
-//! by the last worker that observed a stream: `prefix_router.cost.prefill_us_per_ktok`
-//! and `prefix_router.cost.wait_us_per_request` (gauges). Per-endpoint stats
+//! by the last worker that observed a stream: `prefix_router.cost.prefill_us_per_ktok`,
+//! `prefix_router.cost.wait_us_per_request` and the mean first-token-to-end
+//! time `prefix_router.cost.run_ms` (gauges). Per-endpoint stats
 //! are defined on first use of an address (bounded by the hosts ever seen).
 //! Live cluster view: `prefix_router.cluster.poll_ok`, `.poll_failed`,
 //! `.reconciled` (in-flight counts corrected to `rq_active`), `.marked_down`
@@ -66,6 +67,7 @@ pub struct Stats {
     cluster: [Option<u32>; 13],
     prefill_us_per_ktok: Option<u32>,
     wait_us_per_request: Option<u32>,
+    run_ms: Option<u32>,
 }
 
 /// `prefix_router.cluster.*` stats: (is a counter, name).
@@ -155,6 +157,7 @@ impl Stats {
             }),
             prefill_us_per_ktok: define(g, "prefix_router.cost.prefill_us_per_ktok"),
             wait_us_per_request: define(g, "prefix_router.cost.wait_us_per_request"),
+            run_ms: define(g, "prefix_router.cost.run_ms"),
         }
     }
 
@@ -290,6 +293,14 @@ impl Stats {
             if let Some(id) = id {
                 batch::gauge(id, (ms * 1000.0).max(0.0) as u64);
             }
+        }
+    }
+
+    /// Publish the `affinity` cost model's mean first-token-to-end time
+    /// (this worker's, [`crate::cost::CostModel::run_ms`]).
+    pub fn run_time(&self, ms: f64) {
+        if let Some(id) = self.run_ms {
+            batch::gauge(id, ms.max(0.0) as u64);
         }
     }
 

@@ -87,11 +87,13 @@ fn growing_conversations_stay_on_their_replica() {
 
 /// Streamed responses teach the cost model: after a few streams the learned
 /// prefill price (gauge, µs per 1000 uncached tokens) is published and differs
-/// from the configured starting price.
+/// from the configured starting price, and the mean first-token-to-end time
+/// (gauge, ms: the slot wait's run time) is published.
 #[test]
 fn streamed_responses_teach_the_cost_model() {
     let slow = ReplicaOpts {
         prefill_us_per_token: 400.0,
+        decode_ms_per_token: 5.0,
         ..ReplicaOpts::default()
     };
     let w = World::start("affinity-cost", &[slow.clone(), slow.clone(), slow], |c| {
@@ -112,6 +114,13 @@ fn streamed_responses_teach_the_cost_model() {
     assert!(
         matches!(price, Some(p) if p > 0 && p != 5_000),
         "learned prefill price not published or unchanged: {price:?}\n{}",
+        s.dump("prefix_router.cost")
+    );
+    // The streams' first token to end (their decode), learned at their end.
+    let run = s.find("prefix_router.cost.run_ms");
+    assert!(
+        matches!(run, Some(ms) if ms > 0),
+        "run time not published: {run:?}\n{}",
         s.dump("prefix_router.cost")
     );
 }

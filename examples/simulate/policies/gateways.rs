@@ -757,6 +757,8 @@ pub struct Gateways {
     peer_loads: Vec<(Vec<u32>, Vec<u32>)>,
     next_share: f64,
     pending: Vec<Pending>,
+    /// First-token times for the gateways' run time.
+    run: super::RunClock,
     rng: Rng,
     c: Counts,
     prof: Profile,
@@ -848,6 +850,7 @@ impl Gateways {
             peer_loads: Vec::new(),
             next_share: 0.0,
             pending: Vec::new(),
+            run: super::RunClock::default(),
             rng: Rng::new(seed ^ 0x6d75),
             c: Counts::default(),
             prof: Profile::default(),
@@ -1527,6 +1530,7 @@ impl Policy for Gateways {
         };
         let k = usize::from(p.gateway);
         let now_ms = clock_ms(now);
+        self.run.first_token(idx, now);
         // The filter's `Queued::finish` at the first response byte.
         if let Some(g) = self.gws.get_mut(k) {
             super::queue_finish(g.queued.as_mut(), usize::from(p.primary), p.queued_tokens);
@@ -1566,14 +1570,16 @@ impl Policy for Gateways {
         }
     }
 
-    fn on_done(&mut self, idx: u32, replica: usize) {
+    fn on_done(&mut self, idx: u32, replica: usize, now: f64) {
         let k = self.pending.get(idx as usize).map_or(0, |p| p.gateway) as usize;
-        if let Some(c) = self
-            .gws
-            .get_mut(k)
-            .and_then(|g| g.in_flight.get_mut(replica))
-        {
-            *c = c.saturating_sub(1);
+        let run = self.run.done(idx, now);
+        if let Some(g) = self.gws.get_mut(k) {
+            if let Some(c) = g.in_flight.get_mut(replica) {
+                *c = c.saturating_sub(1);
+            }
+            if let Some(ms) = run {
+                g.cost.observe_run(ms);
+            }
         }
     }
 

@@ -58,6 +58,31 @@ pub fn queue_finish(q: Option<&mut Vec<u32>>, r: usize, tokens: u32) {
     }
 }
 
+/// First-token times by request, for the filter's run-time observation
+/// ([`prefix_router::cost::CostModel::observe_run`]: a streamed response's
+/// first token to its end).
+#[derive(Debug, Default, Clone)]
+pub struct RunClock(Vec<f64>);
+
+impl RunClock {
+    /// Request `idx` gave its first token at `now` (s).
+    pub fn first_token(&mut self, idx: u32, now: f64) {
+        let i = idx as usize;
+        if self.0.len() <= i {
+            self.0.resize(i + 1, f64::NAN);
+        }
+        self.0[i] = now;
+    }
+
+    /// Request `idx` ended at `now` (s): its first-token-to-end time, ms
+    /// (`None` without a first token; once per request).
+    pub fn done(&mut self, idx: u32, now: f64) -> Option<f64> {
+        let t = self.0.get_mut(idx as usize)?;
+        let first = std::mem::replace(t, f64::NAN);
+        first.is_finite().then(|| (now - first).max(0.0) * 1000.0)
+    }
+}
+
 /// What a policy may look at when routing.
 pub struct View<'a> {
     /// Simulated time, seconds.
@@ -102,8 +127,8 @@ pub trait Policy: Send {
     /// The engine reported `cached` prompt tokens served from its cache for
     /// request `idx` on `replica` (known with the first token).
     fn on_delivered(&mut self, _idx: u32, _req: &SimRequest, _replica: usize, _cached: u32) {}
-    /// Request `idx` finished on `replica` (its response ended).
-    fn on_done(&mut self, _idx: u32, _replica: usize) {}
+    /// Request `idx` finished on `replica` (its response ended) at `now` (s).
+    fn on_done(&mut self, _idx: u32, _replica: usize, _now: f64) {}
     /// Extra figures for the report (name, value).
     fn extra(&self) -> Vec<(String, f64)> {
         Vec::new()

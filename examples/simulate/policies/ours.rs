@@ -180,6 +180,7 @@ impl OursParams {
             "light_slack" => self.affinity.light_slack = f()?,
             "queue_wait_cap" => self.affinity.queue_wait_cap = b(),
             "soft_threshold" => self.affinity.soft_threshold = b(),
+            "slot_wait" => self.affinity.slot_wait = b(),
             "pending_warm" => self.affinity.pending_warm = b(),
             // On at the default weight (unless a weight was set), off = weight 0.
             "short_warm" => {
@@ -214,6 +215,8 @@ pub struct Ours {
     key: usize,
     store: VecStore,
     cost: CostModel,
+    /// First-token times for the cost model's run time.
+    run: super::RunClock,
     pending: Vec<(f32, u32)>,
     /// Lookup result per request, kept until its response starts.
     pending_known: Vec<Option<Known>>,
@@ -286,6 +289,7 @@ impl Ours {
             queued: p.queued_prefill.then(Vec::new),
             queued_of: Vec::new(),
             decide_log: std::env::var_os("SIM_DECIDE").is_some(),
+            run: super::RunClock::default(),
         })
     }
 }
@@ -495,6 +499,13 @@ impl Policy for Ours {
         if let Some(&(u, l)) = self.pending.get(idx as usize) {
             self.cost.observe(f64::from(u), f64::from(l), ttft * 1000.0);
         }
+        self.run.first_token(idx, now);
+    }
+
+    fn on_done(&mut self, idx: u32, _replica: usize, now: f64) {
+        if let Some(ms) = self.run.done(idx, now) {
+            self.cost.observe_run(ms);
+        }
     }
 
     fn on_delivered(&mut self, idx: u32, req: &SimRequest, _replica: usize, cached: u32) {
@@ -608,10 +619,13 @@ impl Policy for OursMulti {
         }
     }
 
-    fn on_done(&mut self, idx: u32, replica: usize) {
+    fn on_done(&mut self, idx: u32, replica: usize, now: f64) {
         let k = self.owner.get(idx as usize).copied().unwrap_or(0) as usize;
         if let Some(c) = self.local.get_mut(k).and_then(|l| l.get_mut(replica)) {
             *c = c.saturating_sub(1);
+        }
+        if let Some(r) = self.routers.get_mut(k) {
+            r.on_done(idx, replica, now);
         }
     }
 }

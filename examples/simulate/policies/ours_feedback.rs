@@ -85,6 +85,8 @@ pub struct OursFeedback {
     confirms: u64,
     /// Raise eviction horizons ([`OursParams::horizons`]).
     horizons: bool,
+    /// First-token times for the gateways' run time.
+    run: super::RunClock,
 }
 
 impl OursFeedback {
@@ -116,6 +118,7 @@ impl OursFeedback {
             delivered_tokens: 0.0,
             confirms: 0,
             horizons: p.horizons,
+            run: super::RunClock::default(),
         }
     }
 }
@@ -217,6 +220,7 @@ impl Policy for OursFeedback {
                     .observe(f64::from(p.uncached), f64::from(p.load), ttft * 1000.0);
             }
         }
+        self.run.first_token(idx, now);
     }
 
     fn on_delivered(&mut self, idx: u32, req: &SimRequest, replica: usize, cached: u32) {
@@ -290,17 +294,19 @@ impl Policy for OursFeedback {
         }
     }
 
-    fn on_done(&mut self, idx: u32, replica: usize) {
+    fn on_done(&mut self, idx: u32, replica: usize, now: f64) {
         let g = self
             .pending
             .get(idx as usize)
             .map_or(0, |p| p.gateway as usize);
-        if let Some(x) = self
-            .gateways
-            .get_mut(g)
-            .and_then(|gw| gw.in_flight.get_mut(replica))
-        {
-            *x = x.saturating_sub(1);
+        let run = self.run.done(idx, now);
+        if let Some(gw) = self.gateways.get_mut(g) {
+            if let Some(x) = gw.in_flight.get_mut(replica) {
+                *x = x.saturating_sub(1);
+            }
+            if let Some(ms) = run {
+                gw.cost.observe_run(ms);
+            }
         }
     }
 
