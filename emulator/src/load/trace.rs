@@ -24,7 +24,10 @@
 //! hashed.
 //!
 //! **Errors.** Empty lines are skipped. A line that is not a JSON object, or has no usable
-//! `timestamp` or `hash_ids`, is an error naming its line number. A missing `output_length`
+//! `timestamp` or `hash_ids`, or asks for more than [`MAX_INPUT_TOKENS`] prompt tokens or
+//! [`MAX_OUTPUT_TOKENS`] output tokens (no model serves such a request: a corrupt field, which
+//! would otherwise stall a replay for hours of simulated prefill), is an error naming its line
+//! number. A missing `output_length`
 //! counts and defaults to 1; a missing `input_length` becomes `len(hash_ids) × B` (counted);
 //! unsorted timestamps are sorted (stable); ids beyond the prompt length are dropped and a
 //! prompt longer than its ids gets a unique tail (counted). Every adjustment is counted in
@@ -395,6 +398,11 @@ fn id_of(v: &Value) -> Option<u64> {
     }
 }
 
+/// Largest `input_length` accepted: 2^24 tokens (16.8 M, above every served context).
+pub const MAX_INPUT_TOKENS: u64 = 1 << 24;
+/// Largest `output_length` accepted: 2^20 tokens.
+pub const MAX_OUTPUT_TOKENS: u64 = 1 << 20;
+
 /// One line: `Ok(None)` for a request with `input_length` 0 (nothing to
 /// prefill: skipped and counted in the summary).
 fn parse_line(line: &str, lineno: usize, st: &mut TraceStats) -> Result<Option<Row>, String> {
@@ -418,10 +426,20 @@ fn parse_line(line: &str, lineno: usize, st: &mut TraceStats) -> Result<Option<R
         st.adjust("input_length 0: line skipped");
         return Ok(None);
     }
+    if let Some(i) = input.filter(|&i| i > MAX_INPUT_TOKENS) {
+        return Err(format!(
+            "`input_length` {i} is over {MAX_INPUT_TOKENS} tokens"
+        ));
+    }
     if input.is_none() && ids.is_empty() {
         return Err("neither `input_length` nor `hash_ids`".into());
     }
     let output = match as_u64(obj.get("output_length")) {
+        Some(o) if o > MAX_OUTPUT_TOKENS => {
+            return Err(format!(
+                "`output_length` {o} is over {MAX_OUTPUT_TOKENS} tokens"
+            ));
+        }
         Some(o) => o.max(1),
         None => {
             st.adjust("missing output_length → 1");
@@ -430,8 +448,8 @@ fn parse_line(line: &str, lineno: usize, st: &mut TraceStats) -> Result<Option<R
     };
     Ok(Some(Row {
         ts,
-        input: input.map(|i| i.min(u64::from(u32::MAX / 4)) as u32),
-        output: output.min(1 << 20) as u32,
+        input: input.map(|i| i as u32),
+        output: output as u32,
         ids,
         line: lineno,
     }))
@@ -668,6 +686,17 @@ mod tests {
         assert!(e.contains("line 3"), "{e}");
         let e = parse_requests("{\"timestamp\": 1, \"hash_ids\": 3}", &opt(1.0), "t").unwrap_err();
         assert!(e.contains("line 1") && e.contains("hash_ids"), "{e}");
+        // Absurd sizes (a corrupt field) are errors, not hours of simulated prefill.
+        let line = |i: u64, o: u64| {
+            format!("{{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 5, \"hash_ids\": [1]}}\n{{\"timestamp\": 2, \"input_length\": {i}, \"output_length\": {o}, \"hash_ids\": [1]}}\n")
+        };
+        let e = parse_requests(&line(4_000_000_000, 5), &opt(1.0), "t").unwrap_err();
+        assert!(e.contains("line 2") && e.contains("input_length"), "{e}");
+        let e = parse_requests(&line(10, MAX_OUTPUT_TOKENS + 1), &opt(1.0), "t").unwrap_err();
+        assert!(e.contains("line 2") && e.contains("output_length"), "{e}");
+        let (r, _) =
+            parse_requests(&line(MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS), &opt(1.0), "t").unwrap();
+        assert_eq!((r[1].input, r[1].output), (1 << 24, 1 << 20));
     }
 
     #[test]
