@@ -48,8 +48,8 @@
 //! about the last [`RUN_MEMORY`] streamed responses, 0 until one is seen
 //! (nothing is configured). By Little's law on an engine's running batch,
 //! a sequence slot frees every `run_ms / running` on average: the price of
-//! waiting for one at the concurrency threshold ([`crate::affinity`],
-//! "Holder at the threshold").
+//! waiting for one at the concurrency threshold ([`crate::affinity`], "Slot
+//! wait").
 //!
 //! Cost: O(1) per observation (3×3 matrix update), no allocation. One model per
 //! filter worker: each learns from the responses it proxies.
