@@ -1135,6 +1135,9 @@ fn decide(
         }
         (m > 0).then_some((holders, m, cached, coverage))
     });
+    // Does this request branch off its known prefix ([`fan_out`])? Asked
+    // once: the share bound's move and the slot wait read it.
+    let branches = known.is_some_and(|k| fan_out(key, k, prompt_chars));
     // The share bound may move this warm request to a new holder (a holder
     // over the soft bound at a light load, and the known prefix fanned
     // out): the new holder is ranked by pressure first, and the floor
@@ -1143,7 +1146,7 @@ fn decide(
     // did not (only warm requests come here; cold ones read it up front).
     // May the hard share bound move this request at all (`share_fan_out`)?
     // Decided once: the pressure read below and the move itself ask it.
-    let movable = !cfg.share_fan_out || known.is_some_and(|k| fan_out(key, k, prompt_chars));
+    let movable = !cfg.share_fan_out || branches;
     let may_move = share
         .zip(warm.as_ref())
         .filter(|(_, (h, m, _, _))| movable && h[..*m].iter().any(|&r| v.over_share(r)));
@@ -1279,10 +1282,7 @@ fn decide(
                 };
                 // Past the threshold, a new branch of the prefix waits for
                 // a sequence slot while the fleet has room (module docs).
-                let slot = if cfg.slot_wait
-                    && f64::from(v.load(a)) + 1.0 <= mean1
-                    && known.is_some_and(|k| fan_out(key, k, prompt_chars))
-                {
+                let slot = if cfg.slot_wait && branches && f64::from(v.load(a)) + 1.0 <= mean1 {
                     slot_extra(&v, cost, h, a)
                 } else {
                     0.0
@@ -1814,6 +1814,14 @@ mod tests {
         assert_eq!(c, choose(&r, &req, &cost(), &no_band));
     }
 
+    /// An exact repeat of a 128-block prompt held by replica 3 (of 7), with
+    /// `holder` requests in flight there and `others` on every other one.
+    fn repeat_on_3(others: u32, holder: u32) -> (RoutingKey, Known, [u32; 7]) {
+        let mut loads = [others; 7];
+        loads[3] = holder;
+        (key(7, 128), known(128, &[3], 0), loads)
+    }
+
     /// [`request`] with a queue picture.
     fn request_queued<'a>(
         k: &'a RoutingKey,
@@ -2036,10 +2044,7 @@ mod tests {
     fn a_saturated_fleet_lifts_the_concurrency_threshold() {
         // Every replica at or over the threshold (256): a holder over it
         // stays warm instead of spilling to a replica just as far over.
-        let k = key(7, 128);
-        let kn = known(128, &[3], 0);
-        let mut loads = [260u32; 7];
-        loads[3] = 262;
+        let (k, kn, mut loads) = repeat_on_3(260, 262);
         let c = pick(&k, Some(&kn), &loads);
         assert_eq!((c.primary, c.reason), (3, Reason::Warm));
         // With the threshold forced on (as before), the same request spills.
@@ -2425,10 +2430,7 @@ mod tests {
         // of an 8 192-token prompt (245 ms of prefill): kept. A learned run
         // time of 20 s frees a slot every 78 ms, and the 5 requests over the
         // threshold cost 390 ms more: moved; 5 s (98 ms more): kept.
-        let k = key(7, 128);
-        let repeat = known(128, &[3], 0);
-        let mut loads = [150u32; 7];
-        loads[3] = 260;
+        let (k, repeat, loads) = repeat_on_3(150, 260);
         let none = [0u32; 7];
         let model = |run_ms: f64| {
             let mut m = CostModel::new(CostConfig {
@@ -2552,10 +2554,7 @@ mod tests {
         // 8192 tokens known (penalty 245 ms); the holder 10 requests above
         // the others (within the load bound): 1 000 ms at the learned
         // price, 100 at the configured one.
-        let k = key(7, 128);
-        let kn = known(128, &[3], 0);
-        let mut loads = [40u32; 7];
-        loads[3] = 50;
+        let (k, kn, loads) = repeat_on_3(40, 50);
         let mut queued = [50_000u32; 7];
         let decide = |queued: Option<&[u32]>, cfg: &AffinityConfig| {
             let req = Request {
@@ -2607,10 +2606,7 @@ mod tests {
         let learned = learned_100ms_per_request();
         // 8192 tokens known (penalty 245 ms); the holder 10 counts above
         // the others, equal queues: the floor decides.
-        let k = key(7, 128);
-        let kn = known(128, &[3], 0);
-        let mut loads = [40u32; 7];
-        loads[3] = 50;
+        let (k, kn, loads) = repeat_on_3(40, 50);
         let queued = [50_000u32; 7];
         let scaled = |per_count: f64| Request {
             queued_prefill: Some(&queued),
