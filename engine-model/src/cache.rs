@@ -5,8 +5,8 @@
 //!   the end of block `i`, so a hit on block `i` implies the whole prefix); pinned while running
 //!   sequences reference it (`refs > 0`), otherwise *evictable* and kept in an LRU list
 //!   (evicted from the front);
-//! - **private**: allocated to one running sequence and not (yet) shareable (blocks still being
-//!   filled, output blocks whose hash is unknown).
+//! - **private**: allocated to one running sequence and not (yet) shareable (blocks no planned
+//!   step fills yet, output blocks whose hash is unknown).
 //!
 //! Invariant: `map.len() + private ≤ capacity`; free blocks are
 //! `capacity − map.len() − private`. Allocation takes free blocks first, then

@@ -22,9 +22,14 @@
 //!    pinned, blocks for the first chunk are allocated. A request that arrived after the step's
 //!    start is not scheduled in it.
 //!
-//! **Blocks become shareable** at the end of the step that fills them (prompt blocks whose hash
-//! the request gave); output blocks with known hashes (`Request::out_blocks`) are cached,
-//! evictable, when the request ends. Released blocks go to the LRU tail-first, so a finished
+//! **Blocks become shareable** when the step that fills them is planned (prompt blocks whose
+//! hash the request gave), as in vLLM V1, whose `KVCacheManager.allocate_slots` commits the
+//! full blocks of `computed + new` tokens to the prefix cache at scheduling, before the forward
+//! pass: a request scheduled later in the same step hits the blocks an earlier one computes in
+//! it (the forward pass writes each layer's KV before that layer's attention reads it). Two
+//! copies of a prompt that arrive together are prefilled once, not twice; a request scheduled
+//! after a chunk of a longer prompt hits that chunk and computes the rest itself. Output blocks
+//! with known hashes (`Request::out_blocks`) are cached, evictable, when the request ends. Released blocks go to the LRU tail-first, so a finished
 //! request's tail is evicted before its head.
 //!
 //! **Progress**: a sequence that alone needs more blocks than the whole cache runs without
@@ -503,6 +508,7 @@ impl Engine {
             }
             budget -= n;
             self.plan.push(Planned { slot, id, n });
+            self.commit_blocks(slot, from + n);
             i += 1;
         }
 
@@ -585,6 +591,7 @@ impl Engine {
             self.waiting.pop_front();
             self.running.push(slot);
             self.plan.push(Planned { slot, id, n });
+            self.commit_blocks(slot, cached + n);
         }
 
         if self.plan.is_empty() {
@@ -598,10 +605,28 @@ impl Engine {
         Some(cost)
     }
 
-    /// End the step in progress at `t`: tokens computed, blocks published, tokens sampled.
+    /// Commit the prompt blocks of `slot` that its first `tokens` tokens fill (hashed, pinned):
+    /// called when a step is planned, for the tokens that step computes, so a request scheduled
+    /// later in the same plan already hits them. O(blocks committed).
+    fn commit_blocks(&mut self, slot: u32, tokens: u32) {
+        let bt = self.p.block_tokens.max(1);
+        let Some(q) = self.seqs.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if q.overflow {
+            return;
+        }
+        let full = ((tokens.min(q.tokens()) / bt) as usize).min(q.req.blocks.len());
+        while q.held < full {
+            let h = q.req.blocks[q.held];
+            self.cache.publish(h, true);
+            q.held += 1;
+        }
+    }
+
+    /// End the step in progress at `t`: tokens computed, tokens sampled.
     fn end_step(&mut self, t: f64) {
         let plan = std::mem::take(&mut self.plan);
-        let bt = self.p.block_tokens;
         let mut finished = Vec::new();
         for p in &plan {
             let Some(q) = self.seqs.get_mut(p.slot as usize).and_then(Option::as_mut) else {
@@ -611,14 +636,6 @@ impl Engine {
                 continue; // aborted (or preempted) during the step
             }
             q.computed = (q.computed + p.n).min(q.tokens());
-            if !q.overflow {
-                let full = ((q.computed / bt) as usize).min(q.req.blocks.len());
-                while q.held < full {
-                    let h = q.req.blocks[q.held];
-                    self.cache.publish(h, true);
-                    q.held += 1;
-                }
-            }
             if q.computed < q.tokens() {
                 continue;
             }
@@ -797,17 +814,23 @@ mod tests {
         let (t2, c2) = first_token(&ev, 2).unwrap_or((f64::NAN, 9));
         assert_eq!((c1, c2), (0, 496));
         assert!(t2 - t1 < 0.01 + 20.0 * 1e-4, "the hit is fast: {t1} {t2}");
-        // Same step (no prefill limit): both are scheduled before either computed anything.
+        // Same step (no prefill limit): the second is planned after the first, whose blocks are
+        // committed at planning (vLLM V1's allocate_slots), so it hits all of them, in the same
+        // step as the first.
         let mut e = Engine::new(params());
         e.submit(req(1, 7, 512, 1), 0.0);
         e.submit(req(2, 7, 512, 1), 0.0);
         let ev = drain(&mut e, 0.0);
-        assert_eq!(first_token(&ev, 2).map(|x| x.1), Some(0));
+        let (s1, s2) = (first_token(&ev, 1), first_token(&ev, 2));
+        assert_eq!(s1.map(|x| x.1), Some(0));
+        assert_eq!(s2.map(|x| x.1), Some(496));
+        assert_eq!(s1.map(|x| x.0), s2.map(|x| x.0), "one step");
+        assert_eq!(e.metrics().hits, 496);
         // A later request hits, up to (prompt − 1) / 16 blocks.
         e.submit(req(3, 7, 512, 1), 1.0);
         let ev = drain(&mut e, 1.0);
         assert_eq!(first_token(&ev, 3).map(|x| x.1), Some(496));
-        assert_eq!(e.metrics().hits, 496);
+        assert_eq!(e.metrics().hits, 2 * 496);
     }
 
     #[test]
@@ -912,9 +935,9 @@ mod tests {
         assert!(at(&ev, 2, |k| *k == EventKind::Finished).is_some());
         let m = e.metrics();
         assert_eq!((m.running, m.waiting, m.kv_used_blocks), (0, 0, 0));
-        // The aborted request's computed prompt blocks were published? It was aborted before
-        // its step ended: nothing of it is cached.
-        assert_eq!(e.cached_tokens(&hashes(1, 4), 65), 0);
+        // The aborted request's prompt blocks were committed when its step was planned (as
+        // vLLM V1, where the step in flight completes on the GPU): they stay cached, evictable.
+        assert_eq!(e.cached_tokens(&hashes(1, 4), 65), 64);
     }
 
     #[test]
