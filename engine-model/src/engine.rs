@@ -29,8 +29,9 @@
 //! it (the forward pass writes each layer's KV before that layer's attention reads it). Two
 //! copies of a prompt that arrive together are prefilled once, not twice; a request scheduled
 //! after a chunk of a longer prompt hits that chunk and computes the rest itself. Output blocks
-//! with known hashes (`Request::out_blocks`) are cached, evictable, when the request ends. Released blocks go to the LRU tail-first, so a finished
-//! request's tail is evicted before its head.
+//! with known hashes (`Request::out_blocks`) are cached, evictable, when the request ends.
+//! Released blocks go to the LRU tail-first, so a finished request's tail is evicted before its
+//! head.
 //!
 //! **Progress**: a sequence that alone needs more blocks than the whole cache runs without
 //! allocating more ("overflow": its KV is not cached); every planned sequence computes at least
