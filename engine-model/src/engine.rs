@@ -607,8 +607,9 @@ impl Engine {
     }
 
     /// Commit the prompt blocks of `slot` that its first `tokens` tokens fill (hashed, pinned):
-    /// called when a step is planned, for the tokens that step computes, so a request scheduled
-    /// later in the same plan already hits them. O(blocks committed).
+    /// called when a step is planned, with `computed + n` of the chunk it plans (never more than
+    /// the sequence's tokens), so a request scheduled later in the same plan already hits them.
+    /// O(blocks committed).
     fn commit_blocks(&mut self, slot: u32, tokens: u32) {
         let bt = self.p.block_tokens.max(1);
         let Some(q) = self.seqs.get_mut(slot as usize).and_then(Option::as_mut) else {
@@ -617,7 +618,7 @@ impl Engine {
         if q.overflow {
             return;
         }
-        let full = ((tokens.min(q.tokens()) / bt) as usize).min(q.req.blocks.len());
+        let full = ((tokens / bt) as usize).min(q.req.blocks.len());
         while q.held < full {
             let h = q.req.blocks[q.held];
             self.cache.publish(h, true);
