@@ -160,6 +160,23 @@
 //! (`docs/multi-gateway.md`, "Ninth session: the spill price at N
 //! gateways").
 //!
+//! **Holder list** ([`CORE_HOLDERS`]): an index entry remembers up to
+//! [`crate::index::MAX_HOLDERS`] (7) replicas, most recent first. All of
+//! them are holder candidates while some available replica has less than
+//! `routing_budget_ms` of prefill queued; when every one has at least that
+//! (the fleet is backlogged), only the first [`CORE_HOLDERS`] (3) are.
+//! Why both: with 3 holders a hot shared prefix (an agent's tool prompt)
+//! stays on 3 replicas and spills off them (`agent`, 16 replicas: p90 17.6 %
+//! over CHWBL's, one replica of 16 given no request), while 7 holders for
+//! every request spread each prefix over more caches in an overloaded fleet
+//! and cost hit rate there (heldout 7 × 0.08: 8 → 5 of 8 traces within
+//! 0.5 points of the best baseline; request shares 13.0–15.1 → 11.5–18.5 %,
+//! spills 4.7 → 6.5 %). Gated, over 233 simulator runs: hit passes 226 →
+//! 228, p90 passes 195 → 197 (`docs/benchmarks.md`, "Twentieth session").
+//! Cost: one pass over the replicas' queues, only for a warm request whose
+//! entry has more than [`CORE_HOLDERS`] holders, stopping at the first
+//! replica with room.
+//!
 //! **Second tier** (`tier`, on; [`choose_tiered`]): when every holder of
 //! the known prefix is over the load bound (the spill of step 3 to
 //! `a = place(holders)`), the caller looks up a shallower ladder block of
@@ -709,6 +726,11 @@ pub const DEFAULT_SHORT_WEIGHT: f64 = 4.0;
 
 const MAX_CHOICES: usize = 8;
 
+/// Holders of an entry that stay candidates when the whole fleet is
+/// backlogged (module docs, "Holder list"); the ones past them, up to
+/// [`crate::index::MAX_HOLDERS`], only while some replica has room.
+pub const CORE_HOLDERS: usize = 3;
+
 struct View<'a> {
     loads: Loads<'a>,
     pressure: Option<&'a Pressure>,
@@ -745,6 +767,15 @@ impl View<'_> {
     /// price (0 without a queue picture).
     fn queued_ms(&self, i: usize, credit: f64) -> f64 {
         self.prices.1 * credit * f64::from(self.queued_tokens(i)) / 1000.0
+    }
+    /// Has every available replica at least a routing budget of prefill
+    /// queued (`queued_ms ≥ routing_budget_ms`)? `false` without a queue
+    /// picture. O(n), stops at the first replica with room.
+    fn backlogged(&self, cfg: &AffinityConfig) -> bool {
+        self.queued.is_some()
+            && (0..self.n)
+                .filter(|&i| self.available(i))
+                .all(|i| self.queued_ms(i, 1.0) >= cfg.routing_budget_ms)
     }
     /// Available and under the concurrency threshold, with room for one
     /// more request within `limit` (`in_flight + 1 ≤ limit`).
@@ -1129,7 +1160,14 @@ fn decide(
         let cached = known_tokens(key, k, prompt_tokens, cpt, cfg);
         let mut holders = [0usize; crate::index::MAX_HOLDERS];
         let mut m = 0;
-        for h in k.entry.holders().filter(|&h| v.available(h)) {
+        // The holders past the core ones only while the fleet has room
+        // (module docs, "Holder list"); asked only when there are some.
+        let cap = if k.entry.holders().nth(CORE_HOLDERS).is_some() && v.backlogged(cfg) {
+            CORE_HOLDERS
+        } else {
+            crate::index::MAX_HOLDERS
+        };
+        for h in k.entry.holders().filter(|&h| v.available(h)).take(cap) {
             holders[m] = h;
             m += 1;
         }
@@ -1591,6 +1629,46 @@ mod tests {
             ..request(&k, Some(&kn), Loads::new(&loads))
         };
         choose(&ring(8), &req, &cost(), cfg)
+    }
+
+    #[test]
+    fn holders_past_the_core_are_candidates_only_while_the_fleet_has_room() {
+        // 4 096 tokens known on 5 replicas, 0..5 (newest first); 0, 1, 2
+        // are busy (6 in flight, 100 000 tokens queued: 3 s at 30 ms per
+        // 1 000, over the 2 s routing budget), 3 and 4 are not.
+        let k = key(9, 64);
+        let kn = known(64, &[0, 1, 2, 3, 4], 0);
+        let loads = [6, 6, 6, 1, 1, 1, 1, 1];
+        let cfg = AffinityConfig::default();
+        let decide = |queued: &[u32]| {
+            let req = Request {
+                queued_prefill: Some(queued),
+                ..request(&k, Some(&kn), Loads::new(&loads))
+            };
+            choose(&ring(8), &req, &cost(), &cfg)
+        };
+        // Replicas 5..8 have nothing queued: 3 and 4 are warm candidates.
+        let room = [100_000, 100_000, 100_000, 0, 0, 0, 0, 0];
+        let c = decide(&room);
+        assert!(c.primary == 3 || c.primary == 4, "{c:?}");
+        assert_eq!(c.reason, Reason::Warm);
+        assert!(c.expected_cached_tokens > 4000.0, "{c:?}");
+        // Every replica has a routing budget queued (70 000 tokens: 2.1 s):
+        // only the first CORE_HOLDERS are holders; 3 and 4 are not
+        // expected to cache anything.
+        let backlog = [
+            100_000, 100_000, 100_000, 70_000, 70_000, 70_000, 70_000, 70_000,
+        ];
+        let c = decide(&backlog);
+        let core = c.primary < CORE_HOLDERS;
+        assert!(core == (c.reason == Reason::Warm), "{c:?}");
+        if !core {
+            assert_eq!(c.expected_cached_tokens, 0.0, "{c:?}");
+        }
+        // Without a queue picture the fleet is never taken as backlogged.
+        let req = request(&k, Some(&kn), Loads::new(&loads));
+        let c = choose(&ring(8), &req, &cost(), &cfg);
+        assert!(c.primary == 3 || c.primary == 4, "{c:?}");
     }
 
     #[test]

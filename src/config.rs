@@ -200,7 +200,7 @@ pub struct AffinityParams {
     /// re-prefill a spill would cost the request
     /// ([`crate::affinity::AffinityConfig::routing_budget_ms`]).
     pub routing_budget_ms: f64,
-    /// Slots of the shared prefix index (16-byte values in shared data).
+    /// Slots of the shared prefix index ([`crate::index::ENTRY_BYTES`]-byte values in shared data).
     pub index_slots: u32,
     /// Index entries older than this are treated as evicted (seconds).
     pub index_ttl_s: u32,

@@ -205,7 +205,7 @@ impl Horizons {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::{decis, Entry, IndexConfig, PrefixIndex, VecStore};
+    use crate::index::{decis, pad, Entry, IndexConfig, PrefixIndex, VecStore};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -233,7 +233,7 @@ mod tests {
     #[test]
     fn horizon_drops_stale_holders_only() {
         let mut h = Horizons::new(4);
-        let k = known(100, [Some(2), Some(0), None]);
+        let k = known(100, pad([Some(2), Some(0), None]));
         assert_eq!(h.fresh(k), Some(k));
         // Misses in a row raise to the newest of their entries; fewer only arm.
         assert!(!misses(&mut h, 2, &[100, 90], 200));
@@ -242,9 +242,9 @@ mod tests {
         assert!(h.raise(2, 80, 202));
         assert_eq!(
             h.fresh(k).map(|k| k.entry.holders),
-            Some([Some(0), None, None])
+            Some(pad([Some(0), None, None]))
         );
-        assert_eq!(h.filter(k).entry.holders, [Some(0), None, None]);
+        assert_eq!(h.filter(k).entry.holders, pad([Some(0), None, None]));
         // A delivered hit in between, or a long pause, starts the count again.
         assert!(!misses(&mut h, 0, &[150, 150], 300));
         assert!(h.hit(0) && !h.armed(0) && !h.hit(0));
@@ -252,9 +252,9 @@ mod tests {
         assert!(!h.raise(0, 150, 311 + CORROBORATE_DECIS + 1));
         assert!(misses(&mut h, 0, &[150, 150], 311 + CORROBORATE_DECIS + 2));
         assert_eq!(h.fresh(k), None);
-        assert_eq!(h.filter(k).entry.holders, [None, None, None]);
+        assert_eq!(h.filter(k).entry.holders, pad([None, None, None]));
         // Newer entries survive; the horizon never moves back.
-        assert!(h.fresh(known(151, [Some(0), None, None])).is_some());
+        assert!(h.fresh(known(151, pad([Some(0), None, None]))).is_some());
         assert!(!misses(&mut h, 0, &[120, 120, 120], 400));
         assert!(h.stale(0, 150) && !h.stale(0, 151) && !h.stale(3, 1));
         // An entry as new as the request: the horizon stops just before the request.

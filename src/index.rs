@@ -19,7 +19,7 @@
 //! never leaves it: without it a client cannot tell which slot a prefix uses
 //! (one 8-byte xxh3 per probe or write, a few ns).
 //!
-//! Entry (16 bytes, little endian): `tag` (bits 8–46 of the keyed hash,
+//! Entry ([`ENTRY_BYTES`] = 24 bytes, little endian): `tag` (bits 8–46 of the keyed hash,
 //! never all 0, plus bit 47: the end mark, and bits 0–7: the **length
 //! stamp**, see below) ‖
 //! `time` (u32, deciseconds on the caller's clock, wrapping) ‖ up to
@@ -200,12 +200,23 @@ pub enum PendingBlocks {
 }
 
 /// Bytes per slot value.
-pub const ENTRY_BYTES: usize = 16;
-/// Replicas remembered per prefix point.
-pub const MAX_HOLDERS: usize = 3;
+pub const ENTRY_BYTES: usize = 10 + 2 * MAX_HOLDERS;
+/// Replicas remembered per prefix point (how many of them are holder
+/// candidates: [`crate::affinity::CORE_HOLDERS`]).
+pub const MAX_HOLDERS: usize = 7;
 
 /// One slot's value.
 pub type SlotValue = [u8; ENTRY_BYTES];
+
+/// A holder list of `K ≤ MAX_HOLDERS` replicas (front first), padded with
+/// `None`; items past [`MAX_HOLDERS`] are dropped.
+pub fn pad<const K: usize>(h: [Option<u16>; K]) -> [Option<u16>; MAX_HOLDERS] {
+    let mut a = [None; MAX_HOLDERS];
+    for (x, y) in a.iter_mut().zip(h) {
+        *x = y;
+    }
+    a
+}
 
 /// Storage of the slot table. `get` of a never-written slot returns `None`.
 pub trait SlotStore {
@@ -899,7 +910,7 @@ impl PrefixIndex {
     ) -> usize {
         let top = depth.min(blocks.len());
         let r = replica.min(u16::MAX as usize - 1) as u16;
-        let holders = known.map_or([Some(r), None, None], |k| k.entry.with_front(r));
+        let holders = known.map_or(pad([Some(r)]), |k| k.entry.with_front(r));
         let end = known.is_some_and(|k| k.depth == top && k.entry.is_end());
         // The known block keeps its length stamp.
         let stamp = known
@@ -1059,7 +1070,7 @@ impl PrefixIndex {
         let n = blocks.len();
         let r = replica.min(u16::MAX as usize - 1) as u16;
         let time = decis(now_ms);
-        let fresh = [Some(r), None, None];
+        let fresh = pad([Some(r)]);
         let alone = Entry {
             tag: 0,
             time,
@@ -1260,12 +1271,12 @@ mod tests {
         let e = Entry {
             tag: tag_of(0xdead_beef_cafe_f00d),
             time: 77,
-            holders: [Some(3), Some(0), None],
+            holders: pad([Some(3), Some(0), None]),
         };
         assert_eq!(Entry::decode(&e.encode()), Some(e));
         assert_eq!(Entry::decode(&[0; ENTRY_BYTES]), None);
-        assert_eq!(e.with_front(0), [Some(0), Some(3), None]);
-        assert_eq!(e.with_front(9), [Some(9), Some(3), Some(0)]);
+        assert_eq!(e.with_front(0), pad([Some(0), Some(3), None]));
+        assert_eq!(e.with_front(9), pad([Some(9), Some(3), Some(0)]));
         assert_eq!(tag_of(1 << 48), 1 << 8);
         assert_eq!(tag_of(0xff), 1 << 8, "the stamp bits are not key bits");
     }
@@ -1301,7 +1312,7 @@ mod tests {
             let other = Entry {
                 tag: 1 << 9,
                 time: 0,
-                holders: [Some(6), None, None],
+                holders: pad([Some(6), None, None]),
             };
             st.set(slot, other.encode());
             let k = idx.lookup(&st, &a, 1000).unwrap();
@@ -1341,7 +1352,7 @@ mod tests {
         idx.record(&mut st, &b, Some(&k), 5, 1000);
         let k = idx.lookup(&st, &under(300), 1000).unwrap();
         assert_eq!(k.depth, 40);
-        assert_eq!(k.entry.holders, [Some(5), Some(2), None]);
+        assert_eq!(k.entry.holders, pad([Some(5), Some(2), None]));
         // A request sharing 30 blocks: lower bound 28 (ladder 27).
         let d = chain(1, 30, 400, 45);
         assert_eq!(idx.lookup(&st, &d, 1000).unwrap().depth, 28);
@@ -1355,16 +1366,17 @@ mod tests {
     fn the_second_tier_finds_dropped_holders_and_shared_prefixes() {
         let (idx, mut st) = table(IndexConfig::default());
         // A 40-block shared prefix, first routed to 0: every ladder block
-        // [0]. Under it, replicas 1, 2, 3 become holders of block 39, and 0
-        // drops off its entry (MAX_HOLDERS = 3).
+        // [0]. Under it, replicas 1 ..= MAX_HOLDERS become holders of block
+        // 39, and 0 drops off its entry.
         idx.record(&mut st, &chain(1, 40, 100, 48), None, 0, 0);
-        for (r, own) in [(1, 200), (2, 300), (3, 400)] {
-            route(&idx, &mut st, &under(own), r, 1000).unwrap();
+        for r in 1..=MAX_HOLDERS {
+            route(&idx, &mut st, &under(100 * (r as u64 + 1)), r, 1000).unwrap();
         }
-        let e = under(500);
+        let e = under(100 * (MAX_HOLDERS as u64 + 2));
         let deep = idx.lookup(&st, &e, 2000).unwrap();
         assert_eq!(deep.depth, 40);
-        assert_eq!(deep.entry.holders, [Some(3), Some(2), Some(1)]);
+        let newest_first: Vec<usize> = (1..=MAX_HOLDERS).rev().collect();
+        assert_eq!(deep.entry.holders().collect::<Vec<_>>(), newest_first);
         let before = st.gets();
         let s = idx.lookup_shallow(&st, &e, &deep, 2000).unwrap();
         // Ladder position 31 (the first under 39) still names 0.
@@ -1378,7 +1390,7 @@ mod tests {
         let deep = idx.lookup(&st, &s2, 4000).unwrap();
         assert_eq!(
             (deep.depth, deep.entry.holders),
-            (60, [Some(1), None, None])
+            (60, pad([Some(1), None, None]))
         );
         // Probes 55 and 47 (the session's, [1]), then 31 (the gallop
         // skips 39): 0 holds the shared prefix up to 32 blocks.
@@ -1414,7 +1426,7 @@ mod tests {
         route(&idx, &mut st, &under(150), 0, 500).unwrap();
         let b = under(200);
         let stale = idx.lookup(&st, &b, 1000).unwrap();
-        assert_eq!(stale.entry.holders, [Some(0), Some(2), None]);
+        assert_eq!(stale.entry.holders, pad([Some(0), Some(2), None]));
         // A spill of another request to 1 records 1 in front.
         let s = under(300);
         let k = idx.lookup(&st, &s, 1000).unwrap();
@@ -1426,7 +1438,7 @@ mod tests {
         let now = idx.lookup(&st, &under(400), 2000).unwrap();
         assert_eq!(
             (now.depth, now.entry.holders),
-            (40, [Some(0), Some(1), Some(2)])
+            (40, pad([Some(0), Some(1), Some(2)]))
         );
         // Without the merge: no get, and the stale view erases 1.
         let plain = PrefixIndex::new(IndexConfig {
@@ -1438,7 +1450,7 @@ mod tests {
         plain.record(&mut st, &b, Some(&stale), 0, 2200);
         assert_eq!(st.gets(), g);
         let now = plain.lookup(&st, &under(400), 3000).unwrap();
-        assert_eq!(now.entry.holders, [Some(0), Some(2), None]);
+        assert_eq!(now.entry.holders, pad([Some(0), Some(2), None]));
     }
 
     #[test]
@@ -1459,9 +1471,9 @@ mod tests {
             // Block 8 (a ladder position under the known depth).
             let e = idx.lookup(&st, &b[..8], 2000).unwrap();
             let (want, gets) = if merge {
-                ([Some(0), Some(2), None], gets > 1)
+                (pad([Some(0), Some(2), None]), gets > 1)
             } else {
-                ([Some(0), None, None], gets == 0)
+                (pad([Some(0), None, None]), gets == 0)
             };
             assert_eq!((e.depth, e.entry.holders, gets), (8, want, true));
         }
@@ -1489,9 +1501,9 @@ mod tests {
                 idx.record_pending(&mut st, &b, Some(&k), 5, (600, 600_000), PendingBlocks::All);
             let e = idx.lookup(&st, &shallow, 700).unwrap();
             let want = if on {
-                [Some(5), Some(2), None]
+                pad([Some(5), Some(2), None])
             } else {
-                [Some(2), None, None]
+                pad([Some(2), None, None])
             };
             assert_eq!((e.depth, e.entry.holders), (24, want));
             // The confirming record merges again: no holder lost.
@@ -1535,9 +1547,9 @@ mod tests {
             idx.record(&mut st, &b, Some(&k), 5, 1000);
             let e = idx.lookup(&st, &shallow, 1100).unwrap();
             let want = if spread {
-                [Some(5), Some(2), None]
+                pad([Some(5), Some(2), None])
             } else {
-                [Some(2), None, None]
+                pad([Some(2), None, None])
             };
             assert_eq!(e.entry.holders, want, "{mode:?} spill {spill}");
             assert_eq!(sets, if spread { 18 } else { 2 }, "{mode:?} spill {spill}");
@@ -1788,7 +1800,7 @@ mod tests {
             let v = Entry {
                 tag: tag_of(!a[p]),
                 time: 0,
-                holders: [Some(0), None, None],
+                holders: pad([Some(0), None, None]),
             };
             st.set(idx.slot(a[p]), v.encode());
         }
@@ -1897,7 +1909,7 @@ mod tests {
         let z = chain(7, 3, 3, 30);
         let k = idx.lookup(&st, &z, 0).unwrap();
         assert_eq!((k.depth, k.entry.is_end()), (3, false));
-        assert_eq!(k.entry.holders, [Some(4), Some(1), None]);
+        assert_eq!(k.entry.holders, pad([Some(4), Some(1), None]));
     }
 
     #[test]

@@ -674,7 +674,7 @@ pub(crate) fn entry(tag: u64, time: u32, holders: &[u16]) -> SlotValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::{IndexConfig, PrefixIndex, VecStore, ENTRY_BYTES};
+    use crate::index::{pad, IndexConfig, PrefixIndex, VecStore, ENTRY_BYTES};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -752,15 +752,21 @@ mod tests {
         let e = Entry::decode(&s.get(3).unwrap()).unwrap();
         assert_eq!((e.tag, e.holders().collect::<Vec<_>>()), (43 << 8, vec![2]));
         // At most MAX_HOLDERS, incoming first.
-        assert!(merge(&mut s, 3, &entry(43 << 8, 60, &[5, 6, 2])));
+        let many: Vec<u16> = (5..5 + MAX_HOLDERS as u16 - 1).chain([2]).collect();
+        assert!(merge(&mut s, 3, &entry(43 << 8, 60, &many)));
         assert!(merge(&mut s, 3, &entry(43 << 8, 61, &[0])));
         let e = Entry::decode(&s.get(3).unwrap()).unwrap();
-        assert_eq!(e.holders().collect::<Vec<_>>(), vec![0, 5, 6]);
+        let want: Vec<usize> = [0]
+            .into_iter()
+            .chain(many.iter().map(|&h| usize::from(h)))
+            .take(MAX_HOLDERS)
+            .collect();
+        assert_eq!(e.holders().collect::<Vec<_>>(), want);
         // The length stamp is not part of the key: merged, the incoming
         // stamp kept unless it has none; the end mark is.
         assert!(merge(&mut s, 3, &entry((43 << 8) | 9, 62, &[1])));
         let e = Entry::decode(&s.get(3).unwrap()).unwrap();
-        assert_eq!((e.stamp(), e.holders().count()), (9, 3));
+        assert_eq!((e.stamp(), e.holders().count()), (9, MAX_HOLDERS));
         assert!(merge(&mut s, 3, &entry(43 << 8, 63, &[2])));
         let e = Entry::decode(&s.get(3).unwrap()).unwrap();
         assert_eq!((e.stamp(), e.holders[0], e.time), (9, Some(2), 63));
@@ -898,7 +904,7 @@ mod tests {
                 let entry = Entry {
                     tag: e.tag,
                     time: base - (base - e.time).min(65_535),
-                    holders: [e.holders[0], None, None],
+                    holders: pad([e.holders[0]]),
                 };
                 (*s, entry.encode())
             })
@@ -1177,7 +1183,7 @@ mod tests {
             .collect();
         assert_eq!(
             (e[0].tag, e[0].time, e[0].holders),
-            (0xabcd_ef01_2345, 100_000, [Some(7), None, None])
+            (0xabcd_ef01_2345, 100_000, pad([Some(7), None, None]))
         );
         assert_eq!((e[1].tag, e[1].time), (42, 100_030));
         assert_eq!(e[2].time, 100_030 - 65_535);

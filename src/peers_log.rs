@@ -6,8 +6,8 @@
 //! - `peers/epoch`: u32, random per process, created once (CAS);
 //! - `peers/head`: u64, the next write sequence (CAS increment, one per
 //!   published record: a record reserves its `n` sequences at once);
-//! - `peers/log/<seq mod capacity>`: `seq u64 ‖ slot u32 ‖ entry 16 B`
-//!   (28 B). A ring: shared data has no delete, so memory is bounded by
+//! - `peers/log/<seq mod capacity>`: `seq u64 ‖ slot u32 ‖ entry 24 B`
+//!   (36 B). A ring: shared data has no delete, so memory is bounded by
 //!   `capacity` keys. A reader drops an item whose stored `seq` is not the
 //!   one it expects, so a wrapped ring never serves a stale item;
 //! - `peers/cursor/<peer IP:port>`: `epoch u32 ‖ seq u64`, where the puller

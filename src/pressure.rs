@@ -35,9 +35,10 @@ use crate::index::{Known, SlotStore, SlotValue, ENTRY_BYTES};
 use crate::router::RoutingKey;
 
 /// Zero bytes before the counters (an entry's tag: 0 = not an entry).
-const SKIP: usize = 6;
-/// Counters per slot.
-pub const PER_SLOT: usize = ENTRY_BYTES - SKIP;
+pub const SKIP: usize = 6;
+/// Counters per slot (the slot's bytes past `SKIP + PER_SLOT` stay 0).
+pub const PER_SLOT: usize = 10;
+const _: () = assert!(SKIP + PER_SLOT <= ENTRY_BYTES);
 /// Replicas tracked; placement ignores pressure beyond.
 pub const MAX_REPLICAS: usize = 256;
 

@@ -6,10 +6,10 @@
 //! from the response's top-level `id` ([`crate::usage`] reads it as the
 //! response passes) and routes a follow-up to that replica.
 //!
-//! Storage: a direct-mapped table of [`SLOTS`] 16-byte slots behind
+//! Storage: a direct-mapped table of [`SLOTS`] slots of [`ENTRY_BYTES`] behind
 //! [`SlotStore`] (shared data in the filter, like the prefix index): slot
 //! `(h >> 32) % SLOTS` of `h = hash(id)`, value `h` (8 bytes) ‖ time
-//! (deciseconds, u32) ‖ replica + 1 (u16) ‖ 0 0. A write overwrites the slot,
+//! (deciseconds, u32) ‖ replica + 1 (u16) ‖ zeros. A write overwrites the slot,
 //! so memory is bounded (16 Ki keys); an entry older than [`TTL_S`] or
 //! overwritten by another id is not found, and the follow-up is routed like
 //! any request. Cost: one get per follow-up, one set per stored response.

@@ -717,7 +717,12 @@ mod tests {
 
     /// A router over 8 local endpoints.
     fn eight_replicas() -> Router {
-        let eps: Vec<String> = (1..=8).map(|i| format!("\"127.0.0.1:90{i:02}\"")).collect();
+        replicas(8)
+    }
+
+    /// A router over `n` (< 100) local endpoints.
+    fn replicas(n: usize) -> Router {
+        let eps: Vec<String> = (1..=n).map(|i| format!("\"127.0.0.1:90{i:02}\"")).collect();
         let json = format!(r#"{{"endpoints":[{}]}}"#, eps.join(","));
         Router::new(Config::from_json(json.as_bytes()).unwrap())
     }
@@ -732,8 +737,11 @@ mod tests {
 
     #[test]
     fn a_spill_off_a_hot_prefix_goes_back_to_a_holder_it_dropped() {
-        use crate::index::VecStore;
-        let r = eight_replicas();
+        use crate::index::{VecStore, MAX_HOLDERS};
+        // The holders, the one they drop, and twice as many others: at 40
+        // requests each the holders are over the load bound.
+        let n = 3 * MAX_HOLDERS + 1;
+        let r = replicas(n);
         let cost = CostModel::new(r.cost_config());
         let body = hot_prompt_body;
         let key = |q: usize| r.key(Body::Complete(body(q).as_bytes()), None);
@@ -750,18 +758,18 @@ mod tests {
                 ..*r.affinity_config()
             });
             let mut store = VecStore::new(r.config().affinity.index_slots);
-            // The system prompt's first request goes to `x`; three other
-            // replicas then take it over, and `x` drops off its entry.
-            let (_, c, known) = decide(&r, &store, 0, &[0; 8]);
+            // The system prompt's first request goes to `x`; MAX_HOLDERS
+            // other replicas then take it over, and `x` drops off its entry.
+            let (_, c, known) = decide(&r, &store, 0, &vec![0; n]);
             let x = c.primary;
             r.record_affinity(&mut store, &key(0).blocks, known.as_ref(), x, 1000);
-            let others: Vec<usize> = (0..8).filter(|&i| i != x).take(3).collect();
+            let others: Vec<usize> = (0..n).filter(|&i| i != x).take(MAX_HOLDERS).collect();
             for (q, &h) in others.iter().enumerate() {
-                let (_, _, known) = decide(&r, &store, q + 1, &[0; 8]);
+                let (_, _, known) = decide(&r, &store, q + 1, &vec![0; n]);
                 r.record_affinity(&mut store, &key(q + 1).blocks, known.as_ref(), h, 2000);
             }
-            // The three holders are over the load bound, `x` is idle.
-            let mut loads = [0u32; 8];
+            // The holders are over the load bound, `x` is idle.
+            let mut loads = vec![0u32; n];
             for &h in &others {
                 loads[h] = 40;
             }
@@ -860,7 +868,7 @@ mod tests {
         let (_, _, k3) = decide(&store, 3, &[0; 8]);
         assert_eq!(
             k3.map(|k| k.entry.holders),
-            Some([Some(x as u16), Some(y as u16), None])
+            Some(crate::index::pad([Some(x as u16), Some(y as u16), None]))
         );
         // `x` over the bound again, `y` one request above the others: the
         // request goes to `y`, a holder of the main entry (warm, not a

@@ -174,7 +174,7 @@
 
 use crate::affinity::AffinityConfig;
 use crate::index::{Known, SlotStore, SlotValue, ENTRY_BYTES};
-use crate::pressure::{Pressure, PER_SLOT, TABLE_SLOTS};
+use crate::pressure::{Pressure, PER_SLOT, SKIP, TABLE_SLOTS};
 use crate::router::RoutingKey;
 
 /// The top share slot: just below the [`crate::pressure`] slots (`u32::MAX`
@@ -196,7 +196,7 @@ pub fn slot_value(counts: &[u8], slot: u32) -> Option<SlotValue> {
     let g = (BASE - slot) as usize;
     let mut v: SlotValue = [0; ENTRY_BYTES];
     let own = counts.iter().skip(g * PER_SLOT).take(PER_SLOT);
-    for (x, &c) in v.iter_mut().skip(ENTRY_BYTES - PER_SLOT).zip(own) {
+    for (x, &c) in v.iter_mut().skip(SKIP).zip(own) {
         *x = c;
     }
     Some(v)
@@ -423,7 +423,7 @@ mod tests {
         for g in 0..3 {
             assert_eq!(
                 slot_value(&counts, BASE - g),
-                Some(s.get(BASE - g).unwrap_or([0; 16]))
+                Some(s.get(BASE - g).unwrap_or([0; ENTRY_BYTES]))
             );
         }
         assert!(is_slot(BASE) && is_slot(BASE - TABLE_SLOTS + 1));

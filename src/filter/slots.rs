@@ -3,7 +3,7 @@
 //! One shared-data key per slot, `prefix_router/<plugin>/i/<slot>` (no configuration
 //! fingerprint: a push keeps the index; holders are address ids, see
 //! [`crate::cluster::view::AddrSlots`]),
-//! holding the 16-byte entry of [`crate::index`]. Shared data has no delete,
+//! holding the [`ENTRY_BYTES`]-byte (24) entry of [`crate::index`]. Shared data has no delete,
 //! which the direct-mapped design expects: a slot is only ever overwritten,
 //! so memory stays bounded by `index_slots` keys. Writes are unconditional
 //! (last writer wins): the index is approximate by design. Costs: get ≈ 0.8 µs,
