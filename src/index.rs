@@ -522,10 +522,15 @@ pub struct IndexConfig {
     pub new_holder_known: NewHolder,
     /// Seed of the keyed slot hash (per process; see the module docs).
     pub secret: u64,
-    /// Write end marks ([`Entry::is_end`]) with their search paths. Off by
-    /// default: +0.1–0.2 points of hit rate in the simulator for 15–20 % more
-    /// sets per request (and peer sync traffic); worth it once blocks end at
-    /// message boundaries (`docs/benchmarks.md`, "Why chat still fails").
+    /// Write end marks ([`Entry::is_end`]) with their search paths. On by
+    /// default since the twenty-first session: the `n − 2` block (the last
+    /// whole block when the last one is partial) is what lets the next step
+    /// of a session find its previous step under a long shared prompt, where
+    /// the ladder has no position between the shared prompt's depth and the
+    /// session's (an agent's steps: without it 502 of 572 continuations on
+    /// `agent` at 32 replicas went to another replica; hit 94.5 → 95.0 %,
+    /// p90 399 → 344 ms). Cost: 15–20 % more sets per request (and peer
+    /// sync traffic); `docs/benchmarks.md`, "Twenty-first session".
     pub end_marks: bool,
     /// Without `end_marks`: still mark the request's last block (no search
     /// path, no `n − 2` mark), which `record` writes anyway: no extra set.
@@ -566,7 +571,7 @@ impl Default for IndexConfig {
             rewrite_known: false,
             new_holder_known: NewHolder::Off,
             secret: 0,
-            end_marks: false,
+            end_marks: true,
             last_mark: true,
             merge_record: true,
             peer_bits: 0,
@@ -1214,6 +1219,15 @@ mod tests {
 
     /// A 45-block request under the 40-block shared prefix `chain(1, 40,
     /// …)`, with its own blocks from `own`.
+    /// The default configuration without end marks (the tests of what
+    /// the index writes and finds without them).
+    fn unmarked() -> IndexConfig {
+        IndexConfig {
+            end_marks: false,
+            ..IndexConfig::default()
+        }
+    }
+
     fn under(own: u64) -> Vec<u64> {
         chain(1, 40, own, 45)
     }
@@ -1303,7 +1317,7 @@ mod tests {
         for (from, depth) in [(256, 256), (0, 224), (257, 224)] {
             let (idx, mut st) = table(IndexConfig {
                 mirror_from: from,
-                ..IndexConfig::default()
+                ..unmarked()
             });
             let sets = idx.record(&mut st, &a, None, 3, 0);
             // 27 ladder blocks under the last one, the last one, its mirror.
@@ -1329,7 +1343,7 @@ mod tests {
         // A prompt shorter than `mirror_from` writes no mirror.
         let (idx, mut st) = table(IndexConfig {
             mirror_from: 256,
-            ..IndexConfig::default()
+            ..unmarked()
         });
         assert_eq!(idx.record(&mut st, &a[..200], None, 3, 0), 27);
     }
@@ -1673,8 +1687,8 @@ mod tests {
 
     #[test]
     fn the_length_stamp_is_the_block_count_of_the_last_request_past_the_block() {
-        let idx = PrefixIndex::new(IndexConfig::default());
-        let mut st = VecStore::new(IndexConfig::default().slots);
+        let idx = PrefixIndex::new(unmarked());
+        let mut st = VecStore::new(unmarked().slots);
         // A: 100 shared blocks and one of its own. Its blocks are new: no
         // stamp on the ladder block 95 that the next lookup finds.
         let a = chain(7, 100, 1, 101);
@@ -1859,10 +1873,10 @@ mod tests {
 
     #[test]
     fn the_last_block_mark_costs_no_set_and_finds_short_first_turns() {
-        let (idx, mut st) = table(IndexConfig::default());
+        let (idx, mut st) = table(unmarked());
         let (plain, mut st_plain) = table(IndexConfig {
             last_mark: false,
-            ..IndexConfig::default()
+            ..unmarked()
         });
         // Turn 1: a system prompt (4 blocks) and a short question (1 block).
         let t1 = chain(3, 4, 1, 5);
@@ -1877,7 +1891,7 @@ mod tests {
         assert_eq!((k.depth, k.entry.is_end()), (5, false));
         // A pending record writes the same mark (its confirmation then
         // changes no tag); an exact repeat keeps it.
-        let (idx, mut st) = table(IndexConfig::default());
+        let (idx, mut st) = table(unmarked());
         idx.record_pending(&mut st, &t1, None, 2, (0, 600_000), PendingBlocks::All);
         let k = idx.lookup(&st, &t2, 1000).unwrap();
         assert_eq!((k.depth, k.entry.is_end()), (5, true));

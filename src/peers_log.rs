@@ -701,6 +701,9 @@ mod tests {
     fn a_peer_ladder_withholds_what_peers_cannot_use() {
         let cfg = IndexConfig {
             slots: 1 << 16,
+            // Without end marks: the depths and writes below are those
+            // of the ladder and the last block alone.
+            end_marks: false,
             ..IndexConfig::default()
         };
         let idx = PrefixIndex::new(cfg);
@@ -775,6 +778,9 @@ mod tests {
     fn an_exact_repeat_moves_its_placement_to_the_stand_in() {
         let idx = PrefixIndex::new(IndexConfig {
             slots: 1 << 16,
+            // Without end marks: the depths and writes below are those
+            // of the ladder and the last block alone.
+            end_marks: false,
             ..IndexConfig::default()
         });
         let ladder = PeerLadder {
@@ -840,6 +846,9 @@ mod tests {
         // (local only, time set back), the 2xx record confirms it.
         let idx = PrefixIndex::new(IndexConfig {
             slots: 4096,
+            // Without end marks: the depths and writes below are those
+            // of the ladder and the last block alone.
+            end_marks: false,
             ..IndexConfig::default()
         });
         let max_age = 600_000;
