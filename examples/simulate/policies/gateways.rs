@@ -1680,10 +1680,14 @@ mod tests {
     }
 
     fn gateways(book: &KeyBook, name: &str, knobs: Knobs) -> Gateways {
+        // Without end marks: the counts below are the ladder's and the
+        // last block's writes.
+        let mut p = OursParams::default();
+        p.index.end_marks = false;
         Gateways::new(
             book.routers[0].1.clone(),
             0,
-            &OursParams::default(),
+            &p,
             parse_name(name).unwrap(),
             knobs,
             7,
@@ -1739,8 +1743,10 @@ mod tests {
         let m = ModelParams::default();
         // The gateways drive the core as `ours` does (pending record at
         // routing, record at the first token, spread_cold counters, the
-        // queued-prefill count of `cluster::queued`, on by default).
-        let p = OursParams::default();
+        // queued-prefill count of `cluster::queued`, on by default), with
+        // the index of the `gateways` helper (no end marks).
+        let mut p = OursParams::default();
+        p.index.end_marks = false;
         assert!(p.queued_prefill);
         let mut ours = Ours::new(book.routers[0].1.clone(), 0, p, &m).unwrap();
         let mut one = gateways(&book, "indep/1", Knobs::default());
