@@ -63,7 +63,7 @@
 //!   the known ones too restores blocks that colliding keys overwrote, so the
 //!   prefixes in use keep intact ladders while unused ones fade out;
 //! - the last block (so an identical request is found with one get);
-//! - the **end marks** ([`IndexConfig::end_marks`]; not in a pending record,
+//! - the **end marks** ([`IndexConfig::end_marks`], on by default; not in a pending record,
 //!   [`PrefixIndex::record_pending`]): the request's last block (`n − 1`:
 //!   it ends at a message boundary, [`crate::hash`], so the next turn
 //!   shares it) and the one before (`n − 2`: the last whole block when the
@@ -79,7 +79,7 @@
 //!   prompts contain (a system prompt under which short prompts end) loses
 //!   its mark when the second one is recorded.
 //! - without `end_marks`, the **last-block mark** ([`IndexConfig::last_mark`],
-//!   on by default): the last block, written anyway, carries the mark (no
+//!   on by default, inert while end marks are on): the last block, written anyway, carries the mark (no
 //!   search path, no `n − 2` mark: no extra set). A longer prompt finds it
 //!   when that block is a ladder position of its lookup (every block up to
 //!   8, then four per octave): turn 2 of a conversation after a short first
@@ -209,13 +209,25 @@ pub const MAX_HOLDERS: usize = 7;
 pub type SlotValue = [u8; ENTRY_BYTES];
 
 /// A holder list of `K ≤ MAX_HOLDERS` replicas (front first), padded with
-/// `None`; items past [`MAX_HOLDERS`] are dropped.
-pub fn pad<const K: usize>(h: [Option<u16>; K]) -> [Option<u16>; MAX_HOLDERS] {
+/// `None`; items past [`MAX_HOLDERS`] are dropped (tests spell holder lists
+/// with it).
+#[cfg(test)]
+pub(crate) fn pad<const K: usize>(h: [Option<u16>; K]) -> [Option<u16>; MAX_HOLDERS] {
     let mut a = [None; MAX_HOLDERS];
     for (x, y) in a.iter_mut().zip(h) {
         *x = y;
     }
     a
+}
+
+/// The default configuration without end marks (tests of what the index
+/// writes and finds without them: the ladder and the last block alone).
+#[cfg(test)]
+pub(crate) fn unmarked() -> IndexConfig {
+    IndexConfig {
+        end_marks: false,
+        ..IndexConfig::default()
+    }
 }
 
 /// Storage of the slot table. `get` of a never-written slot returns `None`.
@@ -915,7 +927,10 @@ impl PrefixIndex {
     ) -> usize {
         let top = depth.min(blocks.len());
         let r = replica.min(u16::MAX as usize - 1) as u16;
-        let holders = known.map_or(pad([Some(r)]), |k| k.entry.with_front(r));
+        let holders = known.map_or_else(
+            || distinct_holders(std::iter::once(r)),
+            |k| k.entry.with_front(r),
+        );
         let end = known.is_some_and(|k| k.depth == top && k.entry.is_end());
         // The known block keeps its length stamp.
         let stamp = known
@@ -1075,7 +1090,7 @@ impl PrefixIndex {
         let n = blocks.len();
         let r = replica.min(u16::MAX as usize - 1) as u16;
         let time = decis(now_ms);
-        let fresh = pad([Some(r)]);
+        let fresh = distinct_holders(std::iter::once(r));
         let alone = Entry {
             tag: 0,
             time,
@@ -1219,15 +1234,6 @@ mod tests {
 
     /// A 45-block request under the 40-block shared prefix `chain(1, 40,
     /// …)`, with its own blocks from `own`.
-    /// The default configuration without end marks (the tests of what
-    /// the index writes and finds without them).
-    fn unmarked() -> IndexConfig {
-        IndexConfig {
-            end_marks: false,
-            ..IndexConfig::default()
-        }
-    }
-
     fn under(own: u64) -> Vec<u64> {
         chain(1, 40, own, 45)
     }

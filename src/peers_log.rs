@@ -530,7 +530,9 @@ impl<S: SlotStore> SlotStore for Publishing<'_, S> {
 mod tests {
     use super::*;
     use crate::cluster::shared::MockShared;
-    use crate::index::{ladder, IndexConfig, Known, PendingBlocks, PrefixIndex, VecStore};
+    use crate::index::{
+        ladder, unmarked, IndexConfig, Known, PendingBlocks, PrefixIndex, VecStore,
+    };
     use crate::peers::{self, decode, encode, entry, layout, merge};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -701,10 +703,7 @@ mod tests {
     fn a_peer_ladder_withholds_what_peers_cannot_use() {
         let cfg = IndexConfig {
             slots: 1 << 16,
-            // Without end marks: the depths and writes below are those
-            // of the ladder and the last block alone.
-            end_marks: false,
-            ..IndexConfig::default()
+            ..unmarked()
         };
         let idx = PrefixIndex::new(cfg);
         let tolerant = PrefixIndex::new(IndexConfig {
@@ -778,10 +777,7 @@ mod tests {
     fn an_exact_repeat_moves_its_placement_to_the_stand_in() {
         let idx = PrefixIndex::new(IndexConfig {
             slots: 1 << 16,
-            // Without end marks: the depths and writes below are those
-            // of the ladder and the last block alone.
-            end_marks: false,
-            ..IndexConfig::default()
+            ..unmarked()
         });
         let ladder = PeerLadder {
             ladder_bits: 3,
@@ -846,10 +842,7 @@ mod tests {
         // (local only, time set back), the 2xx record confirms it.
         let idx = PrefixIndex::new(IndexConfig {
             slots: 4096,
-            // Without end marks: the depths and writes below are those
-            // of the ladder and the last block alone.
-            end_marks: false,
-            ..IndexConfig::default()
+            ..unmarked()
         });
         let max_age = 600_000;
         let rule = NewsRule::refresh(1200).with_pending(max_age);
