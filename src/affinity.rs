@@ -772,14 +772,19 @@ impl View<'_> {
     fn queued_ms(&self, i: usize, credit: f64) -> f64 {
         self.prices.1 * credit * f64::from(self.queued_tokens(i)) / 1000.0
     }
-    /// Has every available replica at least a routing budget of prefill
-    /// queued (`queued_ms ≥ routing_budget_ms`)? `false` without a queue
-    /// picture. O(n), stops at the first replica with room.
+    /// Has `i` a whole routing budget of prefill queued (`queued_ms ≥
+    /// routing_budget_ms`)? Never without a queue picture (unless the
+    /// budget is 0).
+    fn over_budget(&self, i: usize, cfg: &AffinityConfig) -> bool {
+        self.queued_ms(i, 1.0) >= cfg.routing_budget_ms
+    }
+    /// Is every available replica [`View::over_budget`]? `false` without a
+    /// queue picture. O(n), stops at the first replica with room.
     fn backlogged(&self, cfg: &AffinityConfig) -> bool {
         self.queued.is_some()
             && (0..self.n)
                 .filter(|&i| self.available(i))
-                .all(|i| self.queued_ms(i, 1.0) >= cfg.routing_budget_ms)
+                .all(|i| self.over_budget(i, cfg))
     }
     /// Available and under the concurrency threshold, with room for one
     /// more request within `limit` (`in_flight + 1 ≤ limit`).
@@ -1332,7 +1337,7 @@ fn decide(
                 let extra = queue + slot;
                 // Overload weight (module docs): the target has a backlog
                 // of a whole routing budget.
-                let w = if v.queued_ms(a, 1.0) >= cfg.routing_budget_ms {
+                let w = if v.over_budget(a, cfg) {
                     cfg.overload_weight.max(1.0)
                 } else {
                     1.0
