@@ -175,9 +175,8 @@
 //! 228, p90 passes 195 → 197 (`docs/benchmarks.md`, "Twentieth session"
 //! and "Twenty-first session"). Where a list of 7 covers the fleet (7
 //! replicas) spills become warm routes down the list: the shipped trace at
-//! 7 lost 0.2 points of hit (−0.15 → −0.35 against the best baseline; the
-//! end marks, [`crate::index::IndexConfig::end_marks`], brought it back to
-//! −0.18). Cost: one pass over the replicas' queues, only for a warm request whose
+//! 7 lost 0.2 points of hit (−0.15 → −0.35 against the best baseline).
+//! Cost: one pass over the replicas' queues, only for a warm request whose
 //! entry has more than [`CORE_HOLDERS`] holders, stopping at the first
 //! replica with room.
 //!

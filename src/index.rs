@@ -63,7 +63,7 @@
 //!   the known ones too restores blocks that colliding keys overwrote, so the
 //!   prefixes in use keep intact ladders while unused ones fade out;
 //! - the last block (so an identical request is found with one get);
-//! - the **end marks** ([`IndexConfig::end_marks`], on by default; not in a pending record,
+//! - the **end marks** ([`IndexConfig::end_marks`], off by default; not in a pending record,
 //!   [`PrefixIndex::record_pending`]): the request's last block (`n − 1`:
 //!   it ends at a message boundary, [`crate::hash`], so the next turn
 //!   shares it) and the one before (`n − 2`: the last whole block when the
@@ -79,7 +79,7 @@
 //!   prompts contain (a system prompt under which short prompts end) loses
 //!   its mark when the second one is recorded.
 //! - without `end_marks`, the **last-block mark** ([`IndexConfig::last_mark`],
-//!   on by default, inert while end marks are on): the last block, written anyway, carries the mark (no
+//!   on by default; inert with end marks): the last block, written anyway, carries the mark (no
 //!   search path, no `n − 2` mark: no extra set). A longer prompt finds it
 //!   when that block is a ladder position of its lookup (every block up to
 //!   8, then four per octave): turn 2 of a conversation after a short first
@@ -534,15 +534,18 @@ pub struct IndexConfig {
     pub new_holder_known: NewHolder,
     /// Seed of the keyed slot hash (per process; see the module docs).
     pub secret: u64,
-    /// Write end marks ([`Entry::is_end`]) with their search paths. On by
-    /// default since the twenty-first session: the `n − 2` block (the last
-    /// whole block when the last one is partial) is what lets the next step
-    /// of a session find its previous step under a long shared prompt, where
-    /// the ladder has no position between the shared prompt's depth and the
-    /// session's (an agent's steps: without it 502 of 572 continuations on
-    /// `agent` at 32 replicas went to another replica; hit 94.5 → 95.0 %,
-    /// p90 399 → 344 ms). Cost: 15–20 % more sets per request (and peer
-    /// sync traffic); `docs/benchmarks.md`, "Twenty-first session".
+    /// Write end marks ([`Entry::is_end`]) with their search paths. Off by
+    /// default. The `n − 2` block (the last whole block when the last one is
+    /// partial) lets the next step of a session find its previous step under
+    /// a long shared prompt, where the ladder has no position between the
+    /// shared prompt's depth and the session's (`agent` at 32 replicas: 502
+    /// of 572 later steps went to another replica without it; hit 94.5 →
+    /// 95.0 %). Measured on in the twenty-first session: hit passes +4, p90
+    /// passes −11 over 292 simulator runs, 29 of them on fresh seeds, where
+    /// `agent` at 16 went from 3 / 3 to 0 / 3 on p90 (−19.7 → +29.8 %): the
+    /// steps it keeps on their previous replica queue there. Also 15–20 %
+    /// more sets per request and peer traffic (`docs/benchmarks.md`,
+    /// "Twenty-first session").
     pub end_marks: bool,
     /// Without `end_marks`: still mark the request's last block (no search
     /// path, no `n − 2` mark), which `record` writes anyway: no extra set.
@@ -583,7 +586,7 @@ impl Default for IndexConfig {
             rewrite_known: false,
             new_holder_known: NewHolder::Off,
             secret: 0,
-            end_marks: true,
+            end_marks: false,
             last_mark: true,
             merge_record: true,
             peer_bits: 0,
