@@ -4,7 +4,8 @@
 //!
 //! One JSON object per line: `timestamp`, `input_length` (prompt tokens), `output_length`
 //! (generated tokens), `hash_ids` (one id per block of the prompt). Numbers may be JSON numbers
-//! or strings.
+//! or strings. A file holding one JSON array of such objects is read too (errors then name the
+//! element); a compressed file is an error that says so.
 //!
 //! **Time unit.** Timestamps may be seconds, milliseconds, microseconds or nanoseconds,
 //! absolute (epoch) or relative; integers are subtracted exactly (an epoch in nanoseconds does
@@ -20,8 +21,10 @@
 //! **Block ids** are taken as given: equal ids give equal block text wherever they appear. Ids
 //! do not have to be prefix-chained; the consumers hash KV blocks in a chain, so **a block is a
 //! cache hit only if every earlier block of the same request is cached too** (the same id
-//! after a different prefix is a different KV block, as in vLLM). Non-integer ids (strings) are
-//! hashed.
+//! after a different prefix is a different KV block, as in vLLM). An exact 64-bit integer id (a
+//! number or a numeric string; a negative one as its two's complement) is used as it is; any
+//! other string is hashed from its text; a number past 64 bits or with a fraction is hashed from
+//! the float value the JSON reader keeps (counted: write such ids as strings).
 //!
 //! **Errors.** Empty lines are skipped. A line that is not a JSON object, or has no usable
 //! `timestamp` or `hash_ids`, or asks for more than [`MAX_INPUT_TOKENS`] prompt tokens or
@@ -389,13 +392,52 @@ struct Row {
     line: usize,
 }
 
-fn id_of(v: &Value) -> Option<u64> {
+/// A block id: an exact 64-bit integer (a JSON number or a numeric string)
+/// bit for bit, a negative one (a signed hash) as its two's complement; any
+/// other string hashed from its text. `Err(id)` for a JSON number that is
+/// not an exact 64-bit integer (past 64 bits or with a fraction): the JSON
+/// reader kept only its float value, so the id is hashed from that (ids
+/// closer than the float's precision collide; the caller counts them). Before,
+/// such ids went through a saturating float cast: every number past 2^64
+/// and every numeric string past it became `u64::MAX`, one id for all.
+fn id_of(v: &Value) -> Option<Result<u64, u64>> {
     match v {
-        // Ids are opaque: a negative one (a signed hash) is kept bit for bit.
-        Value::Number(n) => as_u64(Some(v)).or_else(|| n.as_i64().map(|i| i as u64)),
-        Value::String(s) => Some(as_u64(Some(v)).unwrap_or_else(|| xxh3_64(s.as_bytes()))),
+        Value::Number(n) => Some(
+            n.as_u64()
+                .or_else(|| n.as_i64().map(|i| i as u64))
+                .ok_or_else(|| xxh3_64(n.to_string().as_bytes())),
+        ),
+        Value::String(s) => {
+            let t = s.trim();
+            Some(Ok(t
+                .parse::<u64>()
+                .ok()
+                .or_else(|| t.parse::<i64>().ok().map(|i| i as u64))
+                .unwrap_or_else(|| xxh3_64(s.as_bytes()))))
+        }
         _ => None,
     }
+}
+
+/// A trace file's bytes as text; a compressed file is named as such
+/// (decompress it first) instead of "not UTF-8".
+fn text_of(bytes: Vec<u8>) -> Result<String, String> {
+    let packed = [
+        (&[0x1f, 0x8b][..], "gzip (gunzip it first)"),
+        (&[0x28, 0xb5, 0x2f, 0xfd][..], "zstd (unzstd it first)"),
+        (&[b'P', b'K', 3, 4][..], "zip (unzip it first)"),
+        (&[b'B', b'Z', b'h'][..], "bzip2 (bunzip2 it first)"),
+        (&[0xfd, b'7', b'z', b'X', b'Z'][..], "xz (unxz it first)"),
+    ];
+    if let Some((_, what)) = packed.iter().find(|(magic, _)| bytes.starts_with(magic)) {
+        return Err(format!("compressed with {what}"));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "not UTF-8 text (byte {} of the file): a JSONL trace is text",
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 /// Largest `input_length` accepted: 2^24 tokens (16.8 M, above every served context).
@@ -406,18 +448,33 @@ pub const MAX_OUTPUT_TOKENS: u64 = 1 << 20;
 /// One line: `Ok(None)` for a request with `input_length` 0 (nothing to
 /// prefill: skipped and counted in the summary).
 fn parse_line(line: &str, lineno: usize, st: &mut TraceStats) -> Result<Option<Row>, String> {
-    let obj = match serde_json::from_str::<Value>(line) {
-        Ok(Value::Object(o)) => o,
-        Ok(_) => return Err("not a JSON object".into()),
-        Err(e) => return Err(format!("not JSON ({e})")),
+    match serde_json::from_str::<Value>(line) {
+        Ok(v) => parse_value(v, lineno, st),
+        Err(e) => Err(format!("not JSON ({e})")),
+    }
+}
+
+/// One request object (a line, or an element of a JSON array file).
+fn parse_value(v: Value, lineno: usize, st: &mut TraceStats) -> Result<Option<Row>, String> {
+    let Value::Object(obj) = v else {
+        return Err("not a JSON object".into());
     };
     let ts = Ts::parse(obj.get("timestamp"))
         .ok_or("no `timestamp` (a number, a numeric string or an RFC 3339 date-time)")?;
     let Some(Value::Array(ids)) = obj.get("hash_ids") else {
         return Err("no `hash_ids` array".into());
     };
-    let ids: Option<Vec<u64>> = ids.iter().map(id_of).collect();
-    let ids = ids.ok_or("a `hash_ids` element is neither a number nor a string")?;
+    let mut out = Vec::with_capacity(ids.len());
+    for v in ids {
+        match id_of(v).ok_or("a `hash_ids` element is neither a number nor a string")? {
+            Ok(id) => out.push(id),
+            Err(id) => {
+                st.adjust("hash_ids number past 64 bits or fractional: hashed from its float value (write such ids as strings to keep every digit)");
+                out.push(id);
+            }
+        }
+    }
+    let ids = out;
     let input = match obj.get("input_length") {
         None | Some(Value::Null) => None,
         v => Some(as_u64(v).ok_or("`input_length` is not a number ≥ 0")?),
@@ -490,7 +547,20 @@ pub fn parse_requests(
     let mut rows: Vec<Row> = Vec::new();
     // A UTF-8 byte order mark (files saved by some Windows tools).
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    for (i, line) in text.lines().enumerate() {
+    let array = text.trim_start().starts_with('[');
+    if array {
+        // A JSON array of request objects (not JSONL): elements are numbered
+        // like lines.
+        let all: Vec<Value> = serde_json::from_str(text)
+            .map_err(|e| format!("trace {name}: a JSON array that does not parse ({e})"))?;
+        for (i, v) in all.into_iter().enumerate() {
+            st.lines += 1;
+            let row = parse_value(v, i + 1, &mut st)
+                .map_err(|e| format!("trace {name} element {}: {e}", i + 1))?;
+            rows.extend(row);
+        }
+    }
+    for (i, line) in text.lines().enumerate().filter(|_| !array) {
         let line = line.trim();
         if line.is_empty() {
             continue;
@@ -596,8 +666,8 @@ pub fn load_requests(
     path: &str,
     opt: &TraceOptions,
 ) -> Result<(Vec<TraceRequest>, TraceStats, String), String> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("cannot read trace {path}: {e}"))?;
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read trace {path}: {e}"))?;
+    let text = text_of(bytes).map_err(|e| format!("cannot read trace {path}: {e}"))?;
     let name = std::path::Path::new(path)
         .file_name()
         .map_or_else(|| path.to_string(), |n| n.to_string_lossy().into_owned());
@@ -670,6 +740,41 @@ mod tests {
         assert_eq!(r[0].ids[0], u64::MAX);
         assert_eq!(r[0].ids[0], r[1].ids[0]);
         assert!(st.summary().contains("input_length 0"), "{}", st.summary());
+        // Ids past 64 bits stay distinct: as strings exactly, as numbers by
+        // their float value (counted); a fractional id is not truncated.
+        let text = "{\"timestamp\": 1, \"input_length\": 96, \"hash_ids\": [\"340282366920938463463374607431768211455\", 1180591620717411303424, 1.5]}\n\
+                    {\"timestamp\": 2, \"input_length\": 96, \"hash_ids\": [\"340282366920938463463374607431768211454\", 2361183241434822606848, 1]}\n\
+                    {\"timestamp\": 3, \"input_length\": 96, \"hash_ids\": [\"18446744073709551615\", \"-1\", \" 1 \"]}\n";
+        let (r, st) = parse_requests(text, &opt(1.0), "t").unwrap();
+        for i in 0..3 {
+            assert_ne!(r[0].ids[i], r[1].ids[i], "id {i}: {:?}", r);
+        }
+        assert_eq!(
+            (r[2].ids[0], r[2].ids[1], r[2].ids[2]),
+            (u64::MAX, u64::MAX, 1)
+        );
+        assert_ne!(r[0].ids[0], u64::MAX);
+        assert!(st.summary().contains("past 64 bits"), "{}", st.summary());
+        // A JSON array file: the same requests, errors by element.
+        let lines = "{\"timestamp\": 1, \"input_length\": 64, \"hash_ids\": [1, 2]}\n{\"timestamp\": 2, \"input_length\": 64, \"hash_ids\": [1, 3]}\n";
+        let array = "[\n  {\"timestamp\": 1, \"input_length\": 64, \"hash_ids\": [1, 2]},\n  {\"timestamp\": 2, \"input_length\": 64, \"hash_ids\": [1, 3]}\n]";
+        let (a, _) = parse_requests(lines, &opt(1.0), "t").unwrap();
+        let (b, sb) = parse_requests(array, &opt(1.0), "t").unwrap();
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        assert_eq!(sb.lines, 2);
+        let e = parse_requests("[{\"timestamp\": 1, \"hash_ids\": [1]}, 3]", &opt(1.0), "t")
+            .unwrap_err();
+        assert!(
+            e.contains("element 2") && e.contains("not a JSON object"),
+            "{e}"
+        );
+        let e = parse_requests("[{\"timestamp\": 1,", &opt(1.0), "t").unwrap_err();
+        assert!(e.contains("JSON array"), "{e}");
+        assert!(text_of(vec![0x1f, 0x8b, 8, 0])
+            .unwrap_err()
+            .contains("gzip"));
+        assert!(text_of(vec![b'{', 0xff]).unwrap_err().contains("byte 1"));
+        assert_eq!(text_of(b"{}".to_vec()).unwrap(), "{}");
         // Only empty prompts: no request.
         let e = parse_requests(
             "{\"timestamp\": 1, \"input_length\": 0, \"hash_ids\": []}",
