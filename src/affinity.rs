@@ -180,9 +180,10 @@
 //! entry has more than [`CORE_HOLDERS`] holders, stopping at the first
 //! replica with room.
 //!
-//! **Second tier** (`tier`, on; [`choose_tiered`]): when every holder of
-//! the known prefix is over the load bound (the spill of step 3 to
-//! `a = place(holders)`), the caller looks up a shallower ladder block of
+//! **Second tier** (`tier`, on; [`choose_tiered`]): when a warm request
+//! spills to `a = place(holders)` (step 3: every holder of the known prefix
+//! over the load bound, or the spill rule moving it off one within the
+//! bound), the caller looks up a shallower ladder block of
 //! the same prefix whose holders include replicas the deep block's do not
 //! ([`crate::index::PrefixIndex::lookup_shallow`], ≤ 3 gets, only then).
 //! Its least loaded holder `s` within the load and share bounds is taken
@@ -196,10 +197,18 @@
 //! needs more keeps rotating its holders, and each spill to a replica
 //! outside them re-prefills it; the holders it dropped are still written on
 //! the ladder blocks under it (the tier finds them) and still cache most
-//! of it. Moving a warm request off a holder within the bound to a
-//! shallow holder (priced by the tokens it lacks) was measured too and
-//! cost 0.5–2.6 points of hit on `uniqmix` (`docs/benchmarks.md`,
-//! "Eighth session").
+//! of it. Until the twenty-second session only the first kind of spill
+//! asked the tier, and a spill off a busy holder within the bound
+//! re-prefilled the whole prefix on `a` (the deepest entry of a prefix
+//! often has one holder, its shallower ladder blocks several): with both,
+//! over 263 simulator runs the hit passes and p90 passes are unchanged
+//! (257, 227) but the hit gaps shrink (shipped trace at 7 replicas −0.35 →
+//! −0.18 points against the best baseline, `uniqmix` 7 −0.36 → −0.24), and
+//! on 29 fresh-seed runs hit passes 25 → 26 (`docs/benchmarks.md`,
+//! "Twenty-second session"). Moving a warm request off a holder it would
+//! keep to a shallow holder (priced by the tokens it lacks) was measured
+//! too and cost 0.5–2.6 points of hit on `uniqmix` (`docs/benchmarks.md`,
+//! "Eighth session"; again in the twenty-second, for continuations).
 //!
 //! **Past the window** (`beyond_window`, 1): the router hashes only the
 //! first `prefix_length` characters (65 536, ≈ 16 000 tokens). When the
@@ -472,9 +481,10 @@ pub struct AffinityConfig {
     /// With a queue picture, the learned wait price counts at most at the
     /// configured one (module docs, "Wait price"; `wait_price`).
     pub queue_wait_cap: bool,
-    /// The second lookup tier (module docs, "Second tier"): when every
-    /// holder is over the load bound, the new holder may be a replica that
-    /// holds a shallower part of the prefix, priced by what it holds.
+    /// The second lookup tier (module docs, "Second tier"): when a warm
+    /// request spills (every holder over the load bound, or the spill rule
+    /// moving it off one), the new holder may be a replica that holds a
+    /// shallower part of the prefix, priced by what it holds.
     pub tier: bool,
     /// A holder at or over `concurrency_threshold` but within the load
     /// bounds stays a warm candidate, kept only if the spill rule priced by
@@ -700,8 +710,9 @@ pub struct Choice {
     pub prompt_tokens: f64,
     /// The decision would use the second lookup tier
     /// ([`crate::index::PrefixIndex::lookup_shallow`]) if the caller gave
-    /// it: a known prefix of ≥ 2 blocks whose holders were all over the
-    /// load bound (a spill to a new holder), with `tier` on and no
+    /// it: a known prefix of ≥ 2 blocks whose request spilled to a new
+    /// holder (every holder over the load bound, or the spill rule moving it
+    /// off one within it), with `tier` on and no
     /// [`Request::shallow`] given ([`choose_tiered`]: and its lookup found
     /// none).
     pub tier_wanted: bool,
@@ -1306,6 +1317,10 @@ fn decide(
         let mut tier_wanted = false;
         // Tokens a new holder from the second tier is expected to hold.
         let mut moved_cached = 0.0;
+        // A load spill to `a` (every holder over the bound, or the spill
+        // rule moved the request off one within it): the second tier may
+        // take it instead.
+        let mut to_tier = false;
         let (primary, reason) = match (best_ok, alt) {
             (None, Some(a)) if by_share && (v.over_share(a) || !hard || target_busy(a)) => {
                 match share_held {
@@ -1347,6 +1362,9 @@ fn decide(
                 } else if let Some(k) = pending_keep(&v, cost, cfg, pending, holders, a, cached) {
                     (k, Reason::Warm)
                 } else {
+                    // Off a holder within the bound: to `a` or the second
+                    // tier (below).
+                    to_tier = true;
                     (a, Reason::Spill)
                 }
             }
@@ -1356,13 +1374,8 @@ fn decide(
                     // prefix's prefill (`pending_progress`).
                     (h, Reason::Warm)
                 } else {
-                    // The second tier: the caller's lookup, asked here only.
-                    let found = known
-                        .filter(|_| ask)
-                        .and_then(|k| lookup.and_then(|f| f(k)));
-                    tier_wanted = ask && found.is_none();
-                    let shallow = found.as_ref().or(req.shallow).filter(|_| cfg.tier);
-                    new_holder(a, shallow.and_then(tier_of), &mut moved_cached)
+                    to_tier = true;
+                    (a, Reason::Spill)
                 }
             }
             (None, None) => (
@@ -1373,6 +1386,17 @@ fn decide(
                     .unwrap_or(0),
                 Reason::Warm,
             ),
+        };
+        let (primary, reason) = if to_tier {
+            // The second tier: the caller's lookup, asked here only.
+            let found = known
+                .filter(|_| ask)
+                .and_then(|k| lookup.and_then(|f| f(k)));
+            tier_wanted = ask && found.is_none();
+            let shallow = found.as_ref().or(req.shallow).filter(|_| cfg.tier);
+            new_holder(primary, shallow.and_then(tier_of), &mut moved_cached)
+        } else {
+            (primary, reason)
         };
         let secondary = holders
             .iter()
@@ -1898,6 +1922,60 @@ mod tests {
         let c = choose_tiered(&r, &req, &cost(), &no_band, |_| None, || None);
         assert!(c.tier_wanted);
         assert_eq!(c, choose(&r, &req, &cost(), &no_band));
+    }
+
+    #[test]
+    fn a_spill_off_a_holder_within_the_bound_goes_to_a_holder_of_a_shallower_part() {
+        let r = ring(8);
+        let k = key(7, 40);
+        // Replica 0 holds all 40 blocks (2 560 tokens: 77 ms of prefill at
+        // 30 ms per 1000) and is within the load bound (23 ≤ 2 × (13.25 +
+        // 1)) but 10 requests (100 ms) above the others: the spill rule
+        // moves the request. Replica 5 holds the first 32 blocks (2 048
+        // tokens, 61 ms) and is one request (10 ms) above the least loaded.
+        let deep = known(40, &[0], 0);
+        let shallow = known(32, &[5, 0], 0);
+        let held = (k.units_at(32) as f64 / 4.0).round();
+        let loads = [22, 12, 12, 12, 12, 13, 12, 12];
+        let decide = |s: Option<&Known>, tier: bool| {
+            let cfg = AffinityConfig {
+                tier,
+                ..AffinityConfig::default()
+            };
+            let req = Request {
+                shallow: s,
+                ..request(&k, Some(&deep), Loads::new(&loads))
+            };
+            choose(&r, &req, &cost(), &cfg)
+        };
+        // Without the tier's answer: a spill to a replica that holds
+        // nothing, and the decision asks for the tier.
+        let c = decide(None, true);
+        assert_eq!((c.reason, c.expected_cached_tokens), (Reason::Spill, 0.0));
+        assert!(c.tier_wanted && c.primary != 0 && c.primary != 5);
+        // With it: replica 5, expecting its 2 048 tokens.
+        let c = decide(Some(&shallow), true);
+        assert_eq!((c.primary, c.reason), (5, Reason::Spill));
+        assert_eq!(c.expected_cached_tokens.round(), held);
+        // The tier off: neither asked nor used.
+        let c = decide(Some(&shallow), false);
+        assert!(c.primary != 5 && !c.tier_wanted);
+        // The caller's lookup is asked once, for the deep prefix.
+        let asked = std::cell::Cell::new(0);
+        let req = request(&k, Some(&deep), Loads::new(&loads));
+        let c = choose_tiered(
+            &r,
+            &req,
+            &cost(),
+            &AffinityConfig::default(),
+            |d| {
+                asked.set(asked.get() + 1);
+                assert_eq!(d.depth, 40);
+                Some(shallow)
+            },
+            || None,
+        );
+        assert_eq!((c.primary, asked.get()), (5, 1));
     }
 
     /// An exact repeat of a 128-block prompt held by replica 3 (of 7), with
