@@ -1899,18 +1899,7 @@ mod tests {
         // Over the bound: asked once, and its answer decides.
         let loads = [30, 30, 30, 2, 2, 6, 2, 2];
         let req = request(&k, Some(&deep), Loads::new(&loads));
-        let c = choose_tiered(
-            &r,
-            &req,
-            &cost(),
-            &no_band,
-            |d| {
-                asked.set(asked.get() + 1);
-                assert_eq!(d.depth, 40);
-                Some(shallow)
-            },
-            || None,
-        );
+        let c = tiered_40(&r, &req, &no_band, shallow, &asked);
         assert_eq!((c.primary, asked.get()), (5, 1));
         // The same decision as `choose` given the lookup's answer; with
         // none, the same as without the tier (and still wanted).
@@ -1963,19 +1952,31 @@ mod tests {
         // The caller's lookup is asked once, for the deep prefix.
         let asked = std::cell::Cell::new(0);
         let req = request(&k, Some(&deep), Loads::new(&loads));
-        let c = choose_tiered(
-            &r,
-            &req,
+        let c = tiered_40(&r, &req, &AffinityConfig::default(), shallow, &asked);
+        assert_eq!((c.primary, asked.get()), (5, 1));
+    }
+
+    /// [`choose_tiered`] whose lookup answers `shallow`, checks that it is
+    /// asked for the 40-block deep prefix and counts the asks in `asked`.
+    fn tiered_40(
+        r: &HashRing,
+        req: &Request<'_>,
+        cfg: &AffinityConfig,
+        shallow: Known,
+        asked: &std::cell::Cell<u32>,
+    ) -> Choice {
+        choose_tiered(
+            r,
+            req,
             &cost(),
-            &AffinityConfig::default(),
+            cfg,
             |d| {
                 asked.set(asked.get() + 1);
                 assert_eq!(d.depth, 40);
                 Some(shallow)
             },
             || None,
-        );
-        assert_eq!((c.primary, asked.get()), (5, 1));
+        )
     }
 
     /// An exact repeat of a 128-block prompt held by replica 3 (of 7), with
