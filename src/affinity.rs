@@ -200,12 +200,16 @@
 //! of it. Until the twenty-second session only the first kind of spill
 //! asked the tier, and a spill off a busy holder within the bound
 //! re-prefilled the whole prefix on `a` (the deepest entry of a prefix
-//! often has one holder, its shallower ladder blocks several): with both,
-//! over 263 simulator runs the hit passes and p90 passes are unchanged
-//! (257, 227) but the hit gaps shrink (shipped trace at 7 replicas −0.35 →
-//! −0.18 points against the best baseline, `uniqmix` 7 −0.36 → −0.24), and
-//! on 29 fresh-seed runs hit passes 25 → 26 (`docs/benchmarks.md`,
-//! "Twenty-second session"). Moving a warm request off a holder it would
+//! often has one holder, its shallower ladder blocks several). The second
+//! kind asks it only while some available replica has less than
+//! `routing_budget_ms` of prefill queued (`View::backlogged`, as for the
+//! holders past the core): in a backlogged fleet the move loads a busier
+//! holder of a hot prefix (heldout at 7 replicas × 0.08, p90 63–85 s for
+//! every policy: 8 → 6 of 8 p90 passes without the gate). Over 263
+//! simulator runs: hit passes 257 → 257, p90 passes 227 → 229, hit gaps
+//! smaller (shipped trace at 7 replicas −0.35 → −0.18 points against the
+//! best baseline, `uniqmix` 7 −0.36 → −0.24); on 29 fresh-seed runs hit
+//! passes 25 → 26 (`docs/benchmarks.md`, "Twenty-second session"). Moving a warm request off a holder it would
 //! keep to a shallow holder (priced by the tokens it lacks) was measured
 //! too and cost 0.5–2.6 points of hit on `uniqmix` (`docs/benchmarks.md`,
 //! "Eighth session"; again in the twenty-second, for continuations).
@@ -482,9 +486,10 @@ pub struct AffinityConfig {
     /// configured one (module docs, "Wait price"; `wait_price`).
     pub queue_wait_cap: bool,
     /// The second lookup tier (module docs, "Second tier"): when a warm
-    /// request spills (every holder over the load bound, or the spill rule
-    /// moving it off one), the new holder may be a replica that holds a
-    /// shallower part of the prefix, priced by what it holds.
+    /// request spills (every holder over the load bound, or, while the fleet
+    /// is not backlogged, the spill rule moving it off one), the new holder
+    /// may be a replica that holds a shallower part of the prefix, priced by
+    /// what it holds.
     pub tier: bool,
     /// A holder at or over `concurrency_threshold` but within the load
     /// bounds stays a warm candidate, kept only if the spill rule priced by
@@ -711,8 +716,9 @@ pub struct Choice {
     /// The decision would use the second lookup tier
     /// ([`crate::index::PrefixIndex::lookup_shallow`]) if the caller gave
     /// it: a known prefix of ≥ 2 blocks whose request spilled to a new
-    /// holder (every holder over the load bound, or the spill rule moving it
-    /// off one within it), with `tier` on and no
+    /// holder (every holder over the load bound, or, while the fleet is not
+    /// backlogged, the spill rule moving it off one within it), with `tier`
+    /// on and no
     /// [`Request::shallow`] given ([`choose_tiered`]: and its lookup found
     /// none).
     pub tier_wanted: bool,
@@ -1362,9 +1368,9 @@ fn decide(
                 } else if let Some(k) = pending_keep(&v, cost, cfg, pending, holders, a, cached) {
                     (k, Reason::Warm)
                 } else {
-                    // Off a holder within the bound: to `a` or the second
-                    // tier (below).
-                    to_tier = true;
+                    // Off a holder within the bound: to `a`, or the second
+                    // tier (below) while the fleet has room.
+                    to_tier = !v.backlogged(cfg);
                     (a, Reason::Spill)
                 }
             }
@@ -1949,6 +1955,32 @@ mod tests {
         // The tier off: neither asked nor used.
         let c = decide(Some(&shallow), false);
         assert!(c.primary != 5 && !c.tier_wanted);
+        // A backlogged fleet (every replica with more than the 2 s routing
+        // budget of prefill queued): replica 0, 35 requests (350 ms) above
+        // the others and within the bound (61 ≤ 2 × (29.5 + 1)), is left
+        // (the overload weight prices the cache at 4 × 77 ms), for `a`.
+        let busy = [60, 25, 25, 25, 25, 26, 25, 25];
+        let queued = [
+            80_000, 70_000, 70_000, 70_000, 70_000, 70_000, 70_000, 70_000,
+        ];
+        let req = Request {
+            shallow: Some(&shallow),
+            queued_prefill: Some(&queued),
+            ..request(&k, Some(&deep), Loads::new(&busy))
+        };
+        let c = choose(&r, &req, &cost(), &AffinityConfig::default());
+        assert_eq!((c.reason, c.expected_cached_tokens), (Reason::Spill, 0.0));
+        assert!(c.primary != 5 && !c.tier_wanted);
+        // Room on replica 5: the tier again.
+        let mut room = queued;
+        room[5] = 0;
+        let req = Request {
+            queued_prefill: Some(&room),
+            ..req
+        };
+        let c = choose(&r, &req, &cost(), &AffinityConfig::default());
+        assert_eq!((c.primary, c.reason), (5, Reason::Spill));
+        assert_eq!(c.expected_cached_tokens.round(), held);
         // The caller's lookup is asked once, for the deep prefix.
         let asked = std::cell::Cell::new(0);
         let req = request(&k, Some(&deep), Loads::new(&loads));
