@@ -209,10 +209,12 @@
 //! simulator runs: hit passes 257 → 257, p90 passes 227 → 229, hit gaps
 //! smaller (shipped trace at 7 replicas −0.35 → −0.18 points against the
 //! best baseline, `uniqmix` 7 −0.36 → −0.24); on 29 fresh-seed runs hit
-//! passes 25 → 26 (`docs/benchmarks.md`, "Twenty-second session"). Moving a warm request off a holder it would
-//! keep to a shallow holder (priced by the tokens it lacks) was measured
-//! too and cost 0.5–2.6 points of hit on `uniqmix` (`docs/benchmarks.md`,
-//! "Eighth session"; again in the twenty-second, for continuations).
+//! passes 25 → 26 (`docs/benchmarks.md`, "Twenty-second session"). The
+//! first kind is not gated (not measured with the gate). Moving a warm
+//! request off a holder it would keep to a shallow holder (priced by the
+//! tokens it lacks) was measured too and cost 0.5–2.6 points of hit on
+//! `uniqmix` (`docs/benchmarks.md`, "Eighth session"; again in the
+//! twenty-second, for continuations).
 //!
 //! **Past the window** (`beyond_window`, 1): the router hashes only the
 //! first `prefix_length` characters (65 536, ≈ 16 000 tokens). When the
@@ -1180,6 +1182,17 @@ fn decide(
     } else {
         window_key
     };
+    // `View::backlogged` (O(n)), asked by the holder list and by a spill
+    // off a holder within the bound: computed at most once.
+    let backlog = std::cell::Cell::new(None);
+    let backlogged = |v: &View<'_>| match backlog.get() {
+        Some(b) => b,
+        None => {
+            let b = v.backlogged(cfg);
+            backlog.set(Some(b));
+            b
+        }
+    };
     let warm = known.and_then(|k| {
         let coverage = warm_coverage(key, Some(k), cfg)?;
         let cached = known_tokens(key, k, prompt_tokens, cpt, cfg);
@@ -1187,7 +1200,7 @@ fn decide(
         let mut m = 0;
         // The holders past the core ones only while the fleet has room
         // (module docs, "Holder list"); asked only when there are some.
-        let cap = if k.entry.holders().nth(CORE_HOLDERS).is_some() && v.backlogged(cfg) {
+        let cap = if k.entry.holders().nth(CORE_HOLDERS).is_some() && backlogged(&v) {
             CORE_HOLDERS
         } else {
             crate::index::MAX_HOLDERS
@@ -1370,7 +1383,7 @@ fn decide(
                 } else {
                     // Off a holder within the bound: to `a`, or the second
                     // tier (below) while the fleet has room.
-                    to_tier = !v.backlogged(cfg);
+                    to_tier = !backlogged(&v);
                     (a, Reason::Spill)
                 }
             }

@@ -542,10 +542,15 @@ pub struct IndexConfig {
     /// of 572 later steps went to another replica without it; hit 94.5 →
     /// 95.0 %). Measured on in the twenty-first session: hit passes +4, p90
     /// passes −11 over 292 simulator runs, 29 of them on fresh seeds, where
-    /// `agent` at 16 went from 3 / 3 to 0 / 3 on p90 (−19.7 → +29.8 %): the
-    /// steps it keeps on their previous replica queue there. Also 15–20 %
-    /// more sets per request and peer traffic (`docs/benchmarks.md`,
-    /// "Twenty-first session").
+    /// `agent` at 16 went from 3 / 3 to 0 / 3 on p90 (−19.7 → +29.8 %).
+    /// Why (twenty-second session): the search paths are written with the
+    /// recording replica alone and run through a shared prompt's last
+    /// blocks, so a new session's lookup finds one holder there instead of
+    /// the ladder block's several; ignoring such blocks keeps that p90, but
+    /// continuations then wait behind their one holder's queue (heldout p90
+    /// margins, nsblocks light-load p90 passes −6). Also 15–20 % more sets
+    /// per request and peer traffic (`docs/benchmarks.md`, "Twenty-first
+    /// session" and "Twenty-second session").
     pub end_marks: bool,
     /// Without `end_marks`: still mark the request's last block (no search
     /// path, no `n − 2` mark), which `record` writes anyway: no extra set.

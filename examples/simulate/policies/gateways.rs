@@ -1679,15 +1679,19 @@ mod tests {
         (book, reqs)
     }
 
-    fn gateways(book: &KeyBook, name: &str, knobs: Knobs) -> Gateways {
-        // Without end marks: the counts below are the ladder's and the
-        // last block's writes.
+    /// The default parameters without end marks: the counts below are the
+    /// ladder's and the last block's writes.
+    fn unmarked() -> OursParams {
         let mut p = OursParams::default();
         p.index.end_marks = false;
+        p
+    }
+
+    fn gateways(book: &KeyBook, name: &str, knobs: Knobs) -> Gateways {
         Gateways::new(
             book.routers[0].1.clone(),
             0,
-            &p,
+            &unmarked(),
             parse_name(name).unwrap(),
             knobs,
             7,
@@ -1745,8 +1749,7 @@ mod tests {
         // routing, record at the first token, spread_cold counters, the
         // queued-prefill count of `cluster::queued`, on by default), with
         // the index of the `gateways` helper (no end marks).
-        let mut p = OursParams::default();
-        p.index.end_marks = false;
+        let p = unmarked();
         assert!(p.queued_prefill);
         let mut ours = Ours::new(book.routers[0].1.clone(), 0, p, &m).unwrap();
         let mut one = gateways(&book, "indep/1", Knobs::default());
