@@ -216,6 +216,29 @@
 //! `uniqmix` (`docs/benchmarks.md`, "Eighth session"; again in the
 //! twenty-second, for continuations).
 //!
+//! **New holder under the prefix** ([`writes_new_holder`];
+//! [`crate::index::IndexConfig::new_holder_known`], `Spill`): a spill's
+//! target now caches the whole known prefix, but the index lists it only on
+//! the deepest known block and the deeper ones. A later request that shares
+//! a shallower part (the same system prompt or document under another
+//! question) finds the old holders alone and queues behind them, or spills
+//! again to a third replica, re-prefilling what the first spill's target
+//! holds. So the record of a spill also writes its replica, first, into the
+//! known ladder blocks under that depth (merged with their holders: one get
+//! and one set each, within the record's `max_writes`, for spills only:
+//! 0.3–8 % of requests). Only in a fleet larger than an entry's holder list
+//! ([`crate::index::MAX_HOLDERS`], 7): where 7 holders cover the fleet, the
+//! shallow entries soon list nearly every replica, and in the overloaded
+//! 7-replica sets the extra holders cost `heldout` at 7 × 0.15 one p90 pass
+//! (20.5 → 25.4 s on one trace, request shares 12.6–17.6 → 11.0–21.1 %)
+//! and fresh `uniqmix` traces 0.24 points of hit. At 16 and 32 replicas
+//! (twenty-third session, 352 simulator runs, every 7-replica run
+//! byte-identical): hit passes 340 → 343, p90 passes 305 → 308; the
+//! small-block `nsblocks` traces at 32 × 0.0766 19 → 20 of 20 in sample
+//! (worst −0.51 → −0.44 points against the best baseline) and 7 → 8 of 8
+//! on fresh seeds (−0.54 → −0.40), the public trace at 32 replicas 4 → 5
+//! of 5 (`docs/benchmarks.md`, "Twenty-third session").
+//!
 //! **Past the window** (`beyond_window`, 1): the router hashes only the
 //! first `prefix_length` characters (65 536, ≈ 16 000 tokens). When the
 //! index knows the whole window and the prompt is longer, the holder's
@@ -1013,6 +1036,15 @@ pub struct Request<'a> {
     /// holders include replicas that `known`'s do not
     /// ([`crate::index::PrefixIndex::lookup_shallow`]). `None`: unknown.
     pub shallow: Option<&'a Known>,
+}
+
+/// Does a decision write its replica, as a new holder, into the shallower
+/// known ladder blocks of the request's prefix
+/// ([`crate::index::NewHolder::Spill`], module docs "New holder under the
+/// prefix")? A spill (`reason`), in a fleet of more than
+/// [`crate::index::MAX_HOLDERS`] `replicas`. O(1).
+pub fn writes_new_holder(reason: Reason, replicas: usize) -> bool {
+    reason == Reason::Spill && replicas > crate::index::MAX_HOLDERS
 }
 
 /// Would `known` make a request warm (fresh, and covering at least

@@ -488,15 +488,17 @@ impl Known {
 /// blocks ([`IndexConfig::new_holder_known`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NewHolder {
-    /// None (the default).
-    #[default]
+    /// None.
     Off,
     /// Every record to a replica that does not hold the deepest known
     /// block: spills and cold placements under a known prefix.
     Placed,
-    /// Spills only ([`Known::spill`]): a cold placement under a known
-    /// short prefix (a new holder the rule did not pick for that prefix)
-    /// writes nothing below its depth.
+    /// Spills only ([`Known::spill`]; the default): a cold placement under
+    /// a known short prefix (a new holder the rule did not pick for that
+    /// prefix) writes nothing below its depth. The caller decides which
+    /// spills it marks ([`crate::affinity::writes_new_holder`]: in a fleet
+    /// larger than an entry's holder list).
+    #[default]
     Spill,
 }
 
@@ -530,7 +532,12 @@ pub struct IndexConfig {
     /// the new holder is idle. Records to an existing holder are unchanged,
     /// so the extra writes are those of spills and known-prefix cold
     /// placements ([`NewHolder::Placed`]) or of spills only
-    /// ([`NewHolder::Spill`]: the caller marks the lookup, [`Known::spilled`]).
+    /// ([`NewHolder::Spill`], the default: the caller marks the lookup,
+    /// [`Known::spilled`], and marks a spill only in a fleet larger than
+    /// [`MAX_HOLDERS`], [`crate::affinity::writes_new_holder`]). Why the
+    /// default and the fleet gate: `docs/benchmarks.md`, "Twenty-third
+    /// session" (over 352 simulator runs, hit passes 340 → 343, p90 passes
+    /// 305 → 308; every 7-replica run unchanged).
     pub new_holder_known: NewHolder,
     /// Seed of the keyed slot hash (per process; see the module docs).
     pub secret: u64,
@@ -589,7 +596,7 @@ impl Default for IndexConfig {
             max_writes: 32,
             ladder_bits: 3,
             rewrite_known: false,
-            new_holder_known: NewHolder::Off,
+            new_holder_known: NewHolder::Spill,
             secret: 0,
             end_marks: false,
             last_mark: true,

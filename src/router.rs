@@ -282,7 +282,8 @@ impl Router {
         );
         // The record reads the decision from the lookup it is given
         // (`IndexConfig::new_holder_known`).
-        let found = found.map(|k| k.spilled(choice.reason == Reason::Spill));
+        let spread = affinity::writes_new_holder(choice.reason, n);
+        let found = found.map(|k| k.spilled(spread));
         (self.affinity_decision(key, &choice), choice, found)
     }
 
@@ -785,6 +786,61 @@ mod tests {
             } else {
                 assert_eq!(c.expected_cached_tokens, 0.0);
             }
+        }
+    }
+
+    #[test]
+    fn a_spill_s_new_holder_is_found_under_its_depth_in_a_fleet_larger_than_the_holder_list() {
+        use crate::affinity::Reason;
+        use crate::index::{VecStore, MAX_HOLDERS};
+        // A system prompt (9 600 characters) with a document under it; then
+        // the same system prompt with another document.
+        let body = |doc: &str, q: usize| {
+            let system = "You are a meticulous assistant. ".repeat(300);
+            let text = format!("{} question {q}", doc.repeat(600));
+            format!(
+                r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{text}"}}]}}"#
+            )
+        };
+        for n in [MAX_HOLDERS, MAX_HOLDERS + 1, 4 * MAX_HOLDERS] {
+            let r = replicas(n);
+            let cost = CostModel::new(r.cost_config());
+            let mut store = VecStore::new(r.config().affinity.index_slots);
+            let decide = |store: &VecStore, b: &str, loads: &[u32]| {
+                let k = r.key(Body::Complete(b.as_bytes()), None);
+                let (_, c, known) =
+                    r.choose_affinity(&k, b.len(), Loads::new(loads), store, &cost, 5000, 1);
+                (k, c, known)
+            };
+            // The first request on the document goes to `x`.
+            let first = body("Alpha clause. ", 0);
+            let (k, c, known) = decide(&store, &first, &vec![0; n]);
+            let x = c.primary;
+            r.record_affinity(&mut store, &k.blocks, known.as_ref(), x, 1000);
+            // The next one finds `x` over the load bound: a spill to `y`.
+            let mut loads = vec![0u32; n];
+            loads[x] = 40;
+            let next = body("Alpha clause. ", 1);
+            let (k, c, known) = decide(&store, &next, &loads);
+            let y = c.primary;
+            assert!(y != x && c.reason == Reason::Spill, "{n}: {c:?}");
+            assert_eq!(
+                known.map(|k| k.spill),
+                Some(n > MAX_HOLDERS),
+                "{n}: the lookup carries the mark"
+            );
+            r.record_pending(&mut store, &k.blocks, known.as_ref(), &c, 1500);
+            r.record_affinity(&mut store, &k.blocks, known.as_ref(), y, 2000);
+            // Another document under the same system prompt: the holders of
+            // the shared part list `y` first in a fleet larger than the
+            // holder list, `x` alone otherwise.
+            let other = body("Beta schedule. ", 2);
+            let (_, _, shallow) = decide(&store, &other, &vec![0; n]);
+            let holders: Vec<usize> = shallow
+                .map(|k| k.entry.holders().collect())
+                .unwrap_or_default();
+            let want = if n > MAX_HOLDERS { vec![y, x] } else { vec![x] };
+            assert_eq!(holders, want, "{n} replicas");
         }
     }
 

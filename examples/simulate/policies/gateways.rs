@@ -1189,7 +1189,7 @@ impl Gateways {
             }
         }
         // The records read the decision from the lookup (`new_holder_known`).
-        let known = known.map(|k| k.spilled(c.reason == Reason::Spill));
+        let known = known.map(|k| k.spilled(affinity::writes_new_holder(c.reason, n)));
         Share::note(&mut g.store, n, c.primary, &self.cfg);
         // The filter's `Queued::start`: this gateway's own count.
         let queued_tokens =
