@@ -459,9 +459,12 @@ pub struct Known {
     /// Its age, milliseconds.
     pub age_ms: u64,
     /// The routing decision made of this lookup was a spill
-    /// ([`crate::affinity::Reason::Spill`], the second tier's included):
-    /// set by the caller after the decision ([`Known::spilled`]), read by
-    /// the record ([`NewHolder::Spill`]). False from a lookup.
+    /// ([`crate::affinity::Reason::Spill`], the second tier's included)
+    /// that writes its replica under its depth: set by the caller after the
+    /// decision ([`Known::spilled`]; the router marks a spill in a fleet of
+    /// more than [`MAX_HOLDERS`] replicas,
+    /// [`crate::affinity::writes_new_holder`]), read by the record
+    /// ([`NewHolder::Spill`]). False from a lookup.
     pub spill: bool,
 }
 
