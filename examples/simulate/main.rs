@@ -25,6 +25,7 @@ mod trace;
 #[allow(dead_code)]
 mod trace_file;
 mod tracegen;
+mod verdict;
 mod workload;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -461,12 +462,17 @@ fn main() {
                     stats::table(&w0.name, &description, &agg, args.seeds, args.replicas)
                 );
             }
+            let verdict = verdict::judge(&per_seed, "ours");
+            if let Some(v) = &verdict {
+                println!("{v}");
+            }
             doc.push(json!({
                 "workload": w0.name,
                 "description": description,
                 "load_multiplier": mult,
                 "seeds": args.seeds,
                 "aggregate": stats::to_json(&agg),
+                "criterion": verdict.as_ref().map(verdict::to_json),
                 "runs": per_seed.iter().map(|(rows, bound)| json!({
                     "bound_hit_rate": bound,
                     "policies": rows.iter().map(report::to_json).collect::<Vec<_>>(),
