@@ -13,6 +13,17 @@
 //! (only arrival times change).
 //!
 //! A level `x` (e.g. 0.5, 0.8, 0.95) then runs every policy at `x · m*`.
+//!
+//! A run with too few requests may not overload the fleet at any rate: up
+//! to the cap ([`MAX_MULT`]) the probe's p90 stays under the limit. Then
+//! [`Saturation::reached`] is false, the levels are fractions of the cap and
+//! their labels say so (until the twenty-fourth session the search returned
+//! ×63.5 as if saturated). Example: the fast mode's chat, 1 200
+//! conversations, each with at most one request in flight: ≤ 171 sequences
+//! per replica at 7 replicas, under vLLM's 256, so nothing ever queues for a
+//! slot and TTFT stays short however fast conversations arrive (the full
+//! mode's 12 000 saturate 7 replicas at ×1.27). Compressing think times too
+//! does not change that (measured: still unsaturated at ×64 on 7 replicas).
 
 use std::time::Instant;
 
@@ -62,6 +73,20 @@ fn p90_at(
     })
 }
 
+/// Largest multiplier the search tries.
+pub const MAX_MULT: f64 = 64.0;
+
+/// Result of the saturation search.
+#[derive(Debug, Clone)]
+pub struct Saturation {
+    /// `m*`, or [`MAX_MULT`] when not reached.
+    pub mult: f64,
+    /// Was the probe saturated at or below [`MAX_MULT`]?
+    pub reached: bool,
+    /// One line: how it was found.
+    pub why: String,
+}
+
 /// Saturation multiplier `m*` of `reqs` on `n` replicas (see the module
 /// docs) and a one-line account of the search.
 ///
@@ -73,7 +98,7 @@ pub fn saturation(
     model: &ModelParams,
     deadline: Instant,
     label: &str,
-) -> Result<(f64, String), String> {
+) -> Result<Saturation, String> {
     let book = KeyBook::new(
         &[PROBE.to_string()],
         n,
@@ -98,7 +123,19 @@ pub fn saturation(
     } else {
         lo = 1.0;
         hi = 2.0;
-        while hi < 64.0 && !saturated(hi)? {
+        while !saturated(hi)? {
+            if hi >= MAX_MULT {
+                return Ok(Saturation {
+                    mult: MAX_MULT,
+                    reached: false,
+                    why: format!(
+                        "not saturated at ×{MAX_MULT:.0} of the nominal rate, the search's cap \
+                         ({PROBE} p90 ≤ 5 × {:.0} ms + 1 s): too few requests to overload \
+                         {n} replicas; levels are fractions of ×{MAX_MULT:.0}",
+                        light * 1e3
+                    ),
+                });
+            }
             lo = hi;
             hi *= 2.0;
         }
@@ -112,13 +149,14 @@ pub fn saturation(
         }
     }
     let m = (lo + hi) / 2.0;
-    Ok((
-        m,
-        format!(
+    Ok(Saturation {
+        mult: m,
+        reached: true,
+        why: format!(
             "saturation ×{m:.2} of the nominal rate ({PROBE} p90 > 5 × {:.0} ms + 1 s above it)",
             light * 1e3
         ),
-    ))
+    })
 }
 
 #[cfg(test)]
@@ -143,8 +181,8 @@ mod tests {
         let reqs = workload::prepare(&w.specs, &book, 1).unwrap();
         let model = ModelParams::default();
         let far = Instant::now() + std::time::Duration::from_secs(60);
-        let (m2, _) = saturation(&reqs, 2, &model, far, "t").unwrap();
-        let (m4, _) = saturation(&reqs, 4, &model, far, "t").unwrap();
+        let m2 = saturation(&reqs, 2, &model, far, "t").unwrap().mult;
+        let m4 = saturation(&reqs, 4, &model, far, "t").unwrap().mult;
         // Twice the replicas sustain about twice the rate (more with better
         // balancing across more replicas; the search resolves ±3 %).
         assert!(m4 > 1.5 * m2 && m4 < 3.0 * m2, "{m2} {m4}");
@@ -153,5 +191,31 @@ mod tests {
         if let (Arrival::At(a), Arrival::At(b)) = (reqs[10].arrival, s[10].arrival) {
             assert!((a / 2.0 - b).abs() < 1e-12);
         }
+    }
+
+    #[test]
+    fn a_cap_without_saturation_is_said_not_reported_as_a_saturation() {
+        let k = Knobs {
+            scale: 0.02,
+            load: 1.0,
+            seed: 1,
+        };
+        let model = ModelParams::default();
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let book = |n| {
+            KeyBook::new(
+                &[PROBE.to_string()],
+                n,
+                &policies::ours::OursParams::default(),
+            )
+        };
+        // 36 short prompts cannot overload 64 replicas.
+        let few = workload::prepare(&workload::unique(&k).specs, &book(64).unwrap(), 1).unwrap();
+        let sat = saturation(&few, 64, &model, far, "t").unwrap();
+        assert!(!sat.reached && sat.mult == MAX_MULT, "{sat:?}");
+        assert!(sat.why.contains("not saturated"), "{}", sat.why);
+        // The same prompts on one replica do saturate, under the cap.
+        let sat = saturation(&few, 1, &model, far, "t").unwrap();
+        assert!(sat.reached && sat.mult < MAX_MULT, "{sat:?}");
     }
 }

@@ -358,18 +358,28 @@ fn load_levels(
     let t = Instant::now();
     let book = KeyBook::new(&[levels::PROBE.to_string()], a.replicas, &a.ours)?;
     let reqs = workload::prepare(&w.specs, &book, a.threads)?;
-    let (m, why) = levels::saturation(&reqs, a.replicas, model, deadline, &w.name)?;
-    eprintln!("{}: {why} ({:.0} s)", w.name, t.elapsed().as_secs_f64());
+    let sat = levels::saturation(&reqs, a.replicas, model, deadline, &w.name)?;
+    eprintln!(
+        "{}: {} ({:.0} s)",
+        w.name,
+        sat.why,
+        t.elapsed().as_secs_f64()
+    );
+    let of = if sat.reached {
+        "saturation".to_string()
+    } else {
+        format!("×{:.0}, NOT saturated there (search cap)", levels::MAX_MULT)
+    };
     Ok(a.load_levels
         .iter()
         .map(|x| {
             (
                 format!(
-                    " | load {:.0} % of saturation (rate ×{:.2})",
+                    " | load {:.0} % of {of} (rate ×{:.2})",
                     100.0 * x,
-                    x * m
+                    x * sat.mult
                 ),
-                Some(x * m),
+                Some(x * sat.mult),
             )
         })
         .collect())
