@@ -75,9 +75,12 @@ def load_cases(files):
                 kind, seed = parts[0], parts[1] if len(parts) > 2 else "1"
                 case = f"{kind}, {d['replicas']} replicas"
             else:
-                lvl = re.search(r"load (\d+) % of saturation", w.get("description", ""))
+                desc = w.get("description", "")
+                lvl = re.search(r"load (\d+) % of", desc)
+                # A search that ended at its cap: fractions of ×64, unsaturated.
+                of = "of ×64, unsat." if "NOT saturated" in desc else "sat."
                 scale = "full" if "scale 1" in name or name.startswith("full") else "fast"
-                case = f"{w['workload']} {lvl.group(1) if lvl else '?'} % sat. ({scale})"
+                case = f"{w['workload']} {lvl.group(1) if lvl else '?'} % {of} ({scale})"
             if case not in order:
                 order.append(case)
             for a in w["aggregate"]:
