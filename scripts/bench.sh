@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # prefix-router benchmarks (kept out of the test suite). Run from anywhere:
-#   ./build.sh bench [overhead|profile|hostcalls|price|routing|agreement|llama|quick|all]
+#   ./build.sh bench [overhead|profile|hostcalls|price|routing|agreement|memory|llama|quick|all]
 #                                                                          (default: all)
 # Parts:
 #   overhead  the filter's added latency, throughput and CPU cost: one real Envoy, listeners
@@ -20,6 +20,9 @@
 #             their difference; 800 requests of the Mooncake conversation trace shipped in
 #             scripts/bench/traces/ (AGREE_TRACE/AGREE_FROM/AGREE_COUNT/AGREE_TIME_SCALE pick
 #             another; scripts/bench/agreement.sh). Not part of `all` (~6 min)
+#   memory    Envoy memory per prefix-index slot: 7 fast emulators, index_slots 1024 / 65536 /
+#             262144 (MEMORY_SLOTS), each table filled by unique long prompts, Envoy's allocated
+#             heap before and after (scripts/bench/memory.sh). Not part of `all` (~3 min)
 #   llama     real llama.cpp replicas (scripts/llama.sh bench; skips if llama-server is absent;
 #             ~3 min when built)
 #   quick     the smallest run that draws the routing and overhead plots: overhead with 3
@@ -36,15 +39,16 @@ source scripts/bench/overhead.sh
 source scripts/bench/cluster.sh
 source scripts/bench/routing.sh
 source scripts/bench/agreement.sh
+source scripts/bench/memory.sh
 
 part="${1:-all}"
 case "$part" in
-  overhead|profile|hostcalls|price|routing|agreement|llama|all) ;;
+  overhead|profile|hostcalls|price|routing|agreement|memory|llama|all) ;;
   quick)
     export OVERHEAD_LAT_ROUNDS="${OVERHEAD_LAT_ROUNDS:-3}" OVERHEAD_TPUT_ROUNDS="${OVERHEAD_TPUT_ROUNDS:-1}"
     export ROUTING_WORKLOADS="${ROUTING_WORKLOADS:-sagemaker unique}" ;;
   -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
-  *) echo "usage: ./build.sh bench [overhead|profile|hostcalls|price|routing|agreement|llama|quick|all]" >&2; exit 2 ;;
+  *) echo "usage: ./build.sh bench [overhead|profile|hostcalls|price|routing|agreement|memory|llama|quick|all]" >&2; exit 2 ;;
 esac
 
 proc_install_trap
@@ -82,7 +86,7 @@ case "$part" in
 esac
 
 if [ "$part" != profile ] && [ "$part" != hostcalls ] && [ "$part" != price ] &&
-  [ "$part" != agreement ]; then
+  [ "$part" != agreement ] && [ "$part" != memory ]; then
   # The plots of every part that wrote its JSON during this run (docs/img/*.svg).
   "$(bench_python)" scripts/bench/plot.py .work/bench docs/img --since "$started_at" \
     --command "$run_label" --machine "$(machine_line)" || rc=1

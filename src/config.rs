@@ -233,7 +233,7 @@ impl Default for AffinityParams {
         AffinityParams {
             min_match: 0.2,
             routing_budget_ms: 2000.0,
-            index_slots: 65536,
+            index_slots: 262_144,
             index_ttl_s: 600,
             prefill_ms_per_ktok: 50.0,
             wait_ms_per_request: 10.0,

@@ -32,9 +32,13 @@
 //! bits 32..46. Modes: **implied** (0; every slot is `bits 32..46 % slots`,
 //! exact for a power-of-two table of at most 2^15 slots): an entry is its
 //! 5-byte tag; **high bit** (1; every slot is bits 32..46 plus one more bit,
-//! the default 2^16-slot table): one bitmap byte per 8 entries carries that
-//! bit; **explicit** (2; any other table size): each entry adds its
-//! difference from the implied slot (zigzag varint). A record's 24 ladder
+//! a 2^16-slot table): one bitmap byte per 8 entries carries that bit;
+//! **high bits** (3; a power-of-two table of 2^17 to 2^20 slots, `k` =
+//! log2(slots) − 15 more bits, 3 for the default 2^18): the run's `k`-bit
+//! values packed little-endian, `⌈count · k / 8⌉` bytes (twenty-fourth
+//! session; a gateway without it refuses the run as malformed, counted as a
+//! bad batch); **explicit** (2; any other table size): each entry adds its
+//! difference from the implied slot (zigzag varint, 3 B for a slot past 2^16). A record's 24 ladder
 //! writes (one run, one stamp) take 3 + 3 + 2 + 24 × 5 B in `PRX5`
 //! (eleventh session) against 3 + 3 + 24 × 6 B in `PRX4` (sixth session:
 //! the whole 6-byte stored tag, whose low byte is almost always 0), about
@@ -87,16 +91,21 @@ pub const ITEM_BYTES: usize = 1 + 3 + 3 + 2 + WIRE_TAG + 5;
 /// Fewest bytes per entry on the wire (the 5-byte tag; its slot implied,
 /// no stamp).
 pub const MIN_ITEM_BYTES: usize = WIRE_TAG;
-/// Item bytes of one record's `writes` on the wire, as the sync budget
-/// counts them ([`crate::peers_budget::Offer::bytes`]): one run (head,
-/// front holder, age and a bitmap byte: 4 B), 5 B per entry and a 2-byte
-/// stamp pair per stamped entry. O(writes).
-pub fn record_bytes(writes: &[(u32, SlotValue)]) -> usize {
+/// Item bytes of one record's `writes` on the wire for a table of `slots`,
+/// as the sync budget counts them ([`crate::peers_budget::Offer::bytes`]):
+/// one run (head, front holder, age: 3 B), its high bits (one byte for a
+/// table of at most 2^16 slots, `⌈writes · k / 8⌉` for `k` high bits), 5 B
+/// per entry and a 2-byte stamp pair per stamped entry. O(writes).
+pub fn record_bytes(writes: &[(u32, SlotValue)], slots: u32) -> usize {
     let stamped = writes
         .iter()
         .filter(|(_, v)| Entry::decode(v).is_some_and(|e| e.stamp() > 0))
         .count();
-    4 + writes.len() * MIN_ITEM_BYTES + 2 * stamped
+    let bits = match high_bits(slots) {
+        Some(k) if k >= 2 => (writes.len() * k as usize).div_ceil(8),
+        _ => 1,
+    };
+    3 + bits + writes.len() * MIN_ITEM_BYTES + 2 * stamped
 }
 /// Wire value of "no holder".
 const NO_HOLDER: u16 = u16::MAX;
@@ -216,6 +225,9 @@ pub fn encode<'a>(
             (e.tag, e.holders[0].unwrap_or(NO_HOLDER), age, *slot)
         })
     };
+    // High bits of a slot past the tag's 15 (0: none to carry, or a table
+    // that is not a power of two).
+    let k_high = high_bits(slots).unwrap_or(0);
     let mut i = 0;
     while i < decoded.len() {
         let (_, front, age, _) = decoded.get(i).map_or((0, NO_HOLDER, 0, 0), item);
@@ -234,12 +246,17 @@ pub fn encode<'a>(
         };
         let high = |d: &(u32, Option<Entry>)| {
             let (tag, _, _, slot) = item(d);
-            (slot & LOW_MASK == low_slot(tag) && slot >> LOW_BITS <= 1).then_some(slot >> LOW_BITS)
+            (slot & LOW_MASK == low_slot(tag) && slot >> LOW_BITS < 1 << k_high)
+                .then_some(slot >> LOW_BITS)
         };
         let mode = if ds.iter().all(|d| diff(d) == 0) {
             RUN_IMPLIED
-        } else if ds.iter().all(|d| high(d).is_some()) {
-            RUN_HIGH_BIT
+        } else if k_high >= 1 && ds.iter().all(|d| high(d).is_some()) {
+            if k_high == 1 {
+                RUN_HIGH_BIT
+            } else {
+                RUN_HIGH_BITS
+            }
         } else {
             RUN_EXPLICIT
         };
@@ -257,6 +274,8 @@ pub fn encode<'a>(
                     .fold(0u8, |b, (k, d)| b | (u8::from(high(d) == Some(1)) << k));
                 out.push(bits);
             }
+        } else if mode == RUN_HIGH_BITS {
+            pack_bits(&mut out, ds.iter().map(|d| high(d).unwrap_or(0)), k_high);
         }
         let mut left = stamped;
         for (k, d) in ds.iter().enumerate() {
@@ -286,6 +305,49 @@ pub fn encode<'a>(
 const RUN_IMPLIED: u64 = 0;
 const RUN_HIGH_BIT: u64 = 1;
 const RUN_EXPLICIT: u64 = 2;
+const RUN_HIGH_BITS: u64 = 3;
+/// Largest number of high bits a run carries (a 2^20-slot table, the
+/// configuration's maximum).
+const MAX_HIGH_BITS: u32 = 5;
+
+/// Slot bits past the tag's 15 for a power-of-two table: `Some(0)` up to
+/// 2^15 slots, `Some(log2(slots) − 15)` up to 2^20, `None` otherwise.
+fn high_bits(slots: u32) -> Option<u32> {
+    if !slots.is_power_of_two() {
+        return None;
+    }
+    let k = slots.trailing_zeros().saturating_sub(LOW_BITS);
+    (k <= MAX_HIGH_BITS).then_some(k)
+}
+
+/// Append `values` (each below `2^k`) packed `k` bits each, little-endian,
+/// in `⌈n · k / 8⌉` bytes.
+fn pack_bits(out: &mut Vec<u8>, values: impl Iterator<Item = u32>, k: u32) {
+    let (mut acc, mut held) = (0u64, 0u32);
+    for v in values {
+        acc |= u64::from(v) << held;
+        held += k;
+        while held >= 8 {
+            out.push(acc as u8);
+            acc >>= 8;
+            held -= 8;
+        }
+    }
+    if held > 0 {
+        out.push(acc as u8);
+    }
+}
+
+/// Value `i` of `k` bits packed by [`pack_bits`] in `bytes` (missing bytes
+/// read as 0: the caller checked the length).
+fn packed_at(bytes: &[u8], i: usize, k: u32) -> u32 {
+    let first = i * k as usize;
+    (0..k as usize).fold(0, |v, j| {
+        let bit = first + j;
+        let b = bytes.get(bit / 8).map_or(0, |x| (x >> (bit % 8)) & 1);
+        v | u32::from(b) << j
+    })
+}
 /// Bytes of a tag on the wire: stored-tag bits 8..47 (the key bits and the
 /// end mark; the low byte, the length stamp, travels in the run's stamp
 /// list).
@@ -462,15 +524,23 @@ pub fn decode(
         let age = get_varint(body, &mut at).ok_or(PeerError::Malformed)?;
         let stamped = age & 1 == 1;
         let age = u16::try_from(age >> 1).map_err(|_| PeerError::Malformed)?;
-        if run == 0 || run > (count - entries.len()) as u64 || mode > RUN_EXPLICIT {
+        // High bits: a 2^16 table's runs use mode 1 (one bit), larger
+        // power-of-two tables mode 3; any other pairing is malformed.
+        let k_high = high_bits(slots).unwrap_or(0);
+        let bad_mode = match mode {
+            RUN_HIGH_BIT => k_high != 1,
+            RUN_HIGH_BITS => k_high < 2,
+            _ => false,
+        };
+        if run == 0 || run > (count - entries.len()) as u64 || bad_mode {
             return Err(PeerError::Malformed);
         }
         if front == NO_HOLDER || usize::from(front) >= replicas {
             return Err(PeerError::BadEntry);
         }
         let run = run as usize;
-        let bitmap = if mode == RUN_HIGH_BIT {
-            let n = run.div_ceil(8);
+        let bitmap = if mode == RUN_HIGH_BIT || mode == RUN_HIGH_BITS {
+            let n = (run * k_high as usize).div_ceil(8);
             let b = body.get(at..at + n).ok_or(PeerError::Malformed)?;
             at += n;
             b
@@ -500,9 +570,9 @@ pub fn decode(
                     let diff = unzigzag(get_varint(body, &mut at).ok_or(PeerError::Malformed)?);
                     i64::from(predicted_slot(tag, slots)).checked_add(diff)
                 }
-                RUN_HIGH_BIT => {
-                    let bit = bitmap.get(k / 8).map_or(0, |b| (b >> (k % 8)) & 1);
-                    Some(i64::from(low_slot(tag) | u32::from(bit) << LOW_BITS))
+                RUN_HIGH_BIT | RUN_HIGH_BITS => {
+                    let high = packed_at(bitmap, k, k_high);
+                    Some(i64::from(low_slot(tag) | high << LOW_BITS))
                 }
                 _ => Some(i64::from(predicted_slot(tag, slots))),
             };
@@ -606,16 +676,26 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// Slots of the table sent per snapshot request (a cold gateway's
+/// Fewest slots of the table sent per snapshot request (a cold gateway's
 /// catch-up of what the peers' logs no longer hold).
 pub const SNAPSHOT_SPAN: u32 = 4096;
+/// Snapshot requests that cover a table of 2^16 slots or more.
+pub const SNAPSHOT_CHUNKS: u32 = 16;
+
+/// Slots per snapshot request for a table of `slots`: a sixteenth of the
+/// table, at least [`SNAPSHOT_SPAN`], so a cold gateway copies any table in
+/// at most 16 requests (one per tick; 16 384 slots, about 13 ms of gets for
+/// the serving gateway, at the default 2^18).
+pub fn snapshot_span(slots: u32) -> u32 {
+    (slots / SNAPSHOT_CHUNKS).max(SNAPSHOT_SPAN)
+}
 
 /// What a request to the sync path asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Query {
     /// `since=<u64>`: the log after this sequence.
     Since(u64),
-    /// `slots=<u32>`: the non-empty slots of `[start, start + SNAPSHOT_SPAN)`.
+    /// `slots=<u32>`: the non-empty slots of `[start, start + snapshot_span(slots))`.
     Slots(u32),
     /// `queued`: only the serving gateway's queued-prefill table (a header
     /// of [`crate::peers_queue`], empty body): the queue exchange between
@@ -849,8 +929,15 @@ mod tests {
 
     #[test]
     fn implied_slots_take_no_bytes_and_other_slots_round_trip() {
-        // 2^15 slots: implied; 2^16 (the default): one bit per entry.
-        for (slots, extra) in [(1 << 15, 0), (1 << 16, 2)] {
+        // 2^15 slots: implied; 2^16: one bit per entry; 2^17, 2^18 (the
+        // default) and 2^20: 2, 3 and 5 bits per entry, packed.
+        for (slots, extra) in [
+            (1 << 15, 0),
+            (1 << 16, 2),
+            (1 << 17, 3),
+            (1 << 18, 4),
+            (1 << 20, 7),
+        ] {
             let idx = PrefixIndex::new(IndexConfig {
                 slots,
                 ..IndexConfig::default()
@@ -867,10 +954,50 @@ mod tests {
             let b = decode(&wire, lay, 64, slots, 3).unwrap();
             let want: Vec<u32> = log.items.iter().map(|x| x.0).collect();
             assert_eq!(b.entries.iter().map(|x| x.0).collect::<Vec<_>>(), want);
-            // (the 2^16 table: some slots in each half)
+            // (tables past 2^15: some slots in the upper part)
             assert!(slots < 1 << 16 || want.iter().any(|&s| s >= 1 << 15));
-            assert!(want.iter().any(|&s| s < 1 << 15));
+            assert!(slots > 1 << 15 || want.iter().any(|&s| s < 1 << 15));
+            // A bit of the packed values flipped: another slot, never the
+            // same one (2^15: no bits to flip).
+            if extra > 0 {
+                let mut flipped = wire.clone();
+                flipped[HEADER_BYTES + 3] ^= 1;
+                let got = decode(&flipped, lay, 64, slots, 3).unwrap();
+                assert_ne!(got.entries[0].0, want[0], "{slots}");
+                assert_eq!(got.entries[1..], b.entries[1..], "{slots}");
+            }
         }
+        // A run's mode must fit the table: one high bit on a 2^18 table, or
+        // packed bits on a 2^16 or a 3000-slot one, is malformed.
+        let run_of = |slots: u32| {
+            let idx = PrefixIndex::new(IndexConfig {
+                slots,
+                ..IndexConfig::default()
+            });
+            let mut log = DeltaLog::new(64);
+            for b in blocks(5, 12) {
+                let (slot, tag) = idx.place(b);
+                log.push(slot, entry(tag, 500, &[2]));
+            }
+            log
+        };
+        for (made, read) in [
+            (1u32 << 16, 1u32 << 18),
+            (1 << 18, 1 << 16),
+            (1 << 18, 3000),
+        ] {
+            let wire = run_of(made).encode_since(0, 64, (layout(read, &[]), made), 1);
+            assert_eq!(
+                decode(&wire, layout(read, &[]), 64, read, 3).unwrap_err(),
+                PeerError::Malformed,
+                "{made} read as {read}"
+            );
+        }
+        // Packed bits cut short: malformed.
+        let wire = run_of(1 << 18).encode_since(0, 64, (layout(1 << 18, &[]), 1 << 18), 1);
+        let mut short = wire[..HEADER_BYTES + 4].to_vec();
+        short[20..24].copy_from_slice(&12u32.to_le_bytes());
+        assert!(decode(&short, layout(1 << 18, &[]), 64, 1 << 18, 3).is_err());
         let slots = 1 << 16;
         let lay = layout(slots, &[]);
         let mut log = DeltaLog::new(64);
@@ -923,8 +1050,8 @@ mod tests {
     /// `(slots, items)`.
     fn stamped_batches() -> Vec<(u32, Vec<(u32, SlotValue)>)> {
         let mut out = Vec::new();
-        // 2^12: implied; 2^16: high bit; 3000: explicit.
-        for slots in [1u32 << 12, 1 << 16, 3000] {
+        // 2^12: implied; 2^16: high bit; 2^18: 3 high bits; 3000: explicit.
+        for slots in [1u32 << 12, 1 << 16, 1 << 18, 3000] {
             let idx = PrefixIndex::new(IndexConfig {
                 slots,
                 ..IndexConfig::default()
@@ -966,7 +1093,12 @@ mod tests {
                 .iter()
                 .filter(|(_, v)| Entry::decode(v).unwrap().stamp() > 0)
                 .count();
-            let bitmaps = if slots == 1 << 16 { 2 } else { 0 };
+            // Per run of 6 and 4 entries: 1 + 1 B of one bit, 3 + 2 B of 3.
+            let bitmaps = match slots {
+                0x1_0000 => 2,
+                0x4_0000 => 5,
+                _ => 0,
+            };
             let fixed = HEADER_BYTES + 2 * 3 + bitmaps + 2 * stamped + 10 * MIN_ITEM_BYTES;
             if slots == 3000 {
                 assert!(wire.len() > fixed, "{slots}");
@@ -975,11 +1107,14 @@ mod tests {
             }
         }
         // The budget's count of one record (one run, ≤ 8 entries) is exact
-        // on the default table.
-        for (slots, items) in stamped_batches().iter().filter(|b| b.0 == 1 << 16) {
+        // on the 2^16 and the default 2^18 tables.
+        for (slots, items) in stamped_batches()
+            .iter()
+            .filter(|b| b.0 == 1 << 16 || b.0 == 1 << 18)
+        {
             let lay = layout(*slots, &[]);
             let wire = encode(0, items[..6].iter(), lay, 1, *slots);
-            assert_eq!(record_bytes(&items[..6]), wire.len() - HEADER_BYTES);
+            assert_eq!(record_bytes(&items[..6], *slots), wire.len() - HEADER_BYTES);
         }
         // Every stamp value survives, on a stamp-only tag too (no key bits).
         let lay = layout(64, &[]);

@@ -15,7 +15,7 @@
 //!   another VM does not restart every cursor at 0);
 //! - `peers/snapshot`: u32, the next slot of the cold-start snapshot
 //!   (`u32::MAX` once done): a new gateway also copies the peers' tables, in
-//!   [`crate::peers::SNAPSHOT_SPAN`]-slot chunks, since their logs hold only
+//!   [`crate::peers::snapshot_span`]-slot chunks, since their logs hold only
 //!   their own recent writes (what a dead gateway published lives on only in
 //!   the survivors' tables).
 //!

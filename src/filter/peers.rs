@@ -33,7 +33,7 @@
 //!   listener: that host is skipped from then on.
 //! - **Cold start**: a new gateway's cursors start at 0, so its first pull of
 //!   each peer returns that peer's whole retained log; and it copies one live
-//!   peer's table (`?slots=START`, [`SNAPSHOT_SPAN`] slots per tick, filling
+//!   peer's table (`?slots=START`, [`snapshot_span`] slots per tick, filling
 //!   only empty or same-tag slots), since a log holds only its own gateway's
 //!   writes and a dead gateway's writes live on only in the survivors' tables.
 //!   Once per process (`peers/snapshot` in shared data).
@@ -77,7 +77,7 @@ use crate::cluster::view::{holder_id, View};
 use crate::hash::hash_id;
 use crate::index::{PrefixIndex, SlotStore, SlotValue};
 use crate::peers::{
-    ct_eq, decode, encode, fill, merge, parse_query, record_bytes, PeerError, Query, SNAPSHOT_SPAN,
+    ct_eq, decode, encode, fill, merge, parse_query, record_bytes, snapshot_span, PeerError, Query,
 };
 use crate::peers_backoff::{classify, Backoff, Failure};
 use crate::peers_budget::{Budget, Offer};
@@ -307,7 +307,7 @@ pub fn publish<S: SlotStore>(
         budget.earn(chars, s.peer_count());
         let offer = Offer {
             new_chars,
-            bytes: record_bytes(&out),
+            bytes: record_bytes(&out, s.slots),
             blocks: new_chars >= min,
         };
         if !out.is_empty() && !budget.admit(offer) {
@@ -509,11 +509,11 @@ pub fn with_peer_queues(p: &Plugin, view: &View, own: &[u32], now_ms: u64) -> Op
     (fresh > 0).then_some(q)
 }
 
-/// The non-empty slots of `[start, start + SNAPSHOT_SPAN)` (one get each),
+/// The non-empty slots of `[start, start + snapshot_span(slots))` (one get each),
 /// as `(start, items)`.
 fn snapshot(p: &Plugin, start: u32, slots: u32) -> (u64, Vec<(u32, SlotValue)>) {
     let table = SharedSlots::new(&p.keys.prefix);
-    let end = start.saturating_add(SNAPSHOT_SPAN).min(slots);
+    let end = start.saturating_add(snapshot_span(slots)).min(slots);
     let items = (start..end)
         .filter_map(|slot| table.get(slot).map(|v| (slot, v)))
         .collect();
@@ -561,7 +561,8 @@ fn snapshot_next(s: &Shared) -> Option<u32> {
 /// A snapshot chunk arrived: fill the gaps of the local table with it and
 /// move on to the next chunk (a refused chunk is fetched again).
 fn snapshot_apply(p: &Plugin, s: &Shared, start: u32, body: &[u8]) {
-    let Ok(batch) = decode(body, s.layout, SNAPSHOT_SPAN as usize, s.slots, HOLDER_IDS) else {
+    let span = snapshot_span(s.slots);
+    let Ok(batch) = decode(body, s.layout, span as usize, s.slots, HOLDER_IDS) else {
         s.add(S_BAD_BATCH, 1);
         return;
     };
@@ -576,7 +577,7 @@ fn snapshot_apply(p: &Plugin, s: &Shared, start: u32, body: &[u8]) {
         .filter(|(slot, v)| fill(&mut table, *slot, v))
         .count();
     s.add(S_SNAPSHOT_APPLIED, applied as u64);
-    let next = start.saturating_add(SNAPSHOT_SPAN);
+    let next = start.saturating_add(span);
     let next = if next >= s.slots { u32::MAX } else { next };
     if host::shared_set(&s.keys.snapshot, &next.to_le_bytes(), 0).is_err()
         || table.failures.get() > 0

@@ -1323,7 +1323,7 @@ impl Gateways {
         // changes only.
         let offer = Offer {
             new_chars: new,
-            bytes: peers::record_bytes(&out),
+            bytes: peers::record_bytes(&out, self.index.config().slots),
             blocks: new >= self.knobs.min_publish,
         };
         if peer && !out.is_empty() && !g.budget.admit(offer) {
