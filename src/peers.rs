@@ -93,19 +93,16 @@ pub const ITEM_BYTES: usize = 1 + 3 + 3 + 2 + WIRE_TAG + 5;
 pub const MIN_ITEM_BYTES: usize = WIRE_TAG;
 /// Item bytes of one record's `writes` on the wire for a table of `slots`,
 /// as the sync budget counts them ([`crate::peers_budget::Offer::bytes`]):
-/// one run (head, front holder, age: 3 B), its high bits (one byte for a
-/// table of at most 2^16 slots, `⌈writes · k / 8⌉` for `k` high bits), 5 B
+/// one run (head, front holder, age: 3 B), its high bits (`⌈writes · k / 8⌉`
+/// bytes for `k` high bits, at least one byte), 5 B
 /// per entry and a 2-byte stamp pair per stamped entry. O(writes).
 pub fn record_bytes(writes: &[(u32, SlotValue)], slots: u32) -> usize {
     let stamped = writes
         .iter()
         .filter(|(_, v)| Entry::decode(v).is_some_and(|e| e.stamp() > 0))
         .count();
-    let bits = match high_bits(slots) {
-        Some(k) if k >= 2 => (writes.len() * k as usize).div_ceil(8),
-        _ => 1,
-    };
-    3 + bits + writes.len() * MIN_ITEM_BYTES + 2 * stamped
+    let k = high_bits(slots).unwrap_or(0).max(1) as usize;
+    3 + (writes.len() * k).div_ceil(8).max(1) + writes.len() * MIN_ITEM_BYTES + 2 * stamped
 }
 /// Wire value of "no holder".
 const NO_HOLDER: u16 = u16::MAX;
@@ -266,15 +263,7 @@ pub fn encode<'a>(
         put_varint(&mut out, (run as u64) << 2 | mode);
         put_varint(&mut out, u64::from(front));
         put_varint(&mut out, u64::from(age) << 1 | u64::from(stamped > 0));
-        if mode == RUN_HIGH_BIT {
-            for chunk in ds.chunks(8) {
-                let bits = chunk
-                    .iter()
-                    .enumerate()
-                    .fold(0u8, |b, (k, d)| b | (u8::from(high(d) == Some(1)) << k));
-                out.push(bits);
-            }
-        } else if mode == RUN_HIGH_BITS {
+        if mode == RUN_HIGH_BIT || mode == RUN_HIGH_BITS {
             pack_bits(&mut out, ds.iter().map(|d| high(d).unwrap_or(0)), k_high);
         }
         let mut left = stamped;

@@ -24,14 +24,15 @@ use serde_json::{json, Value};
 use crate::report::Summary;
 use crate::stats::Ci;
 
-/// Prefixes of the prefix-aware baselines' names.
-const BASELINES: &[&str] = &["sagemaker", "chwbl", "gie", "sglang"];
 /// Hit-rate tolerance, points.
 const HIT_TOLERANCE: f64 = 0.5;
 
-/// Is `policy` one of the prefix-aware baselines?
+/// Is `policy` one of the prefix-aware baselines (a family of
+/// [`crate::policies::PARAMS`], with or without parameters or `_tuned`)?
 fn is_baseline(policy: &str) -> bool {
-    BASELINES.iter().any(|b| policy.starts_with(b))
+    crate::policies::PARAMS
+        .iter()
+        .any(|(family, _)| policy.starts_with(family))
 }
 
 /// One test's outcome.
