@@ -64,8 +64,10 @@
 //! [`crate::index::Entry::stamp`]) → holders = the incoming ones first, then
 //! the existing ones (at most [`MAX_HOLDERS`], no duplicates), time = the
 //! later one, stamp = the incoming one unless it has none; an empty slot or
-//! another tag → the incoming entry replaces it (direct-mapped, exactly as a
-//! local write does).
+//! another tag → the incoming entry replaces it. The slot is found as a
+//! local write finds it ([`crate::index::Sets::write_slot`]): the slot of
+//! the entry's set that holds its key, else an empty one, else the least
+//! recently used, so the sender's way and the receiver's need not agree.
 //!
 //! Bounds: the log keeps at most `capacity` writes (older ones are lost to a
 //! slow puller, counted by [`Cursor::advance`]); a batch carries at most
@@ -73,11 +75,11 @@
 //! among them an older format's `PRX4`, length, count, layout, empty tag,
 //! holder out of range, a stamp list out of order, out of its run or with
 //! a zero stamp) before touching the table. Cost: O(count) per batch, one
-//! get + one set per entry.
+//! get (the entry's set) + one set per entry.
 
 use std::collections::VecDeque;
 
-use crate::index::{Entry, SlotStore, SlotValue, MAX_HOLDERS, STAMP_BITS, STAMP_MASK};
+use crate::index::{Entry, Sets, SlotStore, SlotValue, MAX_HOLDERS, STAMP_BITS, STAMP_MASK};
 
 /// Batch magic.
 pub const MAGIC: [u8; 4] = *b"PRX5";
@@ -592,13 +594,28 @@ pub fn decode(
     })
 }
 
-/// Merge one peer entry into `store` (see the module docs). Returns whether
-/// the slot changed.
-pub fn merge<S: SlotStore>(store: &mut S, slot: u32, incoming: &SlotValue) -> bool {
-    let Some(inc) = Entry::decode(incoming) else {
-        return false;
-    };
-    let merged = match store.get(slot).and_then(|v| Entry::decode(&v)) {
+/// The slot of `slot`'s set that [`merge`] writes `incoming` to (its key's,
+/// else an empty one, else the least recently used; `slot` when
+/// `incoming` does not decode).
+pub fn target<S: SlotStore>(store: &S, sets: Sets, slot: u32, incoming: &SlotValue) -> u32 {
+    match Entry::decode(incoming) {
+        Some(inc) => sets.write_slot(store, slot, inc.key_tag(), inc.time),
+        None => slot,
+    }
+}
+
+/// Merge one peer entry, published at `slot`, into `store` (see the module
+/// docs). Returns the slot it changed, if any.
+pub fn merge<S: SlotStore>(
+    store: &mut S,
+    sets: Sets,
+    slot: u32,
+    incoming: &SlotValue,
+) -> Option<u32> {
+    let inc = Entry::decode(incoming)?;
+    let slot = sets.write_slot(store, slot, inc.key_tag(), inc.time);
+    let cur = store.get(slot);
+    let merged = match cur.as_ref().and_then(Entry::decode) {
         Some(cur) if cur.marked_key() == inc.marked_key() => {
             let mut holders = [None; MAX_HOLDERS];
             let mut k = 0;
@@ -625,11 +642,11 @@ pub fn merge<S: SlotStore>(store: &mut S, slot: u32, incoming: &SlotValue) -> bo
         _ => inc,
     };
     let v = merged.encode();
-    if store.get(slot) == Some(v) {
-        return false;
+    if cur == Some(v) {
+        return None;
     }
     store.set(slot, v);
-    true
+    Some(slot)
 }
 
 /// A puller's position in one peer's log.
@@ -713,16 +730,18 @@ pub fn parse_query(query: &[u8]) -> Option<Query> {
         .map(Query::Slots)
 }
 
-/// Merge a snapshot entry: like [`merge`], but never over a slot that holds
-/// another tag (the local entry may be newer; a snapshot only fills gaps).
-pub fn fill<S: SlotStore>(store: &mut S, slot: u32, incoming: &SlotValue) -> bool {
-    let (Some(inc), Some(cur)) = (
-        Entry::decode(incoming),
-        store.get(slot).and_then(|v| Entry::decode(&v)),
-    ) else {
-        return merge(store, slot, incoming);
+/// Merge a snapshot entry: like [`merge`], but only into its key's slot or
+/// an empty one (the local entries may be newer; a snapshot only fills
+/// gaps). Returns whether the table changed.
+pub fn fill<S: SlotStore>(store: &mut S, sets: Sets, slot: u32, incoming: &SlotValue) -> bool {
+    let Some(inc) = Entry::decode(incoming) else {
+        return false;
     };
-    inc.marked_key() == cur.marked_key() && merge(store, slot, incoming)
+    let at = target(store, sets, slot, incoming);
+    match store.get(at).and_then(|v| Entry::decode(&v)) {
+        Some(cur) if cur.marked_key() != inc.marked_key() => false,
+        _ => merge(store, sets, at, incoming).is_some(),
+    }
 }
 
 /// A slot value with `holders` (tests).
@@ -742,6 +761,12 @@ pub(crate) fn entry(tag: u64, time: u32, holders: &[u16]) -> SlotValue {
 
 #[cfg(test)]
 mod tests {
+    /// Direct-mapped sets: the merge rule alone, slot by slot.
+    const DM: Sets = Sets {
+        ways: 1,
+        slots: u32::MAX,
+        max_age_ms: 0,
+    };
     use super::*;
     use crate::index::{pad, IndexConfig, PrefixIndex, VecStore, ENTRY_BYTES};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -789,7 +814,7 @@ mod tests {
         assert_eq!(cur.advance(&batch), 0);
         assert_eq!(cur.seq, sets as u64);
         for (slot, v) in &batch.entries {
-            merge(&mut b, *slot, v);
+            merge(&mut b, idx.config().sets(), *slot, v);
         }
         let known = idx.lookup(&b, &k, 1000).unwrap();
         assert_eq!(known.depth, 40);
@@ -809,21 +834,21 @@ mod tests {
     #[test]
     fn merge_keeps_both_holders_and_the_later_time() {
         let mut s = VecStore::new(16);
-        assert!(merge(&mut s, 3, &entry(42 << 8, 100, &[1])));
-        assert!(merge(&mut s, 3, &entry(42 << 8, 90, &[4, 1])));
+        assert!(merge(&mut s, DM, 3, &entry(42 << 8, 100, &[1])).is_some());
+        assert!(merge(&mut s, DM, 3, &entry(42 << 8, 90, &[4, 1])).is_some());
         let e = Entry::decode(&s.get(3).unwrap()).unwrap();
         assert_eq!(e.holders().collect::<Vec<_>>(), vec![4, 1]);
         assert_eq!(e.time, 100);
         // Same again: no change.
-        assert!(!merge(&mut s, 3, &entry(42 << 8, 90, &[4, 1])));
+        assert!(merge(&mut s, DM, 3, &entry(42 << 8, 90, &[4, 1])).is_none());
         // Another tag replaces (direct-mapped).
-        assert!(merge(&mut s, 3, &entry(43 << 8, 50, &[2])));
+        assert!(merge(&mut s, DM, 3, &entry(43 << 8, 50, &[2])).is_some());
         let e = Entry::decode(&s.get(3).unwrap()).unwrap();
         assert_eq!((e.tag, e.holders().collect::<Vec<_>>()), (43 << 8, vec![2]));
         // At most MAX_HOLDERS, incoming first.
         let many: Vec<u16> = (5..5 + MAX_HOLDERS as u16 - 1).chain([2]).collect();
-        assert!(merge(&mut s, 3, &entry(43 << 8, 60, &many)));
-        assert!(merge(&mut s, 3, &entry(43 << 8, 61, &[0])));
+        assert!(merge(&mut s, DM, 3, &entry(43 << 8, 60, &many)).is_some());
+        assert!(merge(&mut s, DM, 3, &entry(43 << 8, 61, &[0])).is_some());
         let e = Entry::decode(&s.get(3).unwrap()).unwrap();
         let want: Vec<usize> = [0]
             .into_iter()
@@ -833,13 +858,13 @@ mod tests {
         assert_eq!(e.holders().collect::<Vec<_>>(), want);
         // The length stamp is not part of the key: merged, the incoming
         // stamp kept unless it has none; the end mark is.
-        assert!(merge(&mut s, 3, &entry((43 << 8) | 9, 62, &[1])));
+        assert!(merge(&mut s, DM, 3, &entry((43 << 8) | 9, 62, &[1])).is_some());
         let e = Entry::decode(&s.get(3).unwrap()).unwrap();
         assert_eq!((e.stamp(), e.holders().count()), (9, MAX_HOLDERS));
-        assert!(merge(&mut s, 3, &entry(43 << 8, 63, &[2])));
+        assert!(merge(&mut s, DM, 3, &entry(43 << 8, 63, &[2])).is_some());
         let e = Entry::decode(&s.get(3).unwrap()).unwrap();
         assert_eq!((e.stamp(), e.holders[0], e.time), (9, Some(2), 63));
-        assert!(merge(&mut s, 3, &entry((43 << 8) | (1 << 47), 64, &[4])));
+        assert!(merge(&mut s, DM, 3, &entry((43 << 8) | (1 << 47), 64, &[4])).is_some());
         let e = Entry::decode(&s.get(3).unwrap()).unwrap();
         assert_eq!((e.is_end(), e.holders().count()), (true, 1));
     }
@@ -1134,7 +1159,7 @@ mod tests {
         let lay = layout(4096, &["a".into(), "b".into(), "c".into()]);
         let batch = decode(&log.encode_since(0, 512, (lay, 4096), 9), lay, 512, 4096, 3).unwrap();
         for (slot, v) in &batch.entries {
-            merge(&mut b, *slot, v);
+            merge(&mut b, idx.config().sets(), *slot, v);
         }
         // The deepest known block is stamped with the request's 40 blocks,
         // at the sender and at the peer alike.
@@ -1313,8 +1338,8 @@ mod tests {
         assert_eq!(e[2].time, 100_030 - 65_535);
         // A receiver that knew holder 2 keeps it behind the incoming front.
         let mut s = VecStore::new(64);
-        merge(&mut s, 1, &entry(0xabcd_ef01_2345, 90_000, &[2]));
-        merge(&mut s, 1, &b.entries[0].1);
+        merge(&mut s, DM, 1, &entry(0xabcd_ef01_2345, 90_000, &[2]));
+        merge(&mut s, DM, 1, &b.entries[0].1);
         let m = Entry::decode(&s.get(1).unwrap()).unwrap();
         assert_eq!(
             (m.holders().collect::<Vec<_>>(), m.time),
@@ -1351,12 +1376,12 @@ mod tests {
     #[test]
     fn a_snapshot_fills_gaps_only() {
         let mut s = VecStore::new(16);
-        assert!(fill(&mut s, 1, &entry(5 << 8, 10, &[1])));
-        assert!(fill(&mut s, 1, &entry(5 << 8, 20, &[2])));
+        assert!(fill(&mut s, DM, 1, &entry(5 << 8, 10, &[1])));
+        assert!(fill(&mut s, DM, 1, &entry(5 << 8, 20, &[2])));
         let e = Entry::decode(&s.get(1).unwrap()).unwrap();
         assert_eq!((e.holders().collect::<Vec<_>>(), e.time), (vec![2, 1], 20));
         // Another tag: the local entry stays.
-        assert!(!fill(&mut s, 1, &entry(6 << 8, 30, &[3])));
+        assert!(!fill(&mut s, DM, 1, &entry(6 << 8, 30, &[3])));
         assert_eq!(Entry::decode(&s.get(1).unwrap()).unwrap().tag, 5 << 8);
     }
 }

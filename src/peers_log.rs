@@ -41,7 +41,9 @@
 //! get per item; all O(items).
 
 use crate::cluster::shared::{update, ShareError, SharedData};
-use crate::index::{on_ladder, Entry, PrefixIndex, SlotStore, SlotValue, ENTRY_BYTES};
+use crate::index::{
+    on_ladder, Entry, IndexConfig, PrefixIndex, Sets, SlotStore, SlotValue, ENTRY_BYTES,
+};
 use crate::peers::Cursor;
 
 /// Bytes of one log item in shared data.
@@ -396,6 +398,9 @@ pub struct Publishing<'a, S: SlotStore> {
     /// each with the slot and tag of its stand-in: the deepest published
     /// ladder block below it.
     withheld: Vec<Withheld>,
+    /// The table's sets (a withheld block is written to any slot of its
+    /// own slot's set, [`crate::index::Sets`]).
+    sets: Sets,
     /// News writes, in order, with their kind.
     pub writes: Vec<(u32, SlotValue, News)>,
 }
@@ -415,6 +420,7 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
             rule,
             enabled,
             withheld: Vec::new(),
+            sets: IndexConfig::default().sets(),
             writes: Vec::new(),
         }
     }
@@ -444,6 +450,7 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
         }
         let n = blocks.len();
         let mut stand_in = None;
+        self.sets = index.config().sets();
         self.withheld.clear();
         for (p, &key) in blocks.iter().enumerate() {
             if !ladder.publishes(p, n) {
@@ -468,7 +475,7 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
         let tag = Entry::decode(value)?.key_tag();
         self.withheld
             .iter()
-            .find(|w| w.at == (slot, tag))
+            .find(|w| w.at.1 == tag && self.sets.same(w.at.0, slot))
             .map(|w| w.stand_in)
     }
 
@@ -689,14 +696,14 @@ mod tests {
             .any(|x| x.0 == w.0 && x.2 == News::Placement)));
         let mut peer = VecStore::new(4096);
         for (slot, v) in &first {
-            peers::merge(&mut peer, *slot, v);
+            peers::merge(&mut peer, idx.config().sets(), *slot, v);
         }
         assert_eq!(
             idx.lookup(&peer, &blocks, 11_000).map(|k| k.depth),
             Some(24)
         );
         // merge is also what the puller applies: idempotent.
-        assert!(!merge(&mut peer, first[0].0, &first[0].1));
+        assert!(merge(&mut peer, idx.config().sets(), first[0].0, &first[0].1).is_none());
     }
 
     #[test]
@@ -723,7 +730,7 @@ mod tests {
             let out = p.outbox(usize::MAX, 0, false);
             let mut peer = VecStore::new(1 << 16);
             for (slot, v) in &out {
-                peers::merge(&mut peer, *slot, v);
+                peers::merge(&mut peer, idx.config().sets(), *slot, v);
             }
             // The local table is the same whatever is published.
             let local = idx.lookup(&table, blocks, 10_000).map(|k| k.depth);
@@ -800,7 +807,7 @@ mod tests {
             let moved = known.is_some_and(|k| k.entry.holders().next() != Some(r));
             let out = p.outbox(usize::MAX, 0, moved);
             for (slot, v) in &out {
-                peers::merge(peer, *slot, v);
+                peers::merge(peer, idx.config().sets(), *slot, v);
             }
             out.len()
         };
@@ -828,6 +835,7 @@ mod tests {
         let known = idx.lookup(&table, &blocks, 201_000);
         assert_eq!(send(&mut table, &mut peer, known.as_ref(), 5, 201_000), 0);
         // The local table still has the last block (an exact repeat: one get).
+        table.new_callback();
         let before = table.gets();
         assert_eq!(
             idx.lookup(&table, &blocks, 201_000).map(|k| k.depth),

@@ -106,18 +106,25 @@ pub struct Router {
     affinity: AffinityConfig,
 }
 
+/// The prefix index's parameters for a validated configuration.
+pub fn index_config(config: &Config) -> IndexConfig {
+    let a = config.affinity;
+    IndexConfig {
+        slots: a.index_slots,
+        // Peers publishing a coarser ladder: the lookup tolerates it.
+        peer_bits: config.peers.as_ref().map_or(0, |p| p.publish_bits),
+        mirror_from: (config.prefix_length / BLOCK_UNITS).max(1),
+        max_age_ms: u64::from(a.index_ttl_s) * 1000,
+        ..IndexConfig::default()
+    }
+}
+
 impl Router {
     /// Build the ring for a validated configuration.
     pub fn new(config: Config) -> Router {
         let ring = HashRing::build(&config.endpoints, config.virtual_nodes);
         let a = config.affinity;
-        let index = PrefixIndex::new(IndexConfig {
-            slots: a.index_slots,
-            // Peers publishing a coarser ladder: the lookup tolerates it.
-            peer_bits: config.peers.as_ref().map_or(0, |p| p.publish_bits),
-            mirror_from: (config.prefix_length / BLOCK_UNITS).max(1),
-            ..IndexConfig::default()
-        });
+        let index = PrefixIndex::new(index_config(&config));
         let affinity = AffinityConfig {
             concurrency_threshold: config.concurrency_threshold,
             load_factor: config.load_factor,

@@ -11,6 +11,7 @@
 bench_memory() {
   local slots first_after="" first_slots="" out=.work/bench/memory.txt n after before
   cluster_ports_free || return 1
+  { build_tools 2>&1 | tail -1 >&2; } || return 1
   : >"$out"
   for slots in ${MEMORY_SLOTS:-1024 65536 262144}; do
     n="${MEMORY_REQUESTS:-$(((slots * 2 + 9) / 10))}"

@@ -48,7 +48,7 @@
 
 use super::host::{self, MetricKind};
 use super::root::Plugin;
-use super::slots::SharedSlots;
+use super::slots;
 use super::stats::{define, endpoint_label};
 use crate::affinity::Choice;
 use crate::cluster::view::{holder_id, AddrSlots, View};
@@ -246,7 +246,7 @@ impl Shared {
     /// the body's `previous_response_id`, if known ([`crate::responses`]).
     pub fn pinned(&self, body: &[u8], now_ms: u64, view: &View) -> Option<usize> {
         let id = previous_response_id(body)?;
-        let r = responses::find(&SharedSlots::new(&self.responses_ns), &id, now_ms)?;
+        let r = responses::find(&slots::plain(&self.responses_ns), &id, now_ms)?;
         view.position_of_id(u16::try_from(r).ok()?)
     }
 
@@ -468,7 +468,7 @@ impl Delivery {
         if let (true, Some(id), Some(a)) = (self.responses_api, usage.id.as_deref(), served_addr) {
             let now = host::now_nanos() / 1_000_000;
             let r = usize::from(holder_id(a));
-            responses::remember(&mut SharedSlots::new(&d.responses_ns), id, r, now);
+            responses::remember(&mut slots::plain(&d.responses_ns), id, r, now);
         }
         let prompt = usage.prompt();
         add(d.responses, 1);
@@ -505,7 +505,7 @@ impl Delivery {
         }
         if let (Some(r), false) = (served, self.blocks.is_empty()) {
             let now = host::now_nanos() / 1_000_000;
-            let mut slots = SharedSlots::new(&p.keys.prefix);
+            let mut slots = p.index_slots();
             // The engine had more of the prefix than the index could show:
             // confirm that depth so the next request sharing it is predicted exactly.
             // Holders are written as address ids through the routing-time view.

@@ -29,7 +29,6 @@ use super::delivered::Delivery;
 use super::host::{self, HostShared, BUFFER_REQUEST_BODY};
 use super::probe::{self, Ablate, Phase};
 use super::root::Plugin;
-use super::slots::SharedSlots;
 use super::stats::HostFailure;
 use crate::cluster::queued::Queued;
 use crate::cluster::request::{picture_into, Joined, Picture, Slot};
@@ -348,7 +347,7 @@ impl RouterHttp {
                 }
             }
         };
-        let mut slots = SharedSlots::new(&p.keys.prefix);
+        let mut slots = p.index_slots();
         // With the share bound on, its counts are the picture's (none if
         // the read failed: no bound for this request), never a slot get.
         let shares = (view.router.affinity_config().share_factor > 0.0)
@@ -522,7 +521,7 @@ impl RouterHttp {
         if index.record_unneeded(blocks, known.as_ref(), served, (now_ms, fresh_ms)) {
             return;
         }
-        let mut slots = SharedSlots::new(&p.keys.prefix);
+        let mut slots = p.index_slots();
         {
             // With `peers`, the news among the writes is published (address ids).
             let rule = super::peers::news_rule(p);

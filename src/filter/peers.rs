@@ -68,7 +68,6 @@
 
 use super::host::{self, MetricKind, BUFFER_HTTP_CALL_RESPONSE_BODY};
 use super::root::Plugin;
-use super::slots::SharedSlots;
 use super::stats::define;
 use crate::cluster::admin::parse_clusters;
 use crate::cluster::queued;
@@ -512,7 +511,7 @@ pub fn with_peer_queues(p: &Plugin, view: &View, own: &[u32], now_ms: u64) -> Op
 /// The non-empty slots of `[start, start + snapshot_span(slots))` (one get each),
 /// as `(start, items)`.
 fn snapshot(p: &Plugin, start: u32, slots: u32) -> (u64, Vec<(u32, SlotValue)>) {
-    let table = SharedSlots::new(&p.keys.prefix);
+    let table = p.index_slots();
     let end = start.saturating_add(snapshot_span(slots)).min(slots);
     let items = (start..end)
         .filter_map(|slot| table.get(slot).map(|v| (slot, v)))
@@ -570,11 +569,12 @@ fn snapshot_apply(p: &Plugin, s: &Shared, start: u32, body: &[u8]) {
         s.add(S_BAD_BATCH, 1);
         return;
     }
-    let mut table = SharedSlots::new(&p.keys.prefix);
+    let mut table = p.index_slots();
+    let sets = crate::router::index_config(p.config()).sets();
     let applied = batch
         .entries
         .iter()
-        .filter(|(slot, v)| fill(&mut table, *slot, v))
+        .filter(|(slot, v)| fill(&mut table, sets, *slot, v))
         .count();
     s.add(S_SNAPSHOT_APPLIED, applied as u64);
     let next = start.saturating_add(span);
@@ -901,10 +901,11 @@ impl Puller {
         }
         let lost = cursor.advance(&batch);
         s.add(S_LOST, lost);
-        let mut slots = SharedSlots::new(&p.keys.prefix);
+        let mut slots = p.index_slots();
+        let sets = crate::router::index_config(p.config()).sets();
         let mut applied = 0;
         for (slot, value) in &batch.entries {
-            if merge(&mut slots, *slot, value) {
+            if merge(&mut slots, sets, *slot, value).is_some() {
                 applied += 1;
             }
         }

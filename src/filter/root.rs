@@ -43,6 +43,11 @@ impl Plugin {
         self.follower.config()
     }
 
+    /// The prefix index's slots in shared data (one host callback's store).
+    pub fn index_slots(&self) -> super::slots::SharedSlots<'_> {
+        super::slots::index(&self.keys.prefix, self.config().affinity.index_slots)
+    }
+
     /// Does the strategy read the body?
     pub fn needs_body(&self) -> bool {
         matches!(

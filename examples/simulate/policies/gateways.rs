@@ -975,11 +975,13 @@ impl Gateways {
                 .filter(|d| d.at_ms + delay <= now_ms)
             {
                 self.gws[from].outbox.pop_front();
+                let sets = self.index.config().sets();
                 for (to, g) in self.gws.iter_mut().enumerate() {
                     if to != from {
-                        let before = g.store.get(d.slot).and_then(|v| Entry::decode(&v));
-                        if peers::merge(&mut g.store, d.slot, &d.value) {
-                            let after = g.store.get(d.slot);
+                        let at = peers::target(&g.store, sets, d.slot, &d.value);
+                        let before = g.store.get(at).and_then(|v| Entry::decode(&v));
+                        if let Some(at) = peers::merge(&mut g.store, sets, d.slot, &d.value) {
+                            let after = g.store.get(at);
                             let inc = Entry::decode(&d.value);
                             let how = match (before, inc) {
                                 (Some(b), Some(i)) if b.marked_key() == i.marked_key() => {
@@ -997,7 +999,7 @@ impl Gateways {
                             self.prof.merges[usize::from(how)] += 1;
                             if let Some(a) = after {
                                 let old = before.filter(|_| how != MERGE_NEW).map(|b| b.time);
-                                g.prov.insert(d.slot, (d.id, a, how, old));
+                                g.prov.insert(at, (d.id, a, how, old));
                             }
                         }
                         self.c.applied += 1;

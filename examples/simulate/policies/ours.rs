@@ -129,6 +129,7 @@ impl OursParams {
             "prefix_length" => self.prefix_length = u()? as usize,
             "virtual_nodes" => self.virtual_nodes = u()? as u32,
             "slots" => self.index.slots = u()? as u32,
+            "ways" => self.index.ways = u()? as u32,
             "max_writes" => self.index.max_writes = u()? as usize,
             "ladder_bits" => self.index.ladder_bits = u()? as u32,
             "rewrite_known" => self.index.rewrite_known = b(),
@@ -144,7 +145,10 @@ impl OursParams {
             "min_match" => self.affinity.min_match = f()?,
             "routing_budget_ms" => self.affinity.routing_budget_ms = f()?,
             "beyond_window" => self.affinity.beyond_window = f()?,
-            "max_age_s" => self.affinity.max_age_ms = (f()? * 1000.0) as u64,
+            "max_age_s" => {
+                self.affinity.max_age_ms = (f()? * 1000.0) as u64;
+                self.index.max_age_ms = self.affinity.max_age_ms;
+            }
             "cold_choices" => self.affinity.cold_choices = u()? as usize,
             "anchor_cold" => self.affinity.anchor_cold = b(),
             "record_pending" => self.affinity.record_pending = b(),
@@ -202,6 +206,8 @@ impl OursParams {
             "overload_weight" => self.affinity.overload_weight = f()?,
             "pending_progress" => self.affinity.pending_progress = b(),
             "tier" => self.affinity.tier = b(),
+            "noise_margin" => self.affinity.noise_margin = f()?,
+            "noise_min_load" => self.affinity.noise_min_load = f()?,
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
@@ -376,6 +382,7 @@ impl Policy for Ours {
 
     fn route(&mut self, idx: u32, req: &SimRequest, view: &View<'_>) -> Routed {
         let now_ms = clock_ms(view.now);
+        self.store.new_callback();
         let Some(key) = req.keys.core.get(self.key) else {
             return Routed {
                 replica: 0,
@@ -480,6 +487,7 @@ impl Policy for Ours {
     }
 
     fn on_first_token(&mut self, idx: u32, req: &SimRequest, replica: usize, ttft: f64, now: f64) {
+        self.store.new_callback();
         if let Some(&(r, tokens)) = self.queued_of.get(idx as usize) {
             super::queue_finish(self.queued.as_mut(), r as usize, tokens);
         }
