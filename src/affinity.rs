@@ -471,11 +471,6 @@ pub struct AffinityConfig {
     pub anchor_cold: bool,
     /// Break cold placement's load ties by cache pressure ([`Pressure`]).
     pub spread_cold: bool,
-    /// Experiment: a spill off a holder within the bound must also beat
-    /// this many standard deviations of the in-flight count, priced.
-    pub noise_margin: f64,
-    /// Experiment: the noise margin only from this mean in-flight count.
-    pub noise_min_load: f64,
     /// Write a pending index record at routing for cold and spilled requests
     /// ([`crate::index::PrefixIndex::record_pending`]).
     pub record_pending: bool,
@@ -665,8 +660,6 @@ impl Default for AffinityConfig {
             cold_choices: 8,
             anchor_cold: false,
             spread_cold: true,
-            noise_margin: 0.0,
-            noise_min_load: 0.0,
             record_pending: true,
             continuation: true,
             share_factor: DEFAULT_SHARE_FACTOR,
@@ -1415,12 +1408,7 @@ fn decide(
                     1.0
                 };
                 let penalty = spill_penalty(cost.prefill_ms(cached), w, cfg.routing_budget_ms);
-                let noise = if mean1 - 1.0 >= cfg.noise_min_load {
-                    cfg.noise_margin * v.prices.0 * (mean1 - 1.0).max(0.0).sqrt()
-                } else {
-                    0.0
-                };
-                if extra <= penalty + noise {
+                if extra <= penalty {
                     (h, Reason::Warm)
                 } else if let Some(k) = pending_keep(&v, cost, cfg, pending, holders, a, cached) {
                     (k, Reason::Warm)

@@ -206,8 +206,6 @@ impl OursParams {
             "overload_weight" => self.affinity.overload_weight = f()?,
             "pending_progress" => self.affinity.pending_progress = b(),
             "tier" => self.affinity.tier = b(),
-            "noise_margin" => self.affinity.noise_margin = f()?,
-            "noise_min_load" => self.affinity.noise_min_load = f()?,
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
