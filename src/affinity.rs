@@ -404,6 +404,30 @@
 //! in-flight gap alone (no delay) the holder kept its request into a
 //! longer queue: +324 ± 178 ms of `agent` p90 at 7 replicas.
 //!
+//! **Continuation margin** ([`AffinityConfig::continuation_margin`], 1):
+//! a request whose known prefix ends on an end mark (a conversation's next
+//! turn, step 3) leaves a holder within the load bound only if the wait it
+//! avoids beats its re-prefill by `margin × √mean × wait price` (`mean`:
+//! the mean in-flight count). Why: the spill rule compares the holder's
+//! in-flight count with the least loaded replica's, and with `N` replicas
+//! running about `mean` requests each the least of `N` counts lies about
+//! one to two standard deviations (`√mean` for arrivals at random) under
+//! the mean by chance alone, a gap that is gone by the time the request is
+//! served; the re-prefill is paid for sure, and a conversation's prefix is
+//! its own (moving it gives no other request a second holder, unlike a
+//! shared prefix that fans out, "Slot wait"). On the simulator's full-scale
+//! chat workload at 16 replicas, 80 and 95 % of saturation (≈ 110 in
+//! flight per replica, under vLLM's 256 running sequences, 0.36 ms learned
+//! wait price), `affinity` spilled 5.9–7.2 % of the turns (SGLang
+//! 0.3–0.4 %) and lost 1.1–1.4 points of hit rate to SGLang; with the
+//! margin −0.3 / −0.4 points (`docs/benchmarks.md`, "Twenty-fifth
+//! session"), and the 352 trace runs moved by −0.001 points on average.
+//! Applied to every spill above 64 in flight (not only continuations), two
+//! held-out traces at 7 replicas fell from −0.41 / −0.24 to −0.52 / −0.54
+//! points under SGLang: there spills of shared prefixes give them the
+//! second holders later requests use. Cost: one square root per warm
+//! decision that reaches the spill rule.
+//!
 //! **Slot wait** ([`AffinityConfig::slot_wait`], on): a request sent to a
 //! holder over the threshold (the engine's sequence limit) waits for
 //! running sequences to finish before its prefill starts; one frees every
@@ -471,6 +495,11 @@ pub struct AffinityConfig {
     pub anchor_cold: bool,
     /// Break cold placement's load ties by cache pressure ([`Pressure`]).
     pub spread_cold: bool,
+    /// **Continuation margin** (module docs), in standard deviations of an
+    /// in-flight count (`√mean`) at the wait price: what a spill of a
+    /// conversation's next turn off its holder within the bound must save
+    /// beyond its re-prefill. 0: off.
+    pub continuation_margin: f64,
     /// Write a pending index record at routing for cold and spilled requests
     /// ([`crate::index::PrefixIndex::record_pending`]).
     pub record_pending: bool,
@@ -660,6 +689,7 @@ impl Default for AffinityConfig {
             cold_choices: 8,
             anchor_cold: false,
             spread_cold: true,
+            continuation_margin: 1.0,
             record_pending: true,
             continuation: true,
             share_factor: DEFAULT_SHARE_FACTOR,
@@ -1408,7 +1438,14 @@ fn decide(
                     1.0
                 };
                 let penalty = spill_penalty(cost.prefill_ms(cached), w, cfg.routing_budget_ms);
-                if extra <= penalty {
+                // Continuation margin (module docs): a conversation's next
+                // turn moves only for a wait beyond the counts' noise.
+                let margin = if known.is_some_and(|k| k.entry.is_end()) {
+                    cfg.continuation_margin * v.prices.0 * (mean1 - 1.0).max(0.0).sqrt()
+                } else {
+                    0.0
+                };
+                if extra <= penalty + margin {
                     (h, Reason::Warm)
                 } else if let Some(k) = pending_keep(&v, cost, cfg, pending, holders, a, cached) {
                     (k, Reason::Warm)
@@ -2353,6 +2390,44 @@ mod tests {
         assert_eq!(choose(&ring(7), &req, &cost(), &off).reason, Reason::Cold);
         kn.age_ms = 3_600_000;
         assert_eq!(pick(&k, Some(&kn), &loads).reason, Reason::Cold);
+    }
+
+    #[test]
+    fn a_continuation_moves_only_for_a_wait_beyond_the_counts_noise() {
+        // 8 blocks (512 tokens) known on replica 3: their re-prefill costs
+        // 15.4 ms at 30 ms per 1 000. Replica 3 runs 19 requests, replica 0
+        // 15, the rest 16 (mean 16.3, √mean ≈ 4 counts): keeping 3 costs
+        // 4 × 10 ms = 40 ms of wait, over the re-prefill, within it plus
+        // one standard deviation of a count at the wait price (40.4 ms).
+        let k = key(7, 8);
+        let mut loads = [16u32; 7];
+        loads[3] = 19;
+        loads[0] = 15;
+        let mut cont = known(8, &[3], 0);
+        cont.entry.tag |= 1 << 47;
+        let fan = known(8, &[3], 0);
+        let with = |margin: f64, kn: &Known, loads: &[u32]| {
+            let cfg = AffinityConfig {
+                continuation_margin: margin,
+                ..AffinityConfig::default()
+            };
+            let c = choose(
+                &ring(7),
+                &request(&k, Some(kn), Loads::new(loads)),
+                &cost(),
+                &cfg,
+            );
+            (c.primary, c.reason)
+        };
+        // A conversation's next turn stays (the default margin).
+        assert_eq!(with(1.0, &cont, &loads), (3, Reason::Warm));
+        // Any other prompt under the same prefix moves, and so does the
+        // next turn without the margin.
+        assert_eq!(with(1.0, &fan, &loads), (0, Reason::Spill));
+        assert_eq!(with(0.0, &cont, &loads), (0, Reason::Spill));
+        // A wait beyond the noise moves the next turn too (6 counts more).
+        loads[3] = 21;
+        assert_eq!(with(1.0, &cont, &loads), (0, Reason::Spill));
     }
 
     #[test]

@@ -206,6 +206,7 @@ impl OursParams {
             "overload_weight" => self.affinity.overload_weight = f()?,
             "pending_progress" => self.affinity.pending_progress = b(),
             "tier" => self.affinity.tier = b(),
+            "continuation_margin" => self.affinity.continuation_margin = f()?,
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
