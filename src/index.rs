@@ -698,6 +698,25 @@ impl Sets {
         a ^ b < self.ways
     }
 
+    /// The slot a peer batch carries for an entry with tag `tag` written
+    /// at `slot`: its key's own slot (in a power-of-two table its low bits
+    /// are the tag's key bits 32 and up), so the wire's slot follows from
+    /// the tag as for a direct-mapped table ([`crate::peers`], "Slots");
+    /// the receiver merges into the set either way. `slot` itself when
+    /// that cannot be told (one way, another table size).
+    pub fn wire_slot(self, slot: u32, tag: u64) -> u32 {
+        if self.ways < 2 || !self.slots.is_power_of_two() {
+            return slot;
+        }
+        let way = self.ways - 1;
+        let own = (slot & !way) | ((tag >> 32) as u32 & way);
+        if own < self.slots {
+            own
+        } else {
+            slot
+        }
+    }
+
     /// How long ago entry `e` was last used, for choosing a victim at
     /// `now` (decis): its age, or since its write for a pending entry;
     /// `u64::MAX − 1` when stale (as good as empty), 0 when from the
@@ -1576,6 +1595,41 @@ mod tests {
             let used = st.occupied();
             idx.record(&mut st, &[c], None, 4, 31_000);
             assert_eq!(st.occupied(), used);
+        }
+    }
+
+    #[test]
+    fn a_peer_batch_names_a_key_by_its_own_slot_whichever_way_it_is_in() {
+        for slots in [64u32, 1 << 16, 1 << 18, 3000] {
+            let (idx, mut st) = table(IndexConfig {
+                slots,
+                ..IndexConfig::default()
+            });
+            let sets = idx.config().sets();
+            let [a, b, _] = same_slot(&idx);
+            idx.record(&mut st, &[a], None, 1, 0);
+            idx.record(&mut st, &[b], None, 2, 1000);
+            // `b` went to the partner of its own slot.
+            let own = idx.slot(b);
+            let partner = own ^ 1;
+            let v = st.get(partner).and_then(|v| Entry::decode(&v));
+            if partner >= slots {
+                continue;
+            }
+            let e = v.expect("b in the partner slot");
+            assert_eq!(e.key_tag(), idx.place(b).1);
+            // Power-of-two tables: the own slot, from the tag's key bits;
+            // another size: the slot as it is (the wire carries it whole).
+            let want = if slots.is_power_of_two() {
+                own
+            } else {
+                partner
+            };
+            assert_eq!(sets.wire_slot(partner, e.tag), want, "{slots}");
+            assert_eq!(sets.wire_slot(own, e.tag), own, "{slots}");
+            // One way: always the slot itself.
+            let one = Sets { ways: 1, ..sets };
+            assert_eq!(one.wire_slot(partner, e.tag), partner);
         }
     }
 

@@ -437,7 +437,10 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
     /// holder. Cost: one keyed hash per withheld block (≤ the ladder
     /// positions + 1) and one for the stand-in, one pass over the
     /// positions; nothing when `ladder` publishes everything or the wrapper
-    /// is not enabled.
+    /// is not enabled. Also takes the table's sets from `index`: the
+    /// outbox names each write by its key's own slot
+    /// ([`Sets::wire_slot`]), so call it before recording when publishing
+    /// (without it: the default table's sets).
     pub fn withhold(
         &mut self,
         index: &PrefixIndex,
@@ -445,12 +448,12 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
         known: usize,
         ladder: PeerLadder,
     ) {
+        self.sets = index.config().sets();
         if !self.enabled || ladder.publishes_all() {
             return;
         }
         let n = blocks.len();
         let mut stand_in = None;
-        self.sets = index.config().sets();
         self.withheld.clear();
         for (p, &key) in blocks.iter().enumerate() {
             if !ladder.publishes(p, n) {
@@ -498,7 +501,11 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
                 News::None | News::Reorder => false,
             })
             .filter_map(|w| match self.withheld(w.0, &w.1) {
-                None => Some((w.0, w.1)),
+                // The key's own slot, whichever way of its set it is in.
+                None => {
+                    let tag = Entry::decode(&w.1).map_or(0, |e| e.tag);
+                    Some((self.sets.wire_slot(w.0, tag), w.1))
+                }
                 // The deepest known block's placement moves to the
                 // stand-in; new blocks have their ladder blocks published
                 // with them.
