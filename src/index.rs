@@ -267,18 +267,21 @@ pub const SLOTS_PER_KEY: u32 = 2;
 
 /// In-memory slot table (tests, simulator). Counts gets and sets as the
 /// filter's host calls: table slots are read [`SLOTS_PER_KEY`] at a time
-/// with the last key read kept (a get of the other slot of that key is
-/// free, a set of a slot under another key first reads it). Slots beyond
-/// the table (the reserved ones of [`crate::pressure`]) are kept in a
-/// small side list, one get each.
+/// and the last [`crate::cluster::slots::HELD`] keys read or written in
+/// a callback are kept ([`VecStore::new_callback`] starts one): a get of
+/// a slot under a kept key is free, a set of a slot under another key
+/// first reads it. Slots beyond the table (the reserved ones of
+/// [`crate::pressure`]) are kept in a small side list, one get each.
 #[derive(Debug, Clone)]
 pub struct VecStore {
     slots: Vec<SlotValue>,
     reserved: Vec<(u32, SlotValue)>,
     gets: std::cell::Cell<u64>,
     sets: u64,
-    /// Shared-data key of the last table read or write.
-    last_key: std::cell::Cell<Option<u32>>,
+    /// Shared-data keys of this callback's table reads and writes (the
+    /// filter's store keeps as many), and where the next one goes.
+    held: std::cell::Cell<[Option<u32>; crate::cluster::slots::HELD]>,
+    next: std::cell::Cell<usize>,
 }
 
 impl VecStore {
@@ -289,25 +292,32 @@ impl VecStore {
             reserved: Vec::new(),
             gets: std::cell::Cell::new(0),
             sets: 0,
-            last_key: std::cell::Cell::new(None),
+            held: std::cell::Cell::new([None; crate::cluster::slots::HELD]),
+            next: std::cell::Cell::new(0),
         }
     }
 
-    /// Start a new host callback: the filter's last-key memo does not
-    /// outlive one (`src/filter/slots.rs`), so the next read of any key
-    /// counts.
+    /// Start a new host callback: the filter's kept keys do not outlive
+    /// one (`src/cluster/slots.rs`), so the next read of any key counts.
     pub fn new_callback(&self) {
-        self.last_key.set(None);
+        self.held.set([None; crate::cluster::slots::HELD]);
     }
 
-    /// Count a read of `slot`'s shared-data key unless it was the last one.
+    /// Count a read of table slot `slot`'s shared-data key unless it is
+    /// kept; keep it (in place of the oldest kept key).
     fn read_key(&self, slot: u32) {
-        let key = (slot as usize) < self.slots.len();
-        let key = key.then_some(slot / SLOTS_PER_KEY);
-        if key.is_none() || self.last_key.get() != key {
-            self.gets.set(self.gets.get() + 1);
+        let key = slot / SLOTS_PER_KEY;
+        let mut held = self.held.get();
+        if held.contains(&Some(key)) {
+            return;
         }
-        self.last_key.set(key);
+        self.gets.set(self.gets.get() + 1);
+        let n = self.next.get();
+        if let Some(x) = held.get_mut(n) {
+            *x = Some(key);
+        }
+        self.next.set((n + 1) % held.len());
+        self.held.set(held);
     }
 
     /// Gets so far.
@@ -331,7 +341,11 @@ impl VecStore {
 
 impl SlotStore for VecStore {
     fn get(&self, slot: u32) -> Option<SlotValue> {
-        self.read_key(slot);
+        if (slot as usize) < self.slots.len() {
+            self.read_key(slot);
+        } else {
+            self.gets.set(self.gets.get() + 1);
+        }
         self.slots
             .get(slot as usize)
             .or_else(|| self.reserved.iter().find(|r| r.0 == slot).map(|r| &r.1))
@@ -341,14 +355,12 @@ impl SlotStore for VecStore {
 
     fn set(&mut self, slot: u32, value: SlotValue) {
         self.sets += 1;
-        if let Some(s) = self.slots.get_mut(slot as usize) {
+        if (slot as usize) < self.slots.len() {
             // The filter writes the key's two slots together: it needs the
-            // other one (read unless it was the last key).
-            let key = Some(slot / SLOTS_PER_KEY);
-            if self.last_key.get() != key {
-                self.gets.set(self.gets.get() + 1);
-                self.last_key.set(key);
-            }
+            // other one (read unless the key is kept).
+            self.read_key(slot);
+        }
+        if let Some(s) = self.slots.get_mut(slot as usize) {
             *s = value;
         } else if let Some(r) = self.reserved.iter_mut().find(|r| r.0 == slot) {
             r.1 = value;
@@ -1664,7 +1676,9 @@ mod tests {
         assert_eq!(idx.lookup(&st, &a, 0), None);
         assert!(st.gets() <= 7, "cold lookup: last block + gallop");
         // Ladder below 47: 17 positions up to 39, plus the last block; each
-        // set is read first to place the entry in it (one get).
+        // set is read first to place the entry in it (one get; the record
+        // after the response is another callback than the lookup).
+        st.new_callback();
         let g = st.gets();
         assert_eq!(idx.record(&mut st, &a, None, 2, 0), 18);
         assert!((17..=18).contains(&(st.gets() - g)), "{}", st.gets() - g);
@@ -1720,7 +1734,10 @@ mod tests {
             (60, pad([Some(1), None, None]))
         );
         // Probes 55 and 47 (the session's, [1]), then 31 (the gallop
-        // skips 39): 0 holds the shared prefix up to 32 blocks.
+        // skips 39): 0 holds the shared prefix up to 32 blocks (counted
+        // in a callback of its own: after the lookup in the same one, the
+        // sets it probed are kept).
+        st.new_callback();
         let before = st.gets();
         let s = idx.lookup_shallow(&st, &s2, &deep, 4000).unwrap();
         assert_eq!(

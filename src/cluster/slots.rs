@@ -12,11 +12,12 @@
 //! Slots past the table (the reserved ones of [`crate::pressure`] and
 //! [`crate::share`]) keep one key each, `…/i/<slot>` with one entry.
 //!
-//! **Last key kept.** The store keeps the last key it read or wrote
-//! (value and CAS) for its own lifetime, one host callback: a get of the
-//! other slot of that key is free, and a set writes the key's two entries
-//! with the one it does not change taken from there (a set of a slot
-//! under another key reads that key first). The write is conditional on
+//! **Keys kept.** The store keeps the last [`HELD`] keys it read or wrote
+//! (values and CAS) for its own lifetime, one host callback: a get of a
+//! slot under one of them is free (the other slot of a set just probed,
+//! a set the lookup probed and the pending record then writes), and a set
+//! writes the key's two entries with the one it does not change taken
+//! from there (a set of a slot under another key reads that key first). The write is conditional on
 //! the CAS read with it; on a mismatch (another worker wrote the set in
 //! between) the key is read again and written once more, unconditionally
 //! (a key's first write is unconditional too: proxy-wasm has no
@@ -41,6 +42,10 @@ thread_local! {
     static KEY: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
+/// Keys a store keeps for its callback: a lookup probes at most about a
+/// dozen sets and the pending record after it writes into most of them.
+pub const HELD: usize = 16;
+
 /// Two entries: one shared-data value of the paired table.
 type Pair = [u8; 2 * ENTRY_BYTES];
 
@@ -62,7 +67,10 @@ pub struct SharedSlots<'p, D: SharedData + ?Sized> {
     /// Off: every get misses and every set is dropped (the filter's
     /// `slots` ablation probe).
     enabled: bool,
-    held: Cell<Option<Held>>,
+    /// The keys read or written in this callback, at most [`HELD`], the
+    /// oldest replaced first (`next`).
+    held: RefCell<[Option<Held>; HELD]>,
+    next: Cell<usize>,
     /// Host calls that failed during this callback.
     pub failures: Cell<u32>,
 }
@@ -81,7 +89,8 @@ impl<'p, D: SharedData + ?Sized> SharedSlots<'p, D> {
             prefix,
             paired: slots,
             enabled: true,
-            held: Cell::new(None),
+            held: RefCell::new([None; HELD]),
+            next: Cell::new(0),
             failures: Cell::new(0),
         }
     }
@@ -117,7 +126,7 @@ impl<'p, D: SharedData + ?Sized> SharedSlots<'p, D> {
     /// The two entries under `key`, read unless held (a failed read: two
     /// empty slots, not held).
     fn pair(&self, key: u32) -> Option<Held> {
-        if let Some(h) = self.held.get().filter(|h| h.key == key) {
+        if let Some(h) = self.find(key) {
             return Some(h);
         }
         let held = match self.with_key(key, |k| self.shared.get(k)) {
@@ -133,8 +142,41 @@ impl<'p, D: SharedData + ?Sized> SharedSlots<'p, D> {
                 return None;
             }
         };
-        self.held.set(Some(held));
+        self.keep(held);
         Some(held)
+    }
+
+    /// The held copy of `key`, if any.
+    fn find(&self, key: u32) -> Option<Held> {
+        let all = self.held.try_borrow().ok()?;
+        all.iter().flatten().find(|h| h.key == key).copied()
+    }
+
+    /// Hold `h` (in place of its key's copy, else of the oldest).
+    fn keep(&self, h: Held) {
+        let Ok(mut all) = self.held.try_borrow_mut() else {
+            return;
+        };
+        let at = all.iter().position(|x| x.is_some_and(|x| x.key == h.key));
+        let at = at.unwrap_or_else(|| {
+            let n = self.next.get();
+            self.next.set((n + 1) % HELD);
+            n
+        });
+        if let Some(x) = all.get_mut(at) {
+            *x = Some(h);
+        }
+    }
+
+    /// Forget `key` (a failed or refused write).
+    fn drop_key(&self, key: u32) {
+        if let Ok(mut all) = self.held.try_borrow_mut() {
+            for x in all.iter_mut() {
+                if x.is_some_and(|x| x.key == key) {
+                    *x = None;
+                }
+            }
+        }
     }
 
     /// Write `value` into half `half` of `key`'s pair (see the module docs).
@@ -148,12 +190,12 @@ impl<'p, D: SharedData + ?Sized> SharedSlots<'p, D> {
             let cas = if attempt == 0 { h.cas } else { 0 };
             match self.with_key(key, |k| self.shared.set(k, &h.pair, cas)) {
                 Ok(()) => {
-                    self.held.set(Some(Held { cas: 0, ..h }));
+                    self.keep(Held { cas: 0, ..h });
                     return;
                 }
-                Err(ShareError::CasMismatch) if attempt == 0 => self.held.set(None),
+                Err(ShareError::CasMismatch) if attempt == 0 => self.drop_key(key),
                 Err(_) => {
-                    self.held.set(None);
+                    self.drop_key(key);
                     self.failed();
                     return;
                 }
@@ -243,6 +285,28 @@ mod tests {
         u.set(6, entry(5, 10));
         assert_eq!(u.get(6), Some(entry(5, 10)));
         assert!(m.keys().contains(&"q/i/6".to_string()));
+    }
+
+    #[test]
+    fn a_callback_keeps_up_to_held_keys_the_oldest_replaced_first() {
+        let m = MockShared::new();
+        let mut s = SharedSlots::index(&m, "p/", 1024);
+        let held = HELD as u32;
+        for k in 0..held {
+            assert_eq!(s.get(2 * k), None);
+        }
+        // Their other slots, and writes into them: no read.
+        let calls = m.calls.get();
+        for k in 0..held {
+            assert_eq!(s.get(2 * k + 1), None);
+        }
+        s.set(5, entry(9, 11));
+        assert_eq!(m.calls.get() - calls, 1, "the write alone");
+        // One key more replaces the oldest (key 0): read again.
+        assert_eq!(s.get(2 * held), None);
+        let calls = m.calls.get();
+        assert_eq!((s.get(0), s.get(5)), (None, Some(entry(9, 11))));
+        assert_eq!(m.calls.get() - calls, 1, "key 0 only");
     }
 
     #[test]
