@@ -49,8 +49,8 @@ pub const HELD: usize = 16;
 /// Two entries: one shared-data value of the paired table.
 type Pair = [u8; 2 * ENTRY_BYTES];
 
-/// The last key read or written: its number, value and CAS (0 after our
-/// own write: the host's new CAS is not known).
+/// A key read or written in this callback: its number, value and CAS (0
+/// after our own write: the host's new CAS is not known).
 #[derive(Clone, Copy)]
 struct Held {
     key: u32,
