@@ -867,22 +867,31 @@ enum Marks {
 #[derive(Debug, Clone, Copy)]
 pub struct PrefixIndex {
     cfg: IndexConfig,
+    /// `cfg.sets()`, derived once.
+    sets: Sets,
 }
 
 impl PrefixIndex {
     /// An index with `cfg`.
     pub fn new(cfg: IndexConfig) -> PrefixIndex {
+        let cfg = IndexConfig {
+            slots: cfg.slots.max(1),
+            ..cfg
+        };
         PrefixIndex {
-            cfg: IndexConfig {
-                slots: cfg.slots.max(1),
-                ..cfg
-            },
+            cfg,
+            sets: cfg.sets(),
         }
     }
 
     /// Parameters.
     pub fn config(&self) -> IndexConfig {
         self.cfg
+    }
+
+    /// The table's set layout ([`IndexConfig::sets`]).
+    pub fn sets(&self) -> Sets {
+        self.sets
     }
 
     /// Slot and tag of a block key: both from the keyed hash.
@@ -899,7 +908,7 @@ impl PrefixIndex {
 
     fn probe<S: SlotStore>(&self, store: &S, key: u64) -> Option<Entry> {
         let (slot, tag) = self.place(key);
-        self.cfg.sets().of(slot).find_map(|s| {
+        self.sets.of(slot).find_map(|s| {
             store
                 .get(s)
                 .and_then(|v| Entry::decode(&v))
@@ -929,7 +938,7 @@ impl PrefixIndex {
         now: u32,
     ) {
         let (slot, tag) = self.place(key);
-        let slot = self.cfg.sets().write_slot(store, slot, tag, now);
+        let slot = self.sets.write_slot(store, slot, tag, now);
         let tag = if end { tag | END_BIT } else { tag } | u64::from(stamp);
         store.set(slot, Entry { tag, time, holders }.encode());
     }
@@ -1617,7 +1626,7 @@ mod tests {
                 slots,
                 ..IndexConfig::default()
             });
-            let sets = idx.config().sets();
+            let sets = idx.sets();
             let [a, b, _] = same_slot(&idx);
             idx.record(&mut st, &[a], None, 1, 0);
             idx.record(&mut st, &[b], None, 2, 1000);

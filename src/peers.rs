@@ -598,10 +598,18 @@ pub fn decode(
 /// else an empty one, else the least recently used; `slot` when
 /// `incoming` does not decode).
 pub fn target<S: SlotStore>(store: &S, sets: Sets, slot: u32, incoming: &SlotValue) -> u32 {
-    match Entry::decode(incoming) {
-        Some(inc) => sets.write_slot(store, slot, inc.key_tag(), inc.time),
-        None => slot,
-    }
+    resolve(store, sets, slot, incoming).map_or(slot, |(at, _)| at)
+}
+
+/// `incoming` decoded, with the slot of its set it goes to ([`target`]).
+fn resolve<S: SlotStore>(
+    store: &S,
+    sets: Sets,
+    slot: u32,
+    incoming: &SlotValue,
+) -> Option<(u32, Entry)> {
+    let inc = Entry::decode(incoming)?;
+    Some((sets.write_slot(store, slot, inc.key_tag(), inc.time), inc))
 }
 
 /// Merge one peer entry, published at `slot`, into `store` (see the module
@@ -612,8 +620,12 @@ pub fn merge<S: SlotStore>(
     slot: u32,
     incoming: &SlotValue,
 ) -> Option<u32> {
-    let inc = Entry::decode(incoming)?;
-    let slot = sets.write_slot(store, slot, inc.key_tag(), inc.time);
+    let (at, inc) = resolve(store, sets, slot, incoming)?;
+    merge_at(store, at, inc)
+}
+
+/// [`merge`] of the decoded entry `inc` into slot `slot` itself.
+fn merge_at<S: SlotStore>(store: &mut S, slot: u32, inc: Entry) -> Option<u32> {
     let cur = store.get(slot);
     let merged = match cur.as_ref().and_then(Entry::decode) {
         Some(cur) if cur.marked_key() == inc.marked_key() => {
@@ -734,13 +746,12 @@ pub fn parse_query(query: &[u8]) -> Option<Query> {
 /// an empty one (the local entries may be newer; a snapshot only fills
 /// gaps). Returns whether the table changed.
 pub fn fill<S: SlotStore>(store: &mut S, sets: Sets, slot: u32, incoming: &SlotValue) -> bool {
-    let Some(inc) = Entry::decode(incoming) else {
+    let Some((at, inc)) = resolve(store, sets, slot, incoming) else {
         return false;
     };
-    let at = target(store, sets, slot, incoming);
     match store.get(at).and_then(|v| Entry::decode(&v)) {
         Some(cur) if cur.marked_key() != inc.marked_key() => false,
-        _ => merge(store, sets, at, incoming).is_some(),
+        _ => merge_at(store, at, inc).is_some(),
     }
 }
 
@@ -814,7 +825,7 @@ mod tests {
         assert_eq!(cur.advance(&batch), 0);
         assert_eq!(cur.seq, sets as u64);
         for (slot, v) in &batch.entries {
-            merge(&mut b, idx.config().sets(), *slot, v);
+            merge(&mut b, idx.sets(), *slot, v);
         }
         let known = idx.lookup(&b, &k, 1000).unwrap();
         assert_eq!(known.depth, 40);
@@ -1159,7 +1170,7 @@ mod tests {
         let lay = layout(4096, &["a".into(), "b".into(), "c".into()]);
         let batch = decode(&log.encode_since(0, 512, (lay, 4096), 9), lay, 512, 4096, 3).unwrap();
         for (slot, v) in &batch.entries {
-            merge(&mut b, idx.config().sets(), *slot, v);
+            merge(&mut b, idx.sets(), *slot, v);
         }
         // The deepest known block is stamped with the request's 40 blocks,
         // at the sender and at the peer alike.

@@ -448,7 +448,7 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
         known: usize,
         ladder: PeerLadder,
     ) {
-        self.sets = index.config().sets();
+        self.sets = index.sets();
         if !self.enabled || ladder.publishes_all() {
             return;
         }
@@ -703,14 +703,14 @@ mod tests {
             .any(|x| x.0 == w.0 && x.2 == News::Placement)));
         let mut peer = VecStore::new(4096);
         for (slot, v) in &first {
-            peers::merge(&mut peer, idx.config().sets(), *slot, v);
+            peers::merge(&mut peer, idx.sets(), *slot, v);
         }
         assert_eq!(
             idx.lookup(&peer, &blocks, 11_000).map(|k| k.depth),
             Some(24)
         );
         // merge is also what the puller applies: idempotent.
-        assert!(merge(&mut peer, idx.config().sets(), first[0].0, &first[0].1).is_none());
+        assert!(merge(&mut peer, idx.sets(), first[0].0, &first[0].1).is_none());
     }
 
     #[test]
@@ -737,7 +737,7 @@ mod tests {
             let out = p.outbox(usize::MAX, 0, false);
             let mut peer = VecStore::new(1 << 16);
             for (slot, v) in &out {
-                peers::merge(&mut peer, idx.config().sets(), *slot, v);
+                peers::merge(&mut peer, idx.sets(), *slot, v);
             }
             // The local table is the same whatever is published.
             let local = idx.lookup(&table, blocks, 10_000).map(|k| k.depth);
@@ -814,7 +814,7 @@ mod tests {
             let moved = known.is_some_and(|k| k.entry.holders().next() != Some(r));
             let out = p.outbox(usize::MAX, 0, moved);
             for (slot, v) in &out {
-                peers::merge(peer, idx.config().sets(), *slot, v);
+                peers::merge(peer, idx.sets(), *slot, v);
             }
             out.len()
         };

@@ -975,7 +975,7 @@ impl Gateways {
                 .filter(|d| d.at_ms + delay <= now_ms)
             {
                 self.gws[from].outbox.pop_front();
-                let sets = self.index.config().sets();
+                let sets = self.index.sets();
                 for (to, g) in self.gws.iter_mut().enumerate() {
                     if to != from {
                         let at = peers::target(&g.store, sets, d.slot, &d.value);
