@@ -24,8 +24,8 @@
 //! never leaves it: without it a client cannot tell which slot a prefix uses
 //! (one 8-byte xxh3 per probe or write, a few ns).
 //!
-//! Entry ([`ENTRY_BYTES`] = 24 bytes, little endian): `tag` (bits 8–46 of the keyed hash,
-//! never all 0, plus bit 47: the end mark, and bits 0–7: the **length
+//! Entry ([`ENTRY_BYTES`] = 24 bytes, little endian): `tag` (bits 9–46 of the keyed hash,
+//! never all 0, plus bit 47: the end mark, bit 8: the signpost, and bits 0–7: the **length
 //! stamp**, see below) ‖
 //! `time` (u32, deciseconds on the caller's clock, wrapping) ‖ up to
 //! [`MAX_HOLDERS`] replica indices as u16 `index + 1` (0 = none), most
@@ -280,8 +280,7 @@ pub struct VecStore {
     sets: u64,
     /// Shared-data keys of this callback's table reads and writes (the
     /// filter's store keeps as many), and where the next one goes.
-    held: std::cell::Cell<[Option<u32>; crate::cluster::slots::HELD]>,
-    next: std::cell::Cell<usize>,
+    held: std::cell::Cell<crate::cluster::slots::Memo<u32>>,
 }
 
 impl VecStore {
@@ -292,15 +291,14 @@ impl VecStore {
             reserved: Vec::new(),
             gets: std::cell::Cell::new(0),
             sets: 0,
-            held: std::cell::Cell::new([None; crate::cluster::slots::HELD]),
-            next: std::cell::Cell::new(0),
+            held: std::cell::Cell::new(crate::cluster::slots::Memo::new()),
         }
     }
 
     /// Start a new host callback: the filter's kept keys do not outlive
     /// one (`src/cluster/slots.rs`), so the next read of any key counts.
     pub fn new_callback(&self) {
-        self.held.set([None; crate::cluster::slots::HELD]);
+        self.held.set(crate::cluster::slots::Memo::new());
     }
 
     /// Count a read of table slot `slot`'s shared-data key unless it is
@@ -308,15 +306,11 @@ impl VecStore {
     fn read_key(&self, slot: u32) {
         let key = slot / SLOTS_PER_KEY;
         let mut held = self.held.get();
-        if held.contains(&Some(key)) {
+        if held.find(|&k| k == key).is_some() {
             return;
         }
         self.gets.set(self.gets.get() + 1);
-        let n = self.next.get();
-        if let Some(x) = held.get_mut(n) {
-            *x = Some(key);
-        }
-        self.next.set((n + 1) % held.len());
+        held.keep(key, |&k| k == key);
         self.held.set(held);
     }
 
@@ -385,8 +379,12 @@ pub struct Entry {
 pub const STAMP_BITS: u32 = 8;
 /// The stamp bits of a stored tag.
 pub const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
-/// Key bits of the stored tag: 8–46.
-const TAG_MASK: u64 = ((1 << 47) - 1) & !STAMP_MASK;
+/// Bit 8 of the stored tag: a **signpost** ([`Entry::is_signpost`]). The
+/// peers' wire carries tag bits 8–47, so the flag travels, and bits 32–46
+/// stay key bits (a table of 2^15 slots keeps implying the slot).
+const SIGNPOST_BIT: u64 = 1 << STAMP_BITS;
+/// Key bits of the stored tag: 9–46.
+const TAG_MASK: u64 = ((1 << 47) - 1) & !STAMP_MASK & !SIGNPOST_BIT;
 /// Bit 47 of the stored tag: the **end mark** ([`Entry::is_end`]).
 const END_BIT: u64 = 1 << 47;
 
@@ -397,11 +395,11 @@ pub fn mirror_key(key: u64) -> u64 {
     key ^ 0x9e37_79b9_7f4a_7c15
 }
 
-/// Tag of a block key (its bits 8–46, never 0; bit 47 of the stored tag is
-/// the end mark, bits 0–7 the length stamp).
+/// Tag of a block key (its bits 9–46, never 0; bit 47 of the stored tag is
+/// the end mark, bit 8 the signpost, bits 0–7 the length stamp).
 pub fn tag_of(key: u64) -> u64 {
     match key & TAG_MASK {
-        0 => 1 << STAMP_BITS,
+        0 => SIGNPOST_BIT << 1,
         t => t,
     }
 }
@@ -444,13 +442,21 @@ impl Entry {
         self.tag & END_BIT != 0
     }
 
-    /// The tag without the end mark and the length stamp.
+    /// Is this a **signpost**: a block on the search path to an end mark,
+    /// written by a record with its own replica alone
+    /// ([`IndexConfig::end_marks`])? A lookup passes through it on its way
+    /// to the mark but never returns it (module docs, "Signposts").
+    pub fn is_signpost(&self) -> bool {
+        self.tag & SIGNPOST_BIT != 0 && !self.is_end()
+    }
+
+    /// The tag without the end mark, the signpost bit and the length stamp.
     pub fn key_tag(&self) -> u64 {
         self.tag & TAG_MASK
     }
 
-    /// The stored tag without the length stamp: the key and the end mark
-    /// (what a peer's merge compares, [`crate::peers::merge`]).
+    /// The stored tag without the length stamp: the key, the end mark and
+    /// the signpost bit (what a peer's merge compares, [`crate::peers::merge`]).
     pub fn marked_key(&self) -> u64 {
         self.tag & !STAMP_MASK
     }
@@ -863,6 +869,57 @@ enum Marks {
     Paths,
 }
 
+/// What a write sets besides the key bits of the tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flag {
+    None,
+    /// The end mark ([`Entry::is_end`]).
+    End,
+    /// A signpost ([`Entry::is_signpost`]).
+    Signpost,
+}
+
+impl Flag {
+    /// The end mark or nothing.
+    fn end(mark: bool) -> Flag {
+        if mark {
+            Flag::End
+        } else {
+            Flag::None
+        }
+    }
+    /// A block of a search path: its end mark, or a signpost on the way.
+    fn path(mark: bool) -> Flag {
+        if mark {
+            Flag::End
+        } else {
+            Flag::Signpost
+        }
+    }
+    fn bits(self) -> u64 {
+        match self {
+            Flag::None => 0,
+            Flag::End => END_BIT,
+            Flag::Signpost => SIGNPOST_BIT,
+        }
+    }
+}
+
+/// How [`PrefixIndex::write`] writes a record.
+#[derive(Debug, Clone, Copy)]
+struct Write {
+    /// The entries' time, ms: the present, or set back for a pending record.
+    at_ms: u64,
+    /// The clock's present, deciseconds: ranks the ways of a set (a
+    /// pending entry is ranked from its write, not from `at_ms`).
+    now: u32,
+    marks: Marks,
+    /// Merge the deepest known block's current holders (one get).
+    merge: bool,
+    /// Only the blocks past the known depth ([`PendingBlocks::PastKnown`]).
+    past: bool,
+}
+
 /// The index logic (stateless; the state is the [`SlotStore`]).
 #[derive(Debug, Clone, Copy)]
 pub struct PrefixIndex {
@@ -917,15 +974,17 @@ impl PrefixIndex {
     }
 
     /// Write a fresh-or-updated entry of `key` (no length stamp); `now`:
-    /// the clock's present (decis), which `time` lags in a pending record.
+    /// the clock's present (decis), which `time` lags in a pending record;
+    /// `flag`: [`Flag::Signpost`] for a block of a search path, else the end
+    /// mark or none.
     fn put<S: SlotStore>(
         &self,
         store: &mut S,
         key: u64,
-        (time, end, now): (u32, bool, u32),
+        (time, flag, now): (u32, Flag, u32),
         holders: [Option<u16>; MAX_HOLDERS],
     ) {
-        self.put_stamped(store, key, (time, end, 0), holders, now);
+        self.put_stamped(store, key, (time, flag, 0), holders, now);
     }
 
     /// [`PrefixIndex::put`] with the length stamp `stamp`.
@@ -933,13 +992,13 @@ impl PrefixIndex {
         &self,
         store: &mut S,
         key: u64,
-        (time, end, stamp): (u32, bool, u8),
+        (time, flag, stamp): (u32, Flag, u8),
         holders: [Option<u16>; MAX_HOLDERS],
         now: u32,
     ) {
         let (slot, tag) = self.place(key);
         let slot = self.sets.write_slot(store, slot, tag, now);
-        let tag = if end { tag | END_BIT } else { tag } | u64::from(stamp);
+        let tag = tag | flag.bits() | u64::from(stamp);
         store.set(slot, Entry { tag, time, holders }.encode());
     }
 
@@ -952,7 +1011,7 @@ impl PrefixIndex {
     pub fn lookup<S: SlotStore>(&self, store: &S, blocks: &[u64], now_ms: u64) -> Option<Known> {
         let n = blocks.len();
         let last = *blocks.last()?;
-        if let Some(e) = self.probe(store, last) {
+        if let Some(e) = self.probe(store, last).filter(|e| !e.is_signpost()) {
             return Some(Known::at(n, e, now_ms));
         }
         if let Some(e) = self
@@ -1001,6 +1060,10 @@ impl PrefixIndex {
         // request ends before it (blocks past its end count as unknown), so
         // the search path is the one `confirm` and `record` write for any
         // depth in the gap, whatever the length of the request.
+        // Signposts (a record's search paths to its end marks) guide the
+        // search; the answer is the end mark it reaches, else the ladder
+        // block (module docs, "Signposts").
+        let ladder_known = best;
         let (mut a, mut b) = (deepest + 1, next_ladder(deepest + 1, bits));
         while a < b {
             let mid = a + (b - a) / 2;
@@ -1012,6 +1075,9 @@ impl PrefixIndex {
                 }
                 None => b = mid,
             }
+        }
+        if best.entry.is_signpost() {
+            return Some(ladder_known);
         }
         Some(best)
     }
@@ -1155,7 +1221,7 @@ impl PrefixIndex {
         for p in gap_path(top, self.cfg.ladder_bits) {
             if let Some(&key) = blocks.get(p) {
                 let at = p + 1 == top;
-                let t = (time, end && at, stamp * u8::from(at));
+                let t = (time, Flag::end(end && at), stamp * u8::from(at));
                 self.put_stamped(store, key, t, holders, time);
                 sets += 1;
             }
@@ -1195,9 +1261,14 @@ impl PrefixIndex {
         } else {
             Marks::None
         };
-        let past = which == PendingBlocks::PastKnown;
-        let now = decis(now_ms);
-        self.write(store, blocks, known, replica, (at, marks, false, past), now)
+        let how = Write {
+            at_ms: at,
+            now: decis(now_ms),
+            marks,
+            merge: false,
+            past: which == PendingBlocks::PastKnown,
+        };
+        self.write(store, blocks, known, replica, how)
     }
 
     /// Record that the request with `blocks` went to `replica` (see the module
@@ -1221,16 +1292,14 @@ impl PrefixIndex {
             (false, true) => Marks::Last,
             (false, false) => Marks::None,
         };
-        let merge = self.cfg.merge_record;
-        let now = decis(now_ms);
-        self.write(
-            store,
-            blocks,
-            known,
-            replica,
-            (now_ms, marks, merge, false),
-            now,
-        )
+        let how = Write {
+            at_ms: now_ms,
+            now: decis(now_ms),
+            marks,
+            merge: self.cfg.merge_record,
+            past: false,
+        };
+        self.write(store, blocks, known, replica, how)
     }
 
     /// Would [`PrefixIndex::record`] of `blocks` for `replica` (with
@@ -1297,24 +1366,29 @@ impl PrefixIndex {
         distinct_holders(std::iter::once(r).chain(order.copied()))
     }
 
-    /// `record` at `now_ms`, with the end marks `marks`, merging the
-    /// deepest known block's current holders when `merge`.
+    /// `record` and `record_pending`: write the entries as `how` says.
     fn write<S: SlotStore>(
         &self,
         store: &mut S,
         blocks: &[u64],
         known: Option<&Known>,
         replica: usize,
-        (now_ms, marks, merge, past): (u64, Marks, bool, bool),
-        now: u32,
+        how: Write,
     ) -> usize {
+        let Write {
+            at_ms,
+            now,
+            marks,
+            merge,
+            past,
+        } = how;
         let (paths, marks) = (marks == Marks::Paths, marks != Marks::None);
         let Some(&last) = blocks.last() else {
             return 0;
         };
         let n = blocks.len();
         let r = replica.min(u16::MAX as usize - 1) as u16;
-        let time = decis(now_ms);
+        let time = decis(at_ms);
         let fresh = distinct_holders(std::iter::once(r));
         let alone = Entry {
             tag: 0,
@@ -1355,7 +1429,7 @@ impl PrefixIndex {
         if let Some(k) = known.filter(|_| depth > 0 && !past) {
             // An exact repeat (a retry, the same prompt again) keeps its
             // mark: it proves no other prompt shares the block.
-            let keep = depth == n && marks && k.entry.is_end();
+            let keep = Flag::end(depth == n && marks && k.entry.is_end());
             // The length stamp: this request's block count when it goes on
             // past the block (module docs), else (an exact repeat) kept.
             let stamp = if depth < n {
@@ -1392,7 +1466,8 @@ impl PrefixIndex {
             } else {
                 fresh
             };
-            self.put(store, blocks[p], (time, p + 1 == end_at, now), holders);
+            let flag = Flag::end(p + 1 == end_at);
+            self.put(store, blocks[p], (time, flag, now), holders);
             sets += 1;
             budget -= 1;
         }
@@ -1403,7 +1478,8 @@ impl PrefixIndex {
         let mut w = 0;
         for p in gap_path(end_at, bits).filter(|&p| p >= depth) {
             if let Some(&key) = blocks.get(p) {
-                self.put(store, key, (time, p + 1 == end_at, now), fresh);
+                let flag = Flag::path(p + 1 == end_at);
+                self.put(store, key, (time, flag, now), fresh);
                 sets += 1;
                 if let Some(x) = written.get_mut(w) {
                     *x = p;
@@ -1414,15 +1490,16 @@ impl PrefixIndex {
         let last_path = gap_path(if mark_last && paths { n } else { 0 }, bits);
         for p in last_path.filter(|&p| p >= depth && p + 1 < n && !written[..w].contains(&p)) {
             if let Some(&key) = blocks.get(p) {
-                self.put(store, key, (time, false, now), fresh);
+                self.put(store, key, (time, Flag::Signpost, now), fresh);
                 sets += 1;
             }
         }
         if depth < n {
-            self.put(store, last, (time, mark_last, now), fresh);
+            self.put(store, last, (time, Flag::end(mark_last), now), fresh);
             sets += 1;
             if self.mirrored(n) {
-                self.put(store, mirror_key(last), (time, mark_last, now), fresh);
+                let flag = Flag::end(mark_last);
+                self.put(store, mirror_key(last), (time, flag, now), fresh);
                 sets += 1;
             }
         }
@@ -1522,8 +1599,12 @@ mod tests {
         assert_eq!(Entry::decode(&[0; ENTRY_BYTES]), None);
         assert_eq!(e.with_front(0), pad([Some(0), Some(3), None]));
         assert_eq!(e.with_front(9), pad([Some(9), Some(3), Some(0)]));
-        assert_eq!(tag_of(1 << 48), 1 << 8);
-        assert_eq!(tag_of(0xff), 1 << 8, "the stamp bits are not key bits");
+        assert_eq!(tag_of(1 << 48), 1 << 9);
+        assert_eq!(
+            tag_of(0x1ff),
+            1 << 9,
+            "the stamp and signpost bits are not key bits"
+        );
     }
 
     #[test]
@@ -1772,7 +1853,8 @@ mod tests {
 
     #[test]
     fn a_stale_record_keeps_the_holders_written_since_its_lookup() {
-        let (idx, mut st) = table(IndexConfig::default());
+        // Counts of reads without the search paths of end marks.
+        let (idx, mut st) = table(unmarked());
         // A 40-block prefix held by 0 and 2; a request under it is looked
         // up while they were its only holders.
         idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
@@ -1800,7 +1882,7 @@ mod tests {
         // erases 1.
         let plain = PrefixIndex::new(IndexConfig {
             merge_record: false,
-            ..IndexConfig::default()
+            ..unmarked()
         });
         plain.record(&mut st, &s, Some(&k), 1, 2100);
         st.new_callback();
@@ -1853,7 +1935,7 @@ mod tests {
                 } else {
                     NewHolder::Off
                 },
-                ..IndexConfig::default()
+                ..unmarked()
             });
             idx.record(&mut st, &chain(1, 40, 100, 48), None, 2, 0);
             let b = under(200);
@@ -2222,6 +2304,39 @@ mod tests {
         off.record(&mut st, &t1, None, 2, 0);
         let k = off.lookup(&st, &chain(5, 44, 9, 60), 1000).unwrap();
         assert_eq!((k.depth, k.entry.is_end()), (40, false));
+    }
+
+    #[test]
+    fn signposts_guide_the_search_but_are_never_the_answer() {
+        let (idx, mut st) = marks(true);
+        // Two sessions under one 42-block prompt (past the ladder block 39)
+        // with two blocks of their own, on replicas 2 and 3: the search path
+        // to their end marks (block 42, then 43) runs through the shared
+        // block 41.
+        route(&idx, &mut st, &chain(5, 42, 1, 44), 2, 0);
+        route(&idx, &mut st, &chain(5, 42, 2, 44), 3, 100);
+        let shared = chain(5, 42, 3, 60);
+        assert!(idx.probe(&st, shared[41]).is_some_and(|e| e.is_signpost()));
+        // A third session meets that signpost (written by the last session
+        // alone) and answers with the ladder block, which both hold.
+        let k = idx.lookup(&st, &shared, 1000).unwrap();
+        assert_eq!(k.depth, 40);
+        assert!(!k.entry.is_signpost() && !k.entry.is_end());
+        let h: Vec<usize> = k.entry.holders().collect();
+        assert!(h.contains(&2) && h.contains(&3), "{h:?}");
+        // The next turn of the first session reaches its end mark through it.
+        let next = idx.lookup(&st, &chain(5, 42, 1, 60), 1000).unwrap();
+        let found = (next.depth, next.entry.is_end(), next.entry.holders[0]);
+        assert_eq!(found, (44, true, Some(2)));
+        // An engine-confirmed depth is an answer, not a signpost.
+        idx.confirm(&mut st, &shared, 42, Some(&k), 4, 2000);
+        let k = idx.lookup(&st, &chain(5, 42, 7, 60), 3000).unwrap();
+        let found = (k.depth, k.entry.is_signpost(), k.entry.holders[0]);
+        assert_eq!(found, (42, false, Some(4)));
+        // Off: no signposts, the same ladder block.
+        let (off, mut st) = marks(false);
+        route(&off, &mut st, &chain(5, 42, 1, 44), 2, 0);
+        assert_eq!(off.lookup(&st, &shared, 1000).map(|k| k.depth), Some(40));
     }
 
     #[test]

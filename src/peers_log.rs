@@ -471,11 +471,11 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
 
     /// The stand-in of `slot`'s write when it is a withheld block
     /// (`Some(None)`: withheld, no stand-in); `None`: not withheld.
-    fn withheld(&self, slot: u32, value: &SlotValue) -> Option<Option<(u32, u64)>> {
+    fn withheld(&self, slot: u32, entry: Option<&Entry>) -> Option<Option<(u32, u64)>> {
         if self.withheld.is_empty() {
             return None;
         }
-        let tag = Entry::decode(value)?.key_tag();
+        let tag = entry?.key_tag();
         self.withheld
             .iter()
             .find(|w| w.at.1 == tag && self.sets.same(w.at.0, slot))
@@ -500,22 +500,21 @@ impl<'a, S: SlotStore> Publishing<'a, S> {
                 News::Confirmed => blocks || moved,
                 News::None | News::Reorder => false,
             })
-            .filter_map(|w| match self.withheld(w.0, &w.1) {
-                // The key's own slot, whichever way of its set it is in.
-                None => {
-                    let tag = Entry::decode(&w.1).map_or(0, |e| e.tag);
-                    Some((self.sets.wire_slot(w.0, tag), w.1))
+            .filter_map(|w| {
+                let e = Entry::decode(&w.1);
+                match self.withheld(w.0, e.as_ref()) {
+                    // The key's own slot, whichever way of its set it is in.
+                    None => Some((self.sets.wire_slot(w.0, e.map_or(0, |e| e.tag)), w.1)),
+                    // The deepest known block's placement moves to the
+                    // stand-in; new blocks have their ladder blocks published
+                    // with them.
+                    Some(Some((slot, tag)))
+                        if w.2 == News::Placement || (w.2 == News::Confirmed && moved) =>
+                    {
+                        Some((slot, Entry { tag, ..e? }.encode()))
+                    }
+                    Some(_) => None,
                 }
-                // The deepest known block's placement moves to the
-                // stand-in; new blocks have their ladder blocks published
-                // with them.
-                Some(Some((slot, tag)))
-                    if w.2 == News::Placement || (w.2 == News::Confirmed && moved) =>
-                {
-                    let e = Entry::decode(&w.1)?;
-                    Some((slot, Entry { tag, ..e }.encode()))
-                }
-                Some(_) => None,
             })
             .collect()
     }

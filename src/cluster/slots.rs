@@ -46,6 +46,64 @@ thread_local! {
 /// dozen sets and the pending record after it writes into most of them.
 pub const HELD: usize = 16;
 
+/// The last [`HELD`] keys a store read or wrote in one callback (with
+/// whatever it keeps of them), the oldest replaced first: the policy of
+/// [`SharedSlots`] and of the count of gets of [`crate::index::VecStore`],
+/// one code for both. `same` tells whether two items are of one key.
+/// Cost: a scan of ≤ [`HELD`] items per call, no allocation.
+#[derive(Debug, Clone, Copy)]
+pub struct Memo<T: Copy> {
+    items: [Option<T>; HELD],
+    next: usize,
+}
+
+impl<T: Copy> Memo<T> {
+    /// Nothing kept.
+    pub const fn new() -> Memo<T> {
+        Memo {
+            items: [None; HELD],
+            next: 0,
+        }
+    }
+
+    /// The kept item `is` picks, if any.
+    pub fn find(&self, is: impl Fn(&T) -> bool) -> Option<T> {
+        self.items.iter().flatten().find(|x| is(x)).copied()
+    }
+
+    /// Keep `x`, in place of the item of its key (`same`), else of the
+    /// oldest.
+    pub fn keep(&mut self, x: T, same: impl Fn(&T) -> bool) {
+        let at = self
+            .items
+            .iter()
+            .position(|y| y.as_ref().is_some_and(&same));
+        let at = at.unwrap_or_else(|| {
+            let n = self.next;
+            self.next = (n + 1) % HELD;
+            n
+        });
+        if let Some(y) = self.items.get_mut(at) {
+            *y = Some(x);
+        }
+    }
+
+    /// Forget the items `same` picks.
+    pub fn forget(&mut self, same: impl Fn(&T) -> bool) {
+        for y in self.items.iter_mut() {
+            if y.as_ref().is_some_and(&same) {
+                *y = None;
+            }
+        }
+    }
+}
+
+impl<T: Copy> Default for Memo<T> {
+    fn default() -> Memo<T> {
+        Memo::new()
+    }
+}
+
 /// Two entries: one shared-data value of the paired table.
 type Pair = [u8; 2 * ENTRY_BYTES];
 
@@ -67,10 +125,8 @@ pub struct SharedSlots<'p, D: SharedData + ?Sized> {
     /// Off: every get misses and every set is dropped (the filter's
     /// `slots` ablation probe).
     enabled: bool,
-    /// The keys read or written in this callback, at most [`HELD`], the
-    /// oldest replaced first (`next`).
-    held: RefCell<[Option<Held>; HELD]>,
-    next: Cell<usize>,
+    /// The keys read or written in this callback.
+    held: RefCell<Memo<Held>>,
     /// Host calls that failed during this callback.
     pub failures: Cell<u32>,
 }
@@ -89,8 +145,7 @@ impl<'p, D: SharedData + ?Sized> SharedSlots<'p, D> {
             prefix,
             paired: slots,
             enabled: true,
-            held: RefCell::new([None; HELD]),
-            next: Cell::new(0),
+            held: RefCell::new(Memo::new()),
             failures: Cell::new(0),
         }
     }
@@ -148,34 +203,20 @@ impl<'p, D: SharedData + ?Sized> SharedSlots<'p, D> {
 
     /// The held copy of `key`, if any.
     fn find(&self, key: u32) -> Option<Held> {
-        let all = self.held.try_borrow().ok()?;
-        all.iter().flatten().find(|h| h.key == key).copied()
+        self.held.try_borrow().ok()?.find(|h| h.key == key)
     }
 
     /// Hold `h` (in place of its key's copy, else of the oldest).
     fn keep(&self, h: Held) {
-        let Ok(mut all) = self.held.try_borrow_mut() else {
-            return;
-        };
-        let at = all.iter().position(|x| x.is_some_and(|x| x.key == h.key));
-        let at = at.unwrap_or_else(|| {
-            let n = self.next.get();
-            self.next.set((n + 1) % HELD);
-            n
-        });
-        if let Some(x) = all.get_mut(at) {
-            *x = Some(h);
+        if let Ok(mut all) = self.held.try_borrow_mut() {
+            all.keep(h, |x| x.key == h.key);
         }
     }
 
     /// Forget `key` (a failed or refused write).
     fn drop_key(&self, key: u32) {
         if let Ok(mut all) = self.held.try_borrow_mut() {
-            for x in all.iter_mut() {
-                if x.is_some_and(|x| x.key == key) {
-                    *x = None;
-                }
-            }
+            all.forget(|x| x.key == key);
         }
     }
 
