@@ -69,7 +69,7 @@
 //!   the known ones too restores blocks that colliding keys overwrote, so the
 //!   prefixes in use keep intact ladders while unused ones fade out;
 //! - the last block (so an identical request is found with one get);
-//! - the **end marks** ([`IndexConfig::end_marks`], off by default; not in a pending record,
+//! - the **end marks** ([`IndexConfig::end_marks`], on by default; not in a pending record,
 //!   [`PrefixIndex::record_pending`]): the request's last block (`n − 1`:
 //!   it ends at a message boundary, [`crate::hash`], so the next turn
 //!   shares it) and the one before (`n − 2`: the last whole block when the
@@ -83,7 +83,8 @@
 //!   share of the window. Only a block new to the index gets a mark; the
 //!   deepest known block is rewritten without one, so a block that two
 //!   prompts contain (a system prompt under which short prompts end) loses
-//!   its mark when the second one is recorded.
+//!   its mark when the second one is recorded. The path blocks on the way
+//!   are **signposts** (below).
 //! - without `end_marks`, the **last-block mark** ([`IndexConfig::last_mark`],
 //!   on by default; inert with end marks): the last block, written anyway, carries the mark (no
 //!   search path, no `n − 2` mark: no extra set). A longer prompt finds it
@@ -92,6 +93,22 @@
 //!   prompt and a long answer is then warm (in chat, such turns went cold
 //!   under `min_match`). A pending record writes the same mark, so its
 //!   confirmation changes no tag, and an exact repeat keeps it.
+//!
+//! **Signposts** ([`Entry::is_signpost`], bit 8 of the stored tag): the
+//! blocks of an end mark's search path other than the mark itself. They
+//! are written with the recording replica alone, and a session's path
+//! often runs through the last blocks of a prompt that many sessions share
+//! (they lie in the ladder gap before the session's own blocks). A lookup
+//! that answered with such a block would see one holder where the ladder
+//! block under it has several, and a hot shared prompt would narrow onto
+//! whichever replicas wrote paths last (`agent` at 16 replicas: p90 +30 %,
+//! `docs/benchmarks.md`, "Twenty-second session"). So the gap search
+//! passes through signposts but never answers with one: the answer is the
+//! end mark it reaches, else the deepest ladder block (with the last
+//! block too: a signpost there is not an exact repeat). Blocks that
+//! [`PrefixIndex::confirm`] writes are not signposts (they carry the
+//! prefix's holders): an engine-confirmed depth is an answer. No extra
+//! get or set; peers carry the bit with the tag.
 //!
 //! **Merging records** ([`IndexConfig::merge_record`], on): a record
 //! rewrites the deepest known block with the recorded replica first, then
@@ -604,23 +621,24 @@ pub struct IndexConfig {
     pub new_holder_known: NewHolder,
     /// Seed of the keyed slot hash (per process; see the module docs).
     pub secret: u64,
-    /// Write end marks ([`Entry::is_end`]) with their search paths. Off by
-    /// default. The `n − 2` block (the last whole block when the last one is
-    /// partial) lets the next step of a session find its previous step under
-    /// a long shared prompt, where the ladder has no position between the
-    /// shared prompt's depth and the session's (`agent` at 32 replicas: 502
-    /// of 572 later steps went to another replica without it; hit 94.5 →
-    /// 95.0 %). Measured on in the twenty-first session: hit passes +4, p90
-    /// passes −11 over 292 simulator runs, 29 of them on fresh seeds, where
-    /// `agent` at 16 went from 3 / 3 to 0 / 3 on p90 (−19.7 → +29.8 %).
-    /// Why (twenty-second session): the search paths are written with the
+    /// Write end marks ([`Entry::is_end`]) with their search paths, whose
+    /// blocks are **signposts** ([`Entry::is_signpost`]). On by default
+    /// since the twenty-sixth session. The `n − 2` block (the last whole
+    /// block when the last one is partial) lets the next step of a session
+    /// find its previous step under a long shared prompt, where the ladder
+    /// has no position between the shared prompt's depth and the session's
+    /// (`agent` at 32 replicas: 502 of 572 later steps went to another
+    /// replica without it). The search paths are written with the
     /// recording replica alone and run through a shared prompt's last
-    /// blocks, so a new session's lookup finds one holder there instead of
-    /// the ladder block's several; ignoring such blocks keeps that p90, but
-    /// continuations then wait behind their one holder's queue (heldout p90
-    /// margins, nsblocks light-load p90 passes −6). Also 15–20 % more sets
-    /// per request and peer traffic (`docs/benchmarks.md`, "Twenty-first
-    /// session" and "Twenty-second session").
+    /// blocks; a lookup that stopped there saw one holder instead of the
+    /// ladder block's several (`agent` at 16: p90 +30 %, twenty-second
+    /// session), so a lookup never answers with a signpost: it returns the
+    /// end mark its search reaches, else the ladder block. Measured
+    /// against off (twenty-sixth session, `docs/benchmarks.md`): agent at
+    /// 32 replicas hit passes 0 → 3 of 3 in sample and 0 → 3 of 3 on fresh
+    /// seeds; 263 in-sample runs hit 260 → 261, p90 231 → 232; 29
+    /// fresh-seed runs hit 25 → 28, p90 23 → 23. Costs more sets per
+    /// request (agent at 32: 3.7 → 5.6) and peer traffic.
     pub end_marks: bool,
     /// Without `end_marks`: still mark the request's last block (no search
     /// path, no `n − 2` mark), which `record` writes anyway: no extra set.
@@ -787,7 +805,7 @@ impl Default for IndexConfig {
             rewrite_known: false,
             new_holder_known: NewHolder::Spill,
             secret: 0,
-            end_marks: false,
+            end_marks: true,
             last_mark: true,
             merge_record: true,
             peer_bits: 0,
