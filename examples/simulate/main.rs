@@ -75,7 +75,7 @@ usage: simulate [options]
   --gateways N[,N..]  gateway counts of --gw-modes (default 1,2,4,8)
   --sync-delay-ms D[,D..]  peer delay / engine scrape period (default 0,50,200,1000)
   --gw K=V[,K=V..]    gateway knobs (anchor_block, det_choices, scrape_ms, max_pending,
-                      min_publish, refresh_s, pub_pending, record_at_route, shared_pressure)
+                      min_publish, refresh_s, pub_pending, peer_end_marks, record_at_route, shared_pressure)
 ";
 
 struct Args {

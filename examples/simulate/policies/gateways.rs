@@ -76,6 +76,9 @@ pub struct Knobs {
     pub refresh_s: u32,
     /// Publish pending records too (the filter does not).
     pub pub_pending: bool,
+    /// End marks in `peer` modes (the filter turns them off with `peers`,
+    /// [`prefix_router::router::index_config`]).
+    pub peer_end_marks: bool,
     /// Record at routing instead of at the response (no pending records).
     pub record_at_route: bool,
     /// One set of `spread_cold` counters for all gateways (the upper bound
@@ -177,6 +180,7 @@ impl Default for Knobs {
             min_publish: shipped_peers().0,
             refresh_s: shipped_peers().1,
             pub_pending: false,
+            peer_end_marks: false,
             record_at_route: false,
             shared_pressure: false,
             scale_load: false,
@@ -218,6 +222,7 @@ impl Knobs {
             "min_publish" => self.min_publish = u().ok_or_else(bad)?,
             "refresh_s" => self.refresh_s = u().ok_or_else(bad)? as u32,
             "pub_pending" => self.pub_pending = v == "1" || v == "true",
+            "peer_end_marks" => self.peer_end_marks = v == "1" || v == "true",
             "record_at_route" => self.record_at_route = v == "1" || v == "true",
             "shared_pressure" => self.shared_pressure = v == "1" || v == "true",
             "scale_load" => self.scale_load = v == "1" || v == "true",
@@ -837,6 +842,8 @@ impl Gateways {
                 } else {
                     p.index.peer_bits
                 },
+                // The filter with `peers`: no end marks (`peer_end_marks`).
+                end_marks: p.index.end_marks && (!spec.mode.peer || knobs.peer_end_marks),
                 ..p.index
             }),
             spec,
