@@ -69,8 +69,8 @@
 //!   the known ones too restores blocks that colliding keys overwrote, so the
 //!   prefixes in use keep intact ladders while unused ones fade out;
 //! - the last block (so an identical request is found with one get);
-//! - the **end marks** ([`IndexConfig::end_marks`], on by default; not in a pending record,
-//!   [`PrefixIndex::record_pending`]): the request's last block (`n − 1`:
+//! - the **end marks** ([`IndexConfig::end_marks`], on by default; a pending record,
+//!   [`PrefixIndex::record_pending`], writes the last block's only): the request's last block (`n − 1`:
 //!   it ends at a message boundary, [`crate::hash`], so the next turn
 //!   shares it) and the one before (`n − 2`: the last whole block when the
 //!   last one is a partial block a longer prompt does not share, e.g. a
@@ -623,7 +623,8 @@ pub struct IndexConfig {
     pub secret: u64,
     /// Write end marks ([`Entry::is_end`]) with their search paths, whose
     /// blocks are **signposts** ([`Entry::is_signpost`]). On by default
-    /// since the twenty-sixth session. The `n − 2` block (the last whole
+    /// since the twenty-sixth session; off in a filter with `peers`
+    /// ([`crate::router::index_config`]). The `n − 2` block (the last whole
     /// block when the last one is partial) lets the next step of a session
     /// find its previous step under a long shared prompt, where the ladder
     /// has no position between the shared prompt's depth and the session's
@@ -1271,10 +1272,14 @@ impl PrefixIndex {
         which: PendingBlocks,
     ) -> usize {
         let at = now_ms.saturating_sub(pending_offset_ms(max_age_ms));
-        // The last-block mark is written here too (a continuation cannot
-        // come before the response; the confirming record then writes the
-        // same tag, so peers see a confirmation, not a new block).
-        let marks = if self.cfg.last_mark && !self.cfg.end_marks {
+        // The last-block mark is written here too, with end marks as
+        // without (a continuation cannot come before the response; the
+        // confirming record then writes the same tag, so peers see a
+        // confirmation, published when the request moved its prefix, not a
+        // new block, published only past `min_publish_chars`: without it a
+        // conversation's first turn placed on a new replica stayed unknown
+        // to the other gateways, twenty-sixth session).
+        let marks = if self.cfg.last_mark || self.cfg.end_marks {
             Marks::Last
         } else {
             Marks::None
@@ -2391,6 +2396,15 @@ mod tests {
         let other: Vec<u64> = t1.iter().copied().chain(chain(8, 0, 8, 25)).collect();
         let k = idx.lookup(&st, &other, 2000).unwrap();
         assert_eq!((k.depth, k.entry.is_end()), (5, false));
+        // With end marks too: the confirming record rewrites the last block
+        // with the tag the pending record gave it (peers see a confirmation).
+        let (idx, mut st) = marks(true);
+        idx.record_pending(&mut st, &t1, None, 2, (0, 600_000), PendingBlocks::All);
+        let pending = idx.probe(&st, t1[4]).unwrap();
+        assert!(pending.is_end());
+        let k = idx.lookup(&st, &t1, 1000);
+        idx.record(&mut st, &t1, k.as_ref(), 2, 1000);
+        assert_eq!(idx.probe(&st, t1[4]).map(|e| e.tag), Some(pending.tag));
     }
 
     #[test]
