@@ -116,8 +116,8 @@ pub fn index_config(config: &Config) -> IndexConfig {
         mirror_from: (config.prefix_length / BLOCK_UNITS).max(1),
         max_age_ms: u64::from(a.index_ttl_s) * 1000,
         // Several gateways: no end marks. With them the simulator's chat
-        // lost 1.0–1.2 points of hit rate at N = 2 and 4 gateways, and sync
-        // bytes grew 16–28 % (docs/multi-gateway.md, "Twenty-sixth session").
+        // lost 0.2–0.3 points of hit rate at N = 2 and 4 gateways, and sync
+        // bytes grew 16–33 % (docs/multi-gateway.md, "Twenty-sixth session").
         end_marks: config.peers.is_none(),
         ..IndexConfig::default()
     }
