@@ -2431,6 +2431,7 @@ mod tests {
         assert_eq!(with(default, &cont, &loads), (3, Reason::Warm));
         // Any other prompt under the same prefix moves, and so does the
         // next turn without the margin.
+        assert_eq!(with(1.0, &fan, &loads), (0, Reason::Spill));
         assert_eq!(with(default, &fan, &loads), (0, Reason::Spill));
         assert_eq!(with(0.0, &cont, &loads), (0, Reason::Spill));
         // 6 counts more (60 ms): beyond one standard deviation (56 ms with
