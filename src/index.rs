@@ -3,18 +3,18 @@
 //!
 //! The filter keeps this table in proxy-wasm shared data, which has no delete
 //! and costs ≈ 0.8 µs per get and ≈ 0.2 µs per set, so the index is a
-//! **two-way set-associative table** of `slots` entries behind the
+//! **four-way set-associative table** of `slots` entries behind the
 //! [`SlotStore`] trait (Vec-backed [`VecStore`] in tests and in the
-//! simulator; shared-data-backed in the filter, two slots per key:
+//! simulator; shared-data-backed in the filter, four slots per key:
 //! [`crate::cluster::slots`]). A block key `k` (a seeded chained hash from
 //! [`crate::RoutingKey::blocks`], one per 256 characters of prefix, blocks
 //! ending early at message boundaries) has its own slot
-//! `(k >> 32) % slots` and lives there or in its partner `slot ^ 1`
-//! ([`Sets`]); a write takes the key's slot, else an empty one, else the
-//! least recently used of the two, so memory is bounded and old prefixes
-//! fade out as new ones take their slots (until the twenty-fifth session
-//! the table was direct-mapped: a write overwrote its one slot whatever
-//! it held, [`IndexConfig::ways`] = 1).
+//! `(k >> 32) % slots` and lives there or in one of its set's other three
+//! slots `slot ^ i` ([`Sets`]); a write takes the key's slot, else an
+//! empty one, else the least recently used of the four, so memory is
+//! bounded and old prefixes fade out as new ones take their slots (until
+//! the twenty-fifth session the table was direct-mapped, [`IndexConfig::ways`]
+//! = 1; until the twenty-eighth it was two-way).
 //!
 //! **Keyed placement.** Block keys are hashes of public text, so anyone could
 //! compute which slot a prefix lives in and aim junk at it. The slot and the
@@ -278,9 +278,10 @@ pub fn slot_key_into(buf: &mut String, prefix: &str, slot: u32) {
 }
 
 /// Table slots stored under one shared-data key by the filter
-/// (`src/filter/slots.rs`): slots `2k` and `2k + 1`, a two-way set
-/// ([`Sets`]), so a probe or a write reads its set with one get.
-pub const SLOTS_PER_KEY: u32 = 2;
+/// (`src/filter/slots.rs`): slots `4k` to `4k + 3`, a four-way set
+/// ([`Sets`], [`IndexConfig::ways`] 4), so a probe or a write reads its set
+/// with one get.
+pub const SLOTS_PER_KEY: u32 = 4;
 
 /// In-memory slot table (tests, simulator). Counts gets and sets as the
 /// filter's host calls: table slots are read [`SLOTS_PER_KEY`] at a time
@@ -367,8 +368,8 @@ impl SlotStore for VecStore {
     fn set(&mut self, slot: u32, value: SlotValue) {
         self.sets += 1;
         if (slot as usize) < self.slots.len() {
-            // The filter writes the key's two slots together: it needs the
-            // other one (read unless the key is kept).
+            // The filter writes the key's slots together: it needs the
+            // others (read unless the key is kept).
             self.read_key(slot);
         }
         if let Some(s) = self.slots.get_mut(slot as usize) {
@@ -669,10 +670,12 @@ pub struct IndexConfig {
     /// block is also written at a second, independent slot, and a lookup
     /// whose last block is missing probes it. 0: off.
     pub mirror_from: usize,
-    /// **Ways per set** ([`Sets`]): 1 = direct-mapped; 2 (the default) =
-    /// a key lives in its slot or in its partner `slot ^ 1`, a write
-    /// taking the key's own place, else an empty one, else the one used
-    /// least recently. Powers of two up to 8.
+    /// **Ways per set** ([`Sets`]): 1 = direct-mapped; 4 (the default,
+    /// [`SLOTS_PER_KEY`]: the filter's one shared-data value per set) = a
+    /// key lives in one of the four slots `slot ^ i`, a write taking the
+    /// key's own place, else an empty one, else the one used least
+    /// recently. Powers of two up to 8 (more than [`SLOTS_PER_KEY`] would
+    /// cost the filter a get per key of the set).
     pub ways: u32,
     /// Entries older than this are stale (the affinity TTL, set by
     /// [`crate::Router::new`]; 0: unknown). Only ranks a set's victims:
@@ -811,7 +814,7 @@ impl Default for IndexConfig {
             merge_record: true,
             peer_bits: 0,
             mirror_from: 0,
-            ways: 2,
+            ways: SLOTS_PER_KEY,
             max_age_ms: 0,
         }
     }
@@ -1724,6 +1727,34 @@ mod tests {
     }
 
     #[test]
+    fn the_default_four_ways_keep_four_keys_of_a_slot_and_evict_the_least_recently_used() {
+        let (idx, mut st) = table(IndexConfig {
+            slots: 64,
+            ..IndexConfig::default()
+        });
+        assert_eq!(idx.sets().ways, 4);
+        let want = idx.slot(1);
+        let keys: Vec<u64> = (1u64..).filter(|&k| idx.slot(k) == want).take(5).collect();
+        let found = |st: &VecStore, k: u64, now: u64| idx.lookup(st, &[k], now).is_some();
+        for (i, &k) in keys[..4].iter().enumerate() {
+            idx.record(&mut st, &[k], None, 1, 10_000 * i as u64);
+        }
+        assert!(keys[..4].iter().all(|&k| found(&st, k, 40_000)));
+        // The first used again: the second is the least recently used.
+        let k0 = idx.lookup(&st, &[keys[0]], 50_000);
+        idx.record(&mut st, &[keys[0]], k0.as_ref(), 1, 50_000);
+        idx.record(&mut st, &[keys[4]], None, 2, 60_000);
+        let got: Vec<bool> = keys.iter().map(|&k| found(&st, k, 60_000)).collect();
+        assert_eq!(got, [true, false, true, true, true]);
+        // One shared-data key per set: a lookup reads the set with one get.
+        st.new_callback();
+        let g = st.gets();
+        assert!(keys.iter().all(|&k| idx.slot(k) / SLOTS_PER_KEY == want / SLOTS_PER_KEY));
+        let _ = idx.lookup(&st, &[keys[3]], 60_000);
+        assert_eq!(st.gets() - g, 1);
+    }
+
+    #[test]
     fn a_peer_batch_names_a_key_by_its_own_slot_whichever_way_it_is_in() {
         for slots in [64u32, 1 << 16, 1 << 18, 3000] {
             let (idx, mut st) = table(IndexConfig {
@@ -1761,9 +1792,11 @@ mod tests {
     #[test]
     fn a_pending_entry_counts_from_its_write_and_a_stale_one_goes_first() {
         let max_age = 600_000;
+        // Two ways: three keys of one slot compete for them.
         let (idx, mut st) = table(IndexConfig {
             slots: 64,
             max_age_ms: max_age,
+            ways: 2,
             ..IndexConfig::default()
         });
         let [a, b, c] = same_slot(&idx);

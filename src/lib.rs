@@ -9,7 +9,7 @@
 //!   [`config`] (serde + validation), [`extract`] and [`json`] (body → prefix
 //!   text, one zero-copy pass), [`hash`] (chained block hashes, [`blockhash`]), [`ring`]
 //!   (consistent hashing with virtual nodes), [`select`] (bounded-load
-//!   selection), [`index`] (two-way set-associative index of recently routed blocks),
+//!   selection), [`index`] (four-way set-associative index of recently routed blocks),
 //!   [`affinity`] (longest known prefix, cost-aware spill), [`cost`] (prices
 //!   learned from observed TTFT), [`decision`] (the reason of every decision),
 //!   [`router`] (the facade), [`engine`] (load the replicas report in their

@@ -15,13 +15,13 @@
 //! - [`view`]: one worker's routing view of a snapshot (the [`crate::Router`]
 //!   over its addresses, availability, holder ids) and [`view::AddrSlots`],
 //!   which keeps the prefix index's holders as address ids, not list positions.
-//! - [`slots`]: the prefix index's slot table on [`shared::SharedData`], two
-//!   slots (one two-way set) per key.
+//! - [`slots`]: the prefix index's slot table on [`shared::SharedData`], four
+//!   slots (one four-way set) per key.
 //!
 //! Keys (namespace `prefix_router/<plugin name>/`, no configuration hash, so
 //! a configuration push or a membership change keeps counts and index):
 //! `members`, `lease`, `inflight`, `down`, `engine`, `rr`, and the index's
-//! `i/<k>` (two slots per key: at most `index_slots / 2`, [`slots`], plus
+//! `i/<k>` (four slots per key: at most `index_slots / 4`, [`slots`], plus
 //! the reserved slots of [`crate::pressure`] and [`crate::share`]). The set is fixed: it never grows with
 //! pushes, generations or hosts (hosts live *inside* the table values, pruned
 //! when they leave and hold nothing).

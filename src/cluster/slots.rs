@@ -1,14 +1,14 @@
 //! The `affinity` prefix index's slot table in shared data ([`SharedData`]:
 //! proxy-wasm's in the filter, `src/filter/slots.rs`; [`super::shared::MockShared`] in tests).
 //!
-//! **Two slots per key.** Table slots `2k` and `2k + 1` (one two-way set,
-//! [`crate::index::Sets`]) share the key `prefix_router/<plugin>/i/<k>`
+//! **Four slots per key.** Table slots `4k` to `4k + 3` (one four-way set,
+//! [`crate::index::Sets`], [`SLOTS_PER_KEY`]) share the key `prefix_router/<plugin>/i/<k>`
 //! (no configuration fingerprint: a push keeps the index; holders are
 //! address ids, see [`crate::cluster::view::AddrSlots`]), whose value is
-//! their two [`ENTRY_BYTES`]-byte (24) entries, `2k` first (an all-zero
+//! their four [`ENTRY_BYTES`]-byte (24) entries, `4k` first (an all-zero
 //! entry: empty). So a probe or a write reads its whole set with one get,
-//! and the table holds `index_slots / 2` keys (the per-key overhead of
-//! Envoy's map, about 150 bytes, is paid once per two entries).
+//! and the table holds `index_slots / 4` keys (the per-key overhead of
+//! Envoy's map, about 150 bytes, is paid once per four entries).
 //! Slots past the table (the reserved ones of [`crate::pressure`] and
 //! [`crate::share`]) keep one key each, `…/i/<slot>` with one entry.
 //!
@@ -16,7 +16,7 @@
 //! (values and CAS) for its own lifetime, one host callback: a get of a
 //! slot under one of them is free (the other slot of a set just probed,
 //! a set the lookup probed and the pending record then writes), and a set
-//! writes the key's two entries with the one it does not change taken
+//! writes the key's four entries with the three it does not change taken
 //! from there (a set of a slot under another key reads that key first). The write is conditional on
 //! the CAS read with it; on a mismatch (another worker wrote the set in
 //! between) the key is read again and written once more, unconditionally
@@ -25,10 +25,10 @@
 //! the index is approximate by design, so a lost write between two
 //! workers in the same microseconds is acceptable, a lost *other* entry
 //! is what the CAS avoids. A value of another length (an older filter's
-//! single entry under the same key) reads as two empty slots and is
-//! overwritten. Shared data has no delete, which the design expects:
+//! single entry or two-way pair under the same key) reads as four empty
+//! slots and is overwritten. Shared data has no delete, which the design expects:
 //! a slot is only ever overwritten, so memory stays bounded by
-//! `index_slots / 2` keys. Costs: get ≈ 0.8 µs, set ≈ 0.2 µs. Host
+//! `index_slots / 4` keys. Costs: get ≈ 0.8 µs, set ≈ 0.2 µs. Host
 //! failures read as "unknown" and are counted, never fatal. Keys are
 //! written into one reused per-VM buffer ([`slot_key_into`]): no
 //! allocation or `format!` per get/set.
@@ -104,8 +104,8 @@ impl<T: Copy> Default for Memo<T> {
     }
 }
 
-/// Two entries: one shared-data value of the paired table.
-type Pair = [u8; 2 * ENTRY_BYTES];
+/// A set's entries: one shared-data value of the index table.
+type Pair = [u8; SLOTS_PER_KEY as usize * ENTRY_BYTES];
 
 /// A key read or written in this callback: its number, value and CAS (0
 /// after our own write: the host's new CAS is not known).
@@ -120,7 +120,7 @@ struct Held {
 pub struct SharedSlots<'p, D: SharedData + ?Sized> {
     shared: &'p D,
     prefix: &'p str,
-    /// Slots stored two per key (`0..paired`); 0: every slot alone.
+    /// Slots stored [`SLOTS_PER_KEY`] per key (`0..paired`); 0: every slot alone.
     paired: u32,
     /// Off: every get misses and every set is dropped (the filter's
     /// `slots` ablation probe).
@@ -137,7 +137,7 @@ impl<'p, D: SharedData + ?Sized> SharedSlots<'p, D> {
         SharedSlots::index(shared, prefix, 0)
     }
 
-    /// The prefix index under `prefix`: slots below `slots` two per key,
+    /// The prefix index under `prefix`: slots below `slots` four per key,
     /// the reserved ones above it alone (see the module docs).
     pub fn index(shared: &'p D, prefix: &'p str, slots: u32) -> SharedSlots<'p, D> {
         SharedSlots {
@@ -178,7 +178,7 @@ impl<'p, D: SharedData + ?Sized> SharedSlots<'p, D> {
         self.failures.set(self.failures.get() + 1);
     }
 
-    /// The two entries under `key`, read unless held (a failed read: two
+    /// The entries under `key`, read unless held (a failed read: four
     /// empty slots, not held).
     fn pair(&self, key: u32) -> Option<Held> {
         if let Some(h) = self.find(key) {
@@ -189,7 +189,7 @@ impl<'p, D: SharedData + ?Sized> SharedSlots<'p, D> {
                 key,
                 pair: v
                     .and_then(|v| <Pair>::try_from(v.as_slice()).ok())
-                    .unwrap_or([0; 2 * ENTRY_BYTES]),
+                    .unwrap_or([0; SLOTS_PER_KEY as usize * ENTRY_BYTES]),
                 cas,
             },
             Err(_) => {
@@ -220,7 +220,7 @@ impl<'p, D: SharedData + ?Sized> SharedSlots<'p, D> {
         }
     }
 
-    /// Write `value` into half `half` of `key`'s pair (see the module docs).
+    /// Write `value` into way `half` of `key`'s set (see the module docs).
     fn set_paired(&mut self, key: u32, half: usize, value: &SlotValue) {
         for attempt in 0..2 {
             let Some(mut h) = self.pair(key) else {
@@ -303,7 +303,7 @@ mod tests {
     }
 
     #[test]
-    fn two_slots_share_a_key_and_reserved_slots_keep_theirs() {
+    fn a_set_s_four_slots_share_a_key_and_reserved_slots_keep_theirs() {
         let m = MockShared::new();
         let mut s = SharedSlots::index(&m, "p/", 64);
         s.set(6, entry(5, 10));
@@ -311,15 +311,18 @@ mod tests {
         s.set(u32::MAX, entry(3, 12));
         assert_eq!(
             m.keys(),
-            vec!["p/i/3".to_string(), "p/i/ffffffff".to_string()]
+            vec!["p/i/1".to_string(), "p/i/ffffffff".to_string()]
         );
-        // A fresh callback reads the set with one get, both halves intact.
+        // A fresh callback reads the set (slots 4-7) with one get, every
+        // way intact; the next set is another key.
         let t = SharedSlots::index(&m, "p/", 64);
         let calls = m.calls.get();
         assert_eq!(t.get(6), Some(entry(5, 10)));
         assert_eq!(t.get(7), Some(entry(9, 11)));
-        assert_eq!(t.get(4), None);
-        assert_eq!(m.calls.get() - calls, 2, "keys 3 and 2");
+        assert_eq!((t.get(4), t.get(5)), (None, None));
+        assert_eq!(m.calls.get() - calls, 1, "key 1");
+        assert_eq!(t.get(8), None);
+        assert_eq!(m.calls.get() - calls, 2, "keys 1 and 2");
         assert_eq!(t.get(u32::MAX), Some(entry(3, 12)));
         // Unpaired (another table): one key per slot.
         let mut u = SharedSlots::new(&m, "q/");
@@ -333,20 +336,24 @@ mod tests {
         let m = MockShared::new();
         let mut s = SharedSlots::index(&m, "p/", 1024);
         let held = HELD as u32;
+        let w = SLOTS_PER_KEY;
         for k in 0..held {
-            assert_eq!(s.get(2 * k), None);
+            assert_eq!(s.get(w * k), None);
         }
         // Their other slots, and writes into them: no read.
         let calls = m.calls.get();
         for k in 0..held {
-            assert_eq!(s.get(2 * k + 1), None);
+            for i in 1..w {
+                assert_eq!(s.get(w * k + i), None);
+            }
         }
-        s.set(5, entry(9, 11));
+        let x = 2 * w + 1;
+        s.set(x, entry(9, 11));
         assert_eq!(m.calls.get() - calls, 1, "the write alone");
         // One key more replaces the oldest (key 0): read again.
-        assert_eq!(s.get(2 * held), None);
+        assert_eq!(s.get(w * held), None);
         let calls = m.calls.get();
-        assert_eq!((s.get(0), s.get(5)), (None, Some(entry(9, 11))));
+        assert_eq!((s.get(0), s.get(x)), (None, Some(entry(9, 11))));
         assert_eq!(m.calls.get() - calls, 1, "key 0 only");
     }
 
@@ -356,7 +363,7 @@ mod tests {
         SharedSlots::index(&m, "p/", 64).set(7, entry(8, 1));
         let mut a = SharedSlots::index(&m, "p/", 64);
         let mut b = SharedSlots::index(&m, "p/", 64);
-        // Both callbacks read set 3; b writes slot 7, then a writes slot 6
+        // Both callbacks read set 1; b writes slot 7, then a writes slot 6
         // with the CAS of its stale read: refused, read again, b's kept.
         // (A key's first write cannot be conditional: proxy-wasm has no
         // create-if-absent, CAS 0 writes unconditionally.)
@@ -383,13 +390,16 @@ mod tests {
     #[test]
     fn failures_and_foreign_values_read_as_empty() {
         let m = MockShared::new();
-        // An older filter's single entry under a pair key: two empty
-        // slots, overwritten whole by the next write.
-        m.set("p/i/3", &entry(5, 10), 0).unwrap();
+        // An older filter's single entry or two-way pair under a set's
+        // key: four empty slots, overwritten whole by the next write.
+        for old in [entry(5, 10).to_vec(), [entry(5, 10), entry(6, 10)].concat()] {
+            m.set("p/i/1", &old, 0).unwrap();
+            let s = SharedSlots::index(&m, "p/", 64);
+            assert_eq!((s.get(4), s.get(5), s.get(6), s.get(7)), (None, None, None, None));
+        }
         let mut s = SharedSlots::index(&m, "p/", 64);
-        assert_eq!((s.get(6), s.get(7)), (None, None));
         s.set(7, entry(9, 11));
-        assert_eq!(m.get("p/i/3").unwrap().0.map(|v| v.len()), Some(48));
+        assert_eq!(m.get("p/i/1").unwrap().0.map(|v| v.len()), Some(96));
         // A failed read: unknown, counted; a failed write: counted.
         let t = SharedSlots::index(&m, "p/", 64);
         m.fail_next.set(1);

@@ -1,5 +1,5 @@
 //! The `affinity` prefix index's slot table in proxy-wasm shared data: the
-//! core's [`crate::cluster::slots::SharedSlots`] (two slots per key, the
+//! core's [`crate::cluster::slots::SharedSlots`] (four slots per key, the
 //! last 16 keys held for one callback, CAS on writes; costs and layout there)
 //! on the host's shared data, switched off by the `slots` ablation probe.
 
