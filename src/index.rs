@@ -1749,7 +1749,9 @@ mod tests {
         // One shared-data key per set: a lookup reads the set with one get.
         st.new_callback();
         let g = st.gets();
-        assert!(keys.iter().all(|&k| idx.slot(k) / SLOTS_PER_KEY == want / SLOTS_PER_KEY));
+        assert!(keys
+            .iter()
+            .all(|&k| idx.slot(k) / SLOTS_PER_KEY == want / SLOTS_PER_KEY));
         let _ = idx.lookup(&st, &[keys[3]], 60_000);
         assert_eq!(st.gets() - g, 1);
     }

@@ -395,7 +395,10 @@ mod tests {
         for old in [entry(5, 10).to_vec(), [entry(5, 10), entry(6, 10)].concat()] {
             m.set("p/i/1", &old, 0).unwrap();
             let s = SharedSlots::index(&m, "p/", 64);
-            assert_eq!((s.get(4), s.get(5), s.get(6), s.get(7)), (None, None, None, None));
+            assert_eq!(
+                (s.get(4), s.get(5), s.get(6), s.get(7)),
+                (None, None, None, None)
+            );
         }
         let mut s = SharedSlots::index(&m, "p/", 64);
         s.set(7, entry(9, 11));
