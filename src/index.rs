@@ -708,11 +708,18 @@ impl IndexConfig {
 /// fifth of the live keys are lost; with two ways a write evicts the older
 /// of two entries, and a key is lost only when both slots hold newer keys
 /// (the simulator's full-scale chat workload at 16 and 32 replicas: hit
-/// rate +0.4 points, `docs/benchmarks.md`, "Twenty-fifth session").
-/// Cost: a probe that misses its own slot reads the partner (one more get),
-/// and a write reads its set first (two gets; the filter stores a set's
-/// slots under one shared-data key, [`crate::index`] module docs, so it is
-/// one get there). Invariant: a key is written to at most one slot of its
+/// rate +0.4 points, `docs/benchmarks.md`, "Twenty-fifth session"). Two
+/// ways still lost a live key whenever two newer ones landed in its set:
+/// in that workload at 32 replicas (262 144 slots, 54 % in use) 341 of
+/// 35 600 next turns found only the system prompt, their first turn's
+/// end mark evicted in the 10–60 s before they came, 0.2 points of hit
+/// rate; with four ways 76 (with 1 048 576 two-way slots, 27), and the
+/// full-scale chat rows reach the best baseline's hit rate
+/// (`docs/benchmarks.md`, "Twenty-eighth session"). Cost: a probe that
+/// misses its own slot reads the set's other slots, and a write reads its
+/// set first; the filter stores a set's slots under one shared-data key
+/// ([`SLOTS_PER_KEY`]), so either is one get (as [`VecStore`] counts it)
+/// and a scan of four 24-byte entries. Invariant: a key is written to at most one slot of its
 /// set by one write; two copies of one key (two gateways' writes merged
 /// into different ways) are both valid, the probe reads the first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
