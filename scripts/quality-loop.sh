@@ -7,8 +7,8 @@
 # SETS (comma-separated): accept (heldout 21-28 at 7/16/32, nsblocks 21-28 at 7, time scale 0.35),
 # ns (nsblocks 31-50 at seven loads), oos (agent, bursty, uniqmix 1-3 at 7/16/32), longdoc (1-6 at
 # 7/16/32; oosgen.py families at time scale 0.3 / 0.15 / 0.12 / 0.2 x 7 / N),
-# heldload (heldout 21-28 at 7 x 0.15 and 0.08), shipped (the shipped trace at 7/16/32, seeds
-# 1-5), public (Mooncake's FAST25 synthetic_trace.jsonl at 7/16/32, seeds 1-5; needs
+# heldload (heldout 21-28 at 7 x 0.15 and 0.08), shipped (the workspace's Mooncake conversation
+# trace at 7/16/32, seeds 1-5; SHIPPED_TRACE=FILE, by default ../shared/traces/...), public (Mooncake's FAST25 synthetic_trace.jsonl at 7/16/32, seeds 1-5; needs
 # PUBLIC_TRACE=FILE, skipped without it), fresh (agent/bursty/uniqmix 4-6, nsblocks 51-54:
 # seeds no rule was tuned on), fresh2 (heldout 31-38 at 7/16/32, nsblocks 55-62 at three loads,
 # uniqmix/agent 7-8).
@@ -19,7 +19,7 @@
 # (criterion.py merges the rows of one case from several files by policy name).
 # A run is `simulate --seeds 1` (one secret per trace seed); traces are written once under
 # OUT/traces. Runs already in OUT are kept (delete OUT to start again). Prints one criterion
-# table per set and writes OUT/summary.md. 2 cores: about 15 min for every set.
+# table per set and writes OUT/summary.md. 2 cores: about 26 min for every set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-.work/quality}
@@ -95,15 +95,22 @@ if want heldload; then
     for sc in 0.15 0.08; do run "heldout-7-$sc" "heldout-$s-7" "$(trace heldout $s)" 7 $sc; done
   done
 fi
+SHIPPED_TRACE=${SHIPPED_TRACE:-../shared/traces/mooncake_conversation_trace.jsonl}
 if want shipped; then
-  for s in 1 2 3 4 5; do
-    for load in 7:0.35 16:0.153 32:0.0766; do
-      n=${load%%:*} sc=${load#*:}
-      run shipped "shipped-$s-$n" /work/shared/traces/mooncake_conversation_trace.jsonl "$n" "$sc" "$s"
+  if [[ -s $SHIPPED_TRACE ]]; then
+    for s in 1 2 3 4 5; do
+      for load in 7:0.35 16:0.153 32:0.0766; do
+        n=${load%%:*} sc=${load#*:}
+        run shipped "shipped-$s-$n" "$SHIPPED_TRACE" "$n" "$sc" "$s"
+      done
     done
-  done
+  else
+    echo "shipped: no trace at $SHIPPED_TRACE (set SHIPPED_TRACE=FILE); skipped" >&2
+  fi
 fi
-if want public && [[ -n ${PUBLIC_TRACE:-} ]]; then
+if want public && [[ -z ${PUBLIC_TRACE:-} ]]; then
+  echo "public: PUBLIC_TRACE=FILE not set; skipped" >&2
+elif want public; then
   for s in 1 2 3 4 5; do
     for load in 7:0.35 16:0.153 32:0.0766; do
       n=${load%%:*} sc=${load#*:}
