@@ -95,29 +95,24 @@ if want heldload; then
     for sc in 0.15 0.08; do run "heldout-7-$sc" "heldout-$s-7" "$(trace heldout $s)" 7 $sc; done
   done
 fi
-SHIPPED_TRACE=${SHIPPED_TRACE:-../shared/traces/mooncake_conversation_trace.jsonl}
-if want shipped; then
-  if [[ -s $SHIPPED_TRACE ]]; then
-    for s in 1 2 3 4 5; do
-      for load in 7:0.35 16:0.153 32:0.0766; do
-        n=${load%%:*} sc=${load#*:}
-        run shipped "shipped-$s-$n" "$SHIPPED_TRACE" "$n" "$sc" "$s"
-      done
-    done
-  else
-    echo "shipped: no trace at $SHIPPED_TRACE (set SHIPPED_TRACE=FILE); skipped" >&2
+# mooncake SET FILE: a Mooncake trace at 7/16/32 replicas (0.35 x 7 / N), secret seeds 1-5
+mooncake() {
+  local set=$1 tr=$2 s load n sc
+  if [[ -z $tr || ! -s $tr ]]; then
+    echo "$set: no trace (${tr:-unset}; set ${3}=FILE); skipped" >&2
+    return 0
   fi
-fi
-if want public && [[ -z ${PUBLIC_TRACE:-} ]]; then
-  echo "public: PUBLIC_TRACE=FILE not set; skipped" >&2
-elif want public; then
   for s in 1 2 3 4 5; do
     for load in 7:0.35 16:0.153 32:0.0766; do
       n=${load%%:*} sc=${load#*:}
-      run public "public-$s-$n" "$PUBLIC_TRACE" "$n" "$sc" "$s"
+      run "$set" "$set-$s-$n" "$tr" "$n" "$sc" "$s"
     done
   done
+}
+if want shipped; then
+  mooncake shipped "${SHIPPED_TRACE:-../shared/traces/mooncake_conversation_trace.jsonl}" SHIPPED_TRACE
 fi
+if want public; then mooncake public "${PUBLIC_TRACE:-}" PUBLIC_TRACE; fi
 if want fresh; then
   for k in agent:4 agent:5 agent:6 bursty:4 bursty:5 uniqmix:4 uniqmix:5; do
     for n in 7 16 32; do run fresh "${k%%:*}-${k#*:}-$n" "$(trace ${k%%:*} ${k#*:})" $n "$(scale_for ${k%%:*} $n)"; done
