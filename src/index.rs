@@ -1693,12 +1693,11 @@ mod tests {
         assert_eq!(idx.record(&mut st, &a[..200], None, 3, 0), 27);
     }
 
-    /// Three block keys whose own slot is the same, in a `slots` table.
-    fn same_slot(idx: &PrefixIndex) -> [u64; 3] {
+    /// `N` block keys whose own slot is the same (key 1's), in a `slots` table.
+    fn same_slot<const N: usize>(idx: &PrefixIndex) -> [u64; N] {
         let want = idx.slot(1);
-        let mut k = (2u64..).filter(|&k| idx.slot(k) == want);
-        let mut next = || k.next().unwrap_or(0);
-        [1, next(), next()]
+        let mut k = (1u64..).filter(|&k| idx.slot(k) == want);
+        std::array::from_fn(|_| k.next().unwrap_or(0))
     }
 
     #[test]
@@ -1741,7 +1740,7 @@ mod tests {
         });
         assert_eq!(idx.sets().ways, 4);
         let want = idx.slot(1);
-        let keys: Vec<u64> = (1u64..).filter(|&k| idx.slot(k) == want).take(5).collect();
+        let keys: [u64; 5] = same_slot(&idx);
         let found = |st: &VecStore, k: u64, now: u64| idx.lookup(st, &[k], now).is_some();
         for (i, &k) in keys[..4].iter().enumerate() {
             idx.record(&mut st, &[k], None, 1, 10_000 * i as u64);
