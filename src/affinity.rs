@@ -433,6 +433,32 @@
 //! prefixes give them the second holders later requests use. Cost: one
 //! square root per warm decision that reaches the spill rule.
 //!
+//! **Branch weight** ([`AffinityConfig::branch_weight`], 2): a request
+//! that **fans out** from its known prefix ([`fan_out`]: a new conversation
+//! under a shared system prompt, another question on a document, a new task
+//! under an agent's tool prompt) and whose holder is within the load bound
+//! pays the spill rule's in-flight gap twice: once for its own wait, once
+//! for the next request of the session it starts, which follows it to
+//! whichever replica it lands on (that request is a continuation, held
+//! there by the continuation margin), and moving it gives the shared prefix
+//! a holder that the next branches share. A continuation, or a prompt that
+//! goes deeper than anyone before it, pays the gap once. Why: on the
+//! full-scale chat workload at 32 replicas the flood of first turns (12 000
+//! conversations in 12 s) piled onto the 7 listed holders of the system
+//! prompt (105–185 in flight while others ran 1–12, 2–4 s in; the gap at
+//! the learned 0.055 ms per request never beat the 9.6 ms re-prefill of 192
+//! tokens): p90 49.8 / 52.9 / 57.7 ms at 50 / 80 / 95 % against SGLang
+//! tuned's 49.2 / 54.3 / 59.1, the one full-mode p90 miss. With the
+//! weight: 49.5 / 52.1 / 55.9 ms (50 %: within the paired CI), hit rates
+//! unchanged (5 seeds); over the 352 runs of `scripts/quality-loop.sh` hit
+//! passes 350 → 350, p90 passes 308 → 308 (`docs/benchmarks.md`,
+//! "Twenty-ninth session"). A weight of 4 gave 48 ms (one seed) but cost
+//! `agent` at 32 replicas up to 0.35 points (a 6 000–14 000-token tool
+//! prompt re-prefilled on each new holder); 8: hit passes 350 → 336. The
+//! gap doubled for every request (not only branches): chat 32 × 95 %
+//! −0.22 points. Cost: one multiplication per warm decision that reaches
+//! the spill rule.
+//!
 //! **Slot wait** ([`AffinityConfig::slot_wait`], on): a request sent to a
 //! holder over the threshold (the engine's sequence limit) waits for
 //! running sequences to finish before its prefill starts; one frees every
@@ -505,6 +531,11 @@ pub struct AffinityConfig {
     /// conversation's next turn off its holder within the bound must save
     /// beyond its re-prefill. 0: off.
     pub continuation_margin: f64,
+    /// **Branch weight** (module docs): how many times the spill rule
+    /// counts the in-flight gap of a request that branches off its known
+    /// prefix, at a holder within the load bound; values under 1 count as 1
+    /// (off).
+    pub branch_weight: f64,
     /// Write a pending index record at routing for cold and spilled requests
     /// ([`crate::index::PrefixIndex::record_pending`]).
     pub record_pending: bool,
@@ -695,6 +726,7 @@ impl Default for AffinityConfig {
             anchor_cold: false,
             spread_cold: true,
             continuation_margin: 2.0,
+            branch_weight: 2.0,
             record_pending: true,
             continuation: true,
             share_factor: DEFAULT_SHARE_FACTOR,
@@ -1423,7 +1455,14 @@ fn decide(
                 // band, or at the concurrency threshold: its queued
                 // prefill counts too.
                 let queue = if in_bound(h) {
-                    spill_extra(&v, h, a)
+                    // A new branch pays the gap for the session it starts
+                    // too (module docs, "Branch weight").
+                    let weight = if branches {
+                        cfg.branch_weight.max(1.0)
+                    } else {
+                        1.0
+                    };
+                    weight * spill_extra(&v, h, a)
                 } else {
                     queued_extra(&v, (h, a), light(h) && !at_threshold(h))
                 };
@@ -2404,7 +2443,9 @@ mod tests {
         // 15, the rest 16 (mean 16.3, √mean ≈ 4 counts): keeping 3 costs
         // 4 × 10 ms = 40 ms of wait, over the re-prefill, within it plus
         // one standard deviation of a count at the wait price (40.4 ms).
-        let k = key(7, 8);
+        // The prompt is 10 blocks: a next turn goes on past the turn before
+        // (a whole known key would be an exact repeat, a branch).
+        let k = key(7, 10);
         let mut loads = [16u32; 7];
         loads[3] = 19;
         loads[0] = 15;
@@ -2443,6 +2484,50 @@ mod tests {
         // A wait beyond two standard deviations moves it (11 counts more).
         loads[3] = 26;
         assert_eq!(with(default, &cont, &loads), (0, Reason::Spill));
+    }
+
+    #[test]
+    fn a_new_branch_prices_its_in_flight_gap_twice() {
+        // 8 of 10 blocks (512 tokens) known on replica 3: their re-prefill
+        // costs 15.4 ms at 30 ms per 1 000. Replica 3 runs 17 requests, the
+        // others 16: keeping 3 costs one in-flight request's wait, 10 ms.
+        let k = key(7, 10);
+        let mut loads = [16u32; 7];
+        loads[3] = 17;
+        let at = |stamp: u64, end: bool| {
+            let mut kn = known(8, &[3], 0);
+            kn.entry.tag = (1 << 8) | stamp | if end { 1 << 47 } else { 0 };
+            kn
+        };
+        // An earlier request of 10 blocks went on past the known prefix:
+        // this one branches off it (a new session under a shared prompt).
+        let branch = at(10, false);
+        // Nobody went past it (a deeper prompt extending it), or it ends on
+        // an end mark (a conversation's next turn).
+        let (deeper, next) = (at(0, false), at(10, true));
+        let with = |weight: f64, kn: &Known, loads: &[u32]| {
+            let cfg = AffinityConfig {
+                branch_weight: weight,
+                ..AffinityConfig::default()
+            };
+            let req = request(&k, Some(kn), Loads::new(loads));
+            let c = choose(&ring(7), &req, &cost(), &cfg);
+            (c.primary, c.reason)
+        };
+        let default = AffinityConfig::default().branch_weight;
+        assert_eq!(default, 2.0);
+        // The branch moves at the default (20 ms of wait over 15.4 ms of
+        // re-prefill), stays with the weight off (1: 10 ms).
+        let (to, why) = with(default, &branch, &loads);
+        assert_eq!(why, Reason::Spill);
+        assert_ne!(to, 3);
+        assert_eq!(with(1.0, &branch, &loads), (3, Reason::Warm));
+        // The others are priced once: they stay.
+        assert_eq!(with(default, &deeper, &loads), (3, Reason::Warm));
+        assert_eq!(with(default, &next, &loads), (3, Reason::Warm));
+        // Equal loads: nothing to gain, the branch stays too.
+        loads[3] = 16;
+        assert_eq!(with(default, &branch, &loads), (3, Reason::Warm));
     }
 
     #[test]

@@ -207,6 +207,7 @@ impl OursParams {
             "pending_progress" => self.affinity.pending_progress = b(),
             "tier" => self.affinity.tier = b(),
             "continuation_margin" => self.affinity.continuation_margin = f()?,
+            "branch_weight" => self.affinity.branch_weight = f()?,
             _ => return Err(format!("--ours: unknown parameter {k}")),
         }
         Ok(())
