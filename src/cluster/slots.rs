@@ -105,14 +105,14 @@ impl<T: Copy> Default for Memo<T> {
 }
 
 /// A set's entries: one shared-data value of the index table.
-type Pair = [u8; SLOTS_PER_KEY as usize * ENTRY_BYTES];
+type Entries = [u8; SLOTS_PER_KEY as usize * ENTRY_BYTES];
 
 /// A key read or written in this callback: its number, value and CAS (0
 /// after our own write: the host's new CAS is not known).
 #[derive(Clone, Copy)]
 struct Held {
     key: u32,
-    pair: Pair,
+    entries: Entries,
     cas: u32,
 }
 
@@ -120,8 +120,8 @@ struct Held {
 pub struct SharedSlots<'p, D: SharedData + ?Sized> {
     shared: &'p D,
     prefix: &'p str,
-    /// Slots stored [`SLOTS_PER_KEY`] per key (`0..paired`); 0: every slot alone.
-    paired: u32,
+    /// Slots stored [`SLOTS_PER_KEY`] per key (`0..grouped`); 0: every slot alone.
+    grouped: u32,
     /// Off: every get misses and every set is dropped (the filter's
     /// `slots` ablation probe).
     enabled: bool,
@@ -143,7 +143,7 @@ impl<'p, D: SharedData + ?Sized> SharedSlots<'p, D> {
         SharedSlots {
             shared,
             prefix,
-            paired: slots,
+            grouped: slots,
             enabled: true,
             held: RefCell::new(Memo::new()),
             failures: Cell::new(0),
@@ -180,15 +180,15 @@ impl<'p, D: SharedData + ?Sized> SharedSlots<'p, D> {
 
     /// The entries under `key`, read unless held (a failed read: four
     /// empty slots, not held).
-    fn pair(&self, key: u32) -> Option<Held> {
+    fn entries_of(&self, key: u32) -> Option<Held> {
         if let Some(h) = self.find(key) {
             return Some(h);
         }
         let held = match self.with_key(key, |k| self.shared.get(k)) {
             Ok((v, cas)) => Held {
                 key,
-                pair: v
-                    .and_then(|v| <Pair>::try_from(v.as_slice()).ok())
+                entries: v
+                    .and_then(|v| <Entries>::try_from(v.as_slice()).ok())
                     .unwrap_or([0; SLOTS_PER_KEY as usize * ENTRY_BYTES]),
                 cas,
             },
@@ -220,16 +220,16 @@ impl<'p, D: SharedData + ?Sized> SharedSlots<'p, D> {
         }
     }
 
-    /// Write `value` into way `half` of `key`'s set (see the module docs).
-    fn set_paired(&mut self, key: u32, half: usize, value: &SlotValue) {
+    /// Write `value` into way `way` of `key`'s set (see the module docs).
+    fn write_way(&mut self, key: u32, way: usize, value: &SlotValue) {
         for attempt in 0..2 {
-            let Some(mut h) = self.pair(key) else {
+            let Some(mut h) = self.entries_of(key) else {
                 return;
             };
-            let at = half * ENTRY_BYTES;
-            h.pair[at..at + ENTRY_BYTES].copy_from_slice(value);
+            let at = way * ENTRY_BYTES;
+            h.entries[at..at + ENTRY_BYTES].copy_from_slice(value);
             let cas = if attempt == 0 { h.cas } else { 0 };
-            match self.with_key(key, |k| self.shared.set(k, &h.pair, cas)) {
+            match self.with_key(key, |k| self.shared.set(k, &h.entries, cas)) {
                 Ok(()) => {
                     self.keep(Held { cas: 0, ..h });
                     return;
@@ -250,10 +250,10 @@ impl<D: SharedData + ?Sized> SlotStore for SharedSlots<'_, D> {
         if !self.enabled {
             return None;
         }
-        if slot < self.paired {
-            let h = self.pair(slot / SLOTS_PER_KEY)?;
+        if slot < self.grouped {
+            let h = self.entries_of(slot / SLOTS_PER_KEY)?;
             let at = (slot % SLOTS_PER_KEY) as usize * ENTRY_BYTES;
-            return <SlotValue>::try_from(&h.pair[at..at + ENTRY_BYTES])
+            return <SlotValue>::try_from(&h.entries[at..at + ENTRY_BYTES])
                 .ok()
                 .filter(|v| *v != [0; ENTRY_BYTES]);
         }
@@ -271,9 +271,9 @@ impl<D: SharedData + ?Sized> SlotStore for SharedSlots<'_, D> {
         if !self.enabled {
             return;
         }
-        if slot < self.paired {
-            let half = (slot % SLOTS_PER_KEY) as usize;
-            self.set_paired(slot / SLOTS_PER_KEY, half, &value);
+        if slot < self.grouped {
+            let way = (slot % SLOTS_PER_KEY) as usize;
+            self.write_way(slot / SLOTS_PER_KEY, way, &value);
             return;
         }
         if self
@@ -324,7 +324,7 @@ mod tests {
         assert_eq!(t.get(8), None);
         assert_eq!(m.calls.get() - calls, 2, "keys 1 and 2");
         assert_eq!(t.get(u32::MAX), Some(entry(3, 12)));
-        // Unpaired (another table): one key per slot.
+        // Ungrouped (another table): one key per slot.
         let mut u = SharedSlots::new(&m, "q/");
         u.set(6, entry(5, 10));
         assert_eq!(u.get(6), Some(entry(5, 10)));
@@ -422,7 +422,7 @@ mod tests {
 
     #[test]
     fn the_index_on_shared_data_reads_as_on_a_vec() {
-        // The same lookups and records on the paired shared-data table and
+        // The same lookups and records on the grouped shared-data table and
         // on the simulator's VecStore: the same answers, and the VecStore
         // counts the host calls the filter makes (one callback each).
         let idx = PrefixIndex::new(IndexConfig {
